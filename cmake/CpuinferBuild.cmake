@@ -1,0 +1,57 @@
+# Build plumbing: parallel job limit (MAX_JOBS), ccache, the ABI stamp, and
+# cpuinfer_add_kernels(<variant>), which compiles the kernel core once with
+# that variant's flags.
+
+# MAX_JOBS caps parallel compile jobs, as in vLLM / PyTorch builds.
+_cpuinfer_input(MAX_JOBS _max_jobs)
+if(NOT _max_jobs STREQUAL "")
+  if(NOT _max_jobs MATCHES "^[1-9][0-9]*$")
+    message(FATAL_ERROR "cpuinfer: MAX_JOBS='${_max_jobs}' is not a positive integer.")
+  endif()
+  set_property(GLOBAL APPEND PROPERTY JOB_POOLS cpuinfer_compile=${_max_jobs})
+  set(CMAKE_JOB_POOL_COMPILE cpuinfer_compile)
+  message(STATUS "cpuinfer: at most ${_max_jobs} parallel compile jobs (MAX_JOBS)")
+endif()
+
+find_program(CPUINFER_CCACHE ccache)
+if(CPUINFER_CCACHE AND NOT CMAKE_CXX_COMPILER_LAUNCHER)
+  set(CMAKE_C_COMPILER_LAUNCHER "${CPUINFER_CCACHE}")
+  set(CMAKE_CXX_COMPILER_LAUNCHER "${CPUINFER_CCACHE}")
+  message(STATUS "cpuinfer: using ccache (${CPUINFER_CCACHE})")
+endif()
+
+# The ABI stamp: a hash of every kernel and binding source plus the ISA
+# table, computed by the same Python code the dispatcher uses to check it.
+set(CPUINFER_SRC_ROOT "${CMAKE_CURRENT_LIST_DIR}/..")
+file(GLOB_RECURSE CPUINFER_STAMPED_SOURCES CONFIGURE_DEPENDS
+     "${CPUINFER_SRC_ROOT}/csrc/*.h" "${CPUINFER_SRC_ROOT}/csrc/*.c" "${CPUINFER_SRC_ROOT}/csrc/*.cpp")
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${CPUINFER_STAMPED_SOURCES})
+find_package(Python 3.10 COMPONENTS Interpreter REQUIRED)
+execute_process(
+  COMMAND "${Python_EXECUTABLE}" "${CPUINFER_SRC_ROOT}/src/cpuinfer/_abi.py" "${CPUINFER_SRC_ROOT}"
+  OUTPUT_VARIABLE CPUINFER_ABI_STAMP OUTPUT_STRIP_TRAILING_WHITESPACE
+  RESULT_VARIABLE _stamp_rc)
+if(NOT _stamp_rc EQUAL 0)
+  message(FATAL_ERROR "cpuinfer: computing the ABI stamp failed")
+endif()
+message(STATUS "cpuinfer: ABI stamp ${CPUINFER_ABI_STAMP}")
+
+set(CPUINFER_KERNEL_SOURCES
+  "${CPUINFER_SRC_ROOT}/csrc/common/norm.cpp"
+  "${CPUINFER_SRC_ROOT}/csrc/common/rotary.cpp"
+  "${CPUINFER_SRC_ROOT}/csrc/common/activation.cpp"
+  "${CPUINFER_SRC_ROOT}/csrc/common/parallel.cpp")
+
+# cpuinfer_add_kernels(<variant>): static library cpuinfer_kernels_<variant>.
+function(cpuinfer_add_kernels variant)
+  set(lib cpuinfer_kernels_${variant})
+  add_library(${lib} STATIC ${CPUINFER_KERNEL_SOURCES})
+  set_target_properties(${lib} PROPERTIES POSITION_INDEPENDENT_CODE ON CXX_VISIBILITY_PRESET hidden
+                                          VISIBILITY_INLINES_HIDDEN ON)
+  target_compile_options(${lib} PUBLIC ${CPUINFER_FLAGS_${variant}})
+  target_compile_definitions(${lib} PUBLIC CPUINFER_VEC_${CPUINFER_VEC_${variant}})
+  target_include_directories(${lib} PUBLIC "${CPUINFER_SRC_ROOT}/csrc")
+  if(CMAKE_DL_LIBS)
+    target_link_libraries(${lib} PUBLIC ${CMAKE_DL_LIBS})
+  endif()
+endfunction()

@@ -1,0 +1,196 @@
+// Python binding of one kernel variant. Compiled once per variant into
+// cpuinfer/_C_<variant>; takes tensors through DLPack (nanobind ndarray), so
+// it never links libtorch and one build serves every torch release.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cerrno>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "../common/kernels.h"
+#include "../common/parallel.h"
+#include "tensor_checks.h"
+
+#ifndef CPUINFER_VARIANT
+#error "CMake must define CPUINFER_VARIANT"
+#endif
+#ifndef CPUINFER_ABI_STAMP
+#error "CMake must define CPUINFER_ABI_STAMP"
+#endif
+#define CPUINFER_CAT(a, b) a##b
+#define CPUINFER_MODULE(v) CPUINFER_CAT(_C_, v)
+#define CPUINFER_STR2(x) #x
+#define CPUINFER_STR(x) CPUINFER_STR2(x)
+
+namespace nb = nanobind;
+using namespace cpuinfer;
+using namespace cpuinfer::bind;
+
+namespace {
+
+struct NormArgs {
+    DType dt;
+    Rows x, w;
+};
+
+NormArgs check_norm(const char *xn, const Rows &x, DType xdt, const In &weight, float eps) {
+    DType wdt = float_dtype(weight, "weight");
+    check_same_dtype(wdt, xdt, "weight", xn);
+    if (weight.ndim() != 1) fail_value("weight must be 1-D, got " + std::to_string(weight.ndim()) + " dimensions");
+    Rows w = as_rows(weight, "weight");
+    if (w.cols != x.cols)
+        fail_value(std::string("weight has ") + std::to_string(w.cols) + " elements but " + xn + " has hidden size " +
+                   std::to_string(x.cols));
+    if (!(eps >= 0.0f)) fail_value("epsilon must be a non-negative number, got " + std::to_string(eps));
+    return {xdt, x, w};
+}
+
+void py_rms_norm(Out out, In input, In weight, float eps) {
+    DType dt = float_dtype(input, "input");
+    check_same_dtype(float_dtype(out, "out"), dt, "out", "input");
+    Rows x = as_rows(input, "input"), o = as_rows(out, "out");
+    if (o.rows != x.rows || o.cols != x.cols) fail_value("out must have the shape of input");
+    NormArgs a = check_norm("input", x, dt, weight, eps);
+    if (x.lo != o.lo) check_no_overlap(o, "out", x, "input");  // exact aliasing (in place) is fine
+    nb::gil_scoped_release nogil;
+    rms_norm(dt, out.data(), o.stride, input.data(), x.stride, weight.data(), x.rows, x.cols, eps);
+    (void)a;
+}
+
+void py_fused_add_rms_norm(Out input, Out residual, In weight, float eps) {
+    DType dt = float_dtype(input, "input");
+    check_same_dtype(float_dtype(residual, "residual"), dt, "residual", "input");
+    Rows x = as_rows(input, "input"), r = as_rows(residual, "residual");
+    if (r.rows != x.rows || r.cols != x.cols) fail_value("residual must have the shape of input");
+    check_norm("input", x, dt, weight, eps);
+    check_no_overlap(x, "input", r, "residual");
+    nb::gil_scoped_release nogil;
+    fused_add_rms_norm(dt, input.data(), x.stride, residual.data(), r.stride, weight.data(), x.rows, x.cols, eps);
+}
+
+// q/k as [tokens, heads * head_size] or [tokens, heads, head_size].
+struct Heads {
+    int64_t tokens, heads, stride;
+};
+
+Heads check_heads(const Out &t, const char *name, int64_t head_size) {
+    if (t.ndim() != 2 && t.ndim() != 3)
+        fail_value(std::string(name) + " must be [tokens, heads * head_size] or [tokens, heads, head_size]");
+    int64_t tokens = int64_t(t.shape(0)), feat;
+    if (t.ndim() == 3) {
+        if (int64_t(t.shape(2)) != head_size)
+            fail_value(std::string(name) + " has head size " + std::to_string(t.shape(2)) + ", expected " +
+                       std::to_string(head_size));
+        if (t.stride(2) != 1 || (t.shape(1) > 1 && t.stride(1) != head_size))
+            fail_value(std::string(name) + " must be contiguous within each token; call .contiguous() first");
+        feat = int64_t(t.shape(1)) * head_size;
+    } else {
+        if (t.shape(1) > 1 && t.stride(1) != 1)
+            fail_value(std::string(name) + " must be contiguous within each token; call .contiguous() first");
+        feat = int64_t(t.shape(1));
+        if (feat % head_size != 0)
+            fail_value(std::string(name) + " has " + std::to_string(feat) + " features per token, not a multiple of head_size " +
+                       std::to_string(head_size));
+    }
+    int64_t stride = t.stride(0);
+    if (tokens > 1 && stride < feat) fail_value(std::string(name) + " has overlapping tokens");
+    return {tokens, feat / head_size, stride};
+}
+
+void py_rotary_embedding(nb::ndarray<nb::ro> positions, Out query, std::optional<Out> key, int64_t head_size,
+                         In cos_sin_cache, bool is_neox) {
+    DType dt = float_dtype(query, "query");
+    if (head_size <= 0) fail_value("head_size must be positive, got " + std::to_string(head_size));
+    Heads q = check_heads(query, "query", head_size);
+    Heads k{0, 0, 0};
+    if (key) {
+        check_same_dtype(float_dtype(*key, "key"), dt, "key", "query");
+        k = check_heads(*key, "key", head_size);
+        if (k.tokens != q.tokens)
+            fail_value("key has " + std::to_string(k.tokens) + " tokens but query has " + std::to_string(q.tokens));
+        if (key->data() == query.data()) fail_value("query and key must be different tensors");
+    }
+    check_cpu(positions, "positions");
+    auto pd = positions.dtype();
+    if (pd.code != uint8_t(nb::dlpack::dtype_code::Int) || pd.bits != 64 || pd.lanes != 1)
+        fail_type("positions must be an int64 tensor, got " + dtype_name(pd));
+    if (positions.ndim() != 1 || int64_t(positions.shape(0)) != q.tokens)
+        fail_value("positions must be 1-D with one entry per token (" + std::to_string(q.tokens) + ")");
+    if (q.tokens > 1 && positions.stride(0) != 1) fail_value("positions must be contiguous");
+    DType cdt = float_dtype(cos_sin_cache, "cos_sin_cache");
+    if (cdt != DType::f32 && cdt != dt)
+        fail_type(std::string("cos_sin_cache must be float32 or the query dtype (") + dtype_label(dt) + "), got " +
+                  dtype_label(cdt));
+    if (cos_sin_cache.ndim() != 2) fail_value("cos_sin_cache must be [max_position, rot_dim]");
+    Rows cs = as_rows(cos_sin_cache, "cos_sin_cache");
+    if (cs.stride != cs.cols) fail_value("cos_sin_cache must be contiguous");
+    int64_t rot_dim = cs.cols;
+    if (rot_dim % 2 != 0 || rot_dim <= 0 || rot_dim > head_size)
+        fail_value("cos_sin_cache rows have " + std::to_string(rot_dim) +
+                   " entries; rot_dim must be even and at most head_size " + std::to_string(head_size));
+    const int64_t *pos = static_cast<const int64_t *>(positions.data());
+    for (int64_t i = 0; i < q.tokens; ++i) {
+        if (pos[i] < 0 || pos[i] >= cs.rows)
+            throw nb::index_error(("positions[" + std::to_string(i) + "] = " + std::to_string(pos[i]) +
+                                   " is outside the cos_sin_cache (" + std::to_string(cs.rows) + " positions)")
+                                      .c_str());
+    }
+    nb::gil_scoped_release nogil;
+    rotary_embedding(dt, pos, q.tokens, query.data(), q.stride, q.heads, key ? key->data() : nullptr, k.stride,
+                     k.heads, head_size, cos_sin_cache.data(), cdt, rot_dim, is_neox);
+}
+
+void py_act_and_mul(Activation act, Out out, In input) {
+    DType dt = float_dtype(input, "input");
+    check_same_dtype(float_dtype(out, "out"), dt, "out", "input");
+    Rows x = as_rows(input, "input"), o = as_rows(out, "out");
+    if (x.cols % 2 != 0) fail_value("input's last dimension (" + std::to_string(x.cols) + ") must be even: [..., 2 * d]");
+    if (o.rows != x.rows || o.cols * 2 != x.cols)
+        fail_value("out must be [..., d] for input [..., 2 * d] (d = " + std::to_string(x.cols / 2) + ")");
+    check_no_overlap(o, "out", x, "input");
+    nb::gil_scoped_release nogil;
+    act_and_mul(dt, act, out.data(), o.stride, input.data(), x.stride, x.rows, o.cols);
+}
+
+void py_bind_threads(const std::vector<int> &cpus) {
+    if (cpus.empty()) fail_value("bind_threads needs at least one CPU id");
+    for (int c : cpus)
+        if (c < 0) fail_value("CPU ids must be non-negative, got " + std::to_string(c));
+    int err = bind_threads(cpus.data(), int(cpus.size()));
+    if (err != 0) throw nb::builtin_exception(nb::exception_type::runtime_error,
+                                              (std::string("sched_setaffinity failed: ") + std::strerror(err)).c_str());
+}
+
+}  // namespace
+
+NB_MODULE(CPUINFER_MODULE(CPUINFER_VARIANT), m) {
+    m.doc() = "cpuinfer kernels, variant " CPUINFER_STR(CPUINFER_VARIANT);
+    m.attr("VARIANT") = CPUINFER_STR(CPUINFER_VARIANT);
+    m.attr("ABI_STAMP") = CPUINFER_ABI_STAMP;
+    m.attr("VECTOR_LAYER") = vector_layer();
+    m.attr("VECTOR_WIDTH") = vector_width();
+
+    m.def("rms_norm", &py_rms_norm, nb::arg("out"), nb::arg("input"), nb::arg("weight"), nb::arg("epsilon"),
+          "out = input * rsqrt(mean(input^2) + epsilon) * weight, per row.");
+    m.def("fused_add_rms_norm", &py_fused_add_rms_norm, nb::arg("input"), nb::arg("residual"), nb::arg("weight"),
+          nb::arg("epsilon"), "In place: residual += input; input = rms_norm(residual).");
+    m.def("rotary_embedding", &py_rotary_embedding, nb::arg("positions"), nb::arg("query"), nb::arg("key").none(),
+          nb::arg("head_size"), nb::arg("cos_sin_cache"), nb::arg("is_neox"),
+          "Rotary position embedding applied in place to query and key.");
+    m.def("silu_and_mul", [](Out out, In input) { py_act_and_mul(Activation::silu, out, input); },
+          nb::arg("out"), nb::arg("input"), "out = silu(x[..., :d]) * x[..., d:].");
+    m.def("gelu_and_mul", [](Out out, In input) { py_act_and_mul(Activation::gelu, out, input); },
+          nb::arg("out"), nb::arg("input"), "out = gelu(x[..., :d]) * x[..., d:] (exact erf form).");
+    m.def("gelu_tanh_and_mul", [](Out out, In input) { py_act_and_mul(Activation::gelu_tanh, out, input); },
+          nb::arg("out"), nb::arg("input"), "out = gelu_tanh(x[..., :d]) * x[..., d:].");
+    m.def("threading_runtime", &threading_runtime, "Path of the OpenMP runtime kernels run on ('' = serial).");
+    m.def("max_threads", &max_threads, "Threads a parallel kernel uses.");
+    m.def("bind_threads", &py_bind_threads, nb::arg("cpus"),
+          "Pin the OpenMP team's thread i to cpus[i] (Linux).");
+}

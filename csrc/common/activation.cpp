@@ -1,0 +1,70 @@
+#include "dispatch_dtype.h"
+#include "kernels.h"
+#include "parallel.h"
+#include "vec.h"
+
+namespace cpuinfer {
+namespace {
+
+template <Activation A>
+inline vec::vf activate(vec::vf x) {
+    using namespace vec;
+    if constexpr (A == Activation::silu) {
+        return div(x, add(splat(1.0f), exp(mul(x, splat(-1.0f)))));
+    } else if constexpr (A == Activation::gelu) {
+        return mul(mul(x, splat(0.5f)), add(splat(1.0f), erf(mul(x, splat(0.70710678118654752f)))));
+    } else {
+        vf inner = mul(splat(0.79788456080286536f), fma(mul(mul(x, x), x), splat(0.044715f), x));
+        return mul(mul(x, splat(0.5f)), add(splat(1.0f), tanh(inner)));
+    }
+}
+
+template <Activation A, typename T>
+void run(T *out, int64_t out_stride, const T *in, int64_t in_stride, int64_t rows, int64_t d) {
+    const int W = vec::width();
+    // Columns are split too, so that a single row (batch-1 decode) still
+    // uses every thread.
+    const int64_t col_block = 1024;
+    const int64_t col_tasks = (d + col_block - 1) / col_block;
+    parallel_for(rows * col_tasks, 4, [&](int64_t b, int64_t e) {
+        // Spill buffer for the scalar tail: the tail goes through the same
+        // vector code so that every element gets identical rounding.
+        float gate[64], up[64];
+        for (int64_t t = b; t < e; ++t) {
+            int64_t r = t / col_tasks, c0 = (t % col_tasks) * col_block, c1 = std::min(d, c0 + col_block);
+            const T *x = in + r * in_stride;
+            T *o = out + r * out_stride;
+            int64_t i = c0;
+            for (; i + W <= c1; i += W) {
+                vec::store(o + i, vec::mul(activate<A>(vec::load(x + i)), vec::load(x + d + i)));
+            }
+            if (i < c1) {
+                int64_t n = c1 - i;
+                for (int64_t j = 0; j < W; ++j) {
+                    gate[j] = j < n ? to_f32(x[i + j]) : 0.f;
+                    up[j] = j < n ? to_f32(x[d + i + j]) : 0.f;
+                }
+                vec::store(gate, vec::mul(activate<A>(vec::load(gate)), vec::load(up)));
+                for (int64_t j = 0; j < n; ++j) o[i + j] = from_f32<T>(gate[j]);
+            }
+        }
+    });
+}
+
+}  // namespace
+
+void act_and_mul(DType dt, Activation act, void *out, int64_t out_stride, const void *in, int64_t in_stride,
+                 int64_t rows, int64_t d) {
+    with_float_type(dt, [&](auto tag) {
+        using T = decltype(tag);
+        T *o = static_cast<T *>(out);
+        const T *x = static_cast<const T *>(in);
+        switch (act) {
+            case Activation::silu: run<Activation::silu>(o, out_stride, x, in_stride, rows, d); break;
+            case Activation::gelu: run<Activation::gelu>(o, out_stride, x, in_stride, rows, d); break;
+            case Activation::gelu_tanh: run<Activation::gelu_tanh>(o, out_stride, x, in_stride, rows, d); break;
+        }
+    });
+}
+
+}  // namespace cpuinfer

@@ -1,0 +1,91 @@
+#include <cmath>
+
+#include "dispatch_dtype.h"
+#include "kernels.h"
+#include "parallel.h"
+#include "vec.h"
+
+namespace cpuinfer {
+namespace {
+
+// Rows per parallel task: enough work per task to pay for the hand-off.
+int64_t row_grain(int64_t hidden) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(hidden, 1)); }
+
+template <typename T>
+float sum_squares(const T *x, int64_t n) {
+    const int W = vec::width();
+    vec::vf acc0 = vec::zero(), acc1 = vec::zero();
+    int64_t i = 0;
+    for (; i + 2 * W <= n; i += 2 * W) {
+        vec::vf a = vec::load(x + i), b = vec::load(x + i + W);
+        acc0 = vec::fma(a, a, acc0);
+        acc1 = vec::fma(b, b, acc1);
+    }
+    for (; i + W <= n; i += W) {
+        vec::vf a = vec::load(x + i);
+        acc0 = vec::fma(a, a, acc0);
+    }
+    float s = vec::reduce_add(vec::add(acc0, acc1));
+    for (; i < n; ++i) {
+        float v = to_f32(x[i]);
+        s += v * v;
+    }
+    return s;
+}
+
+template <typename T>
+void scale_row(T *out, const T *x, const T *w, int64_t n, float inv) {
+    const int W = vec::width();
+    vec::vf s = vec::splat(inv);
+    int64_t i = 0;
+    for (; i + W <= n; i += W) vec::store(out + i, vec::mul(vec::mul(vec::load(x + i), s), vec::load(w + i)));
+    for (; i < n; ++i) out[i] = from_f32<T>(to_f32(x[i]) * inv * to_f32(w[i]));
+}
+
+}  // namespace
+
+void rms_norm(DType dt, void *out, int64_t out_stride, const void *in, int64_t in_stride, const void *weight,
+              int64_t rows, int64_t hidden, float eps) {
+    with_float_type(dt, [&](auto tag) {
+        using T = decltype(tag);
+        T *o = static_cast<T *>(out);
+        const T *x = static_cast<const T *>(in);
+        const T *w = static_cast<const T *>(weight);
+        parallel_for(rows, row_grain(hidden), [&](int64_t b, int64_t e) {
+            for (int64_t r = b; r < e; ++r) {
+                const T *xr = x + r * in_stride;
+                float inv = 1.0f / std::sqrt(sum_squares(xr, hidden) / float(hidden) + eps);
+                scale_row(o + r * out_stride, xr, w, hidden, inv);
+            }
+        });
+    });
+}
+
+void fused_add_rms_norm(DType dt, void *x, int64_t x_stride, void *residual, int64_t res_stride,
+                        const void *weight, int64_t rows, int64_t hidden, float eps) {
+    with_float_type(dt, [&](auto tag) {
+        using T = decltype(tag);
+        T *xp = static_cast<T *>(x);
+        T *rp = static_cast<T *>(residual);
+        const T *w = static_cast<const T *>(weight);
+        const int W = vec::width();
+        parallel_for(rows, row_grain(hidden), [&](int64_t b, int64_t e) {
+            for (int64_t r = b; r < e; ++r) {
+                T *xr = xp + r * x_stride;
+                T *rr = rp + r * res_stride;
+                int64_t i = 0;
+                // The sum is rounded to T before it is normalised, as an
+                // unfused residual add in T followed by rms_norm would do.
+                for (; i + W <= hidden; i += W) vec::store(rr + i, vec::add(vec::load(xr + i), vec::load(rr + i)));
+                for (; i < hidden; ++i) rr[i] = from_f32<T>(to_f32(xr[i]) + to_f32(rr[i]));
+                float inv = 1.0f / std::sqrt(sum_squares(rr, hidden) / float(hidden) + eps);
+                scale_row(xr, rr, w, hidden, inv);
+            }
+        });
+    });
+}
+
+const char *vector_layer() { return vec::kName; }
+int vector_width() { return vec::width(); }
+
+}  // namespace cpuinfer

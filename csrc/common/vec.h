@@ -1,0 +1,84 @@
+// The vector interface every kernel is written against.
+//
+// Each ISA header (selected by CPUINFER_VEC_<NAME>, set per variant by CMake
+// from cmake/isa_table.json) defines, in namespace cpuinfer::vec:
+//   vf                      a vector of f32 lanes (a plain value type)
+//   int width()             lanes per vf (a runtime value: SVE is length-agnostic)
+//   vf zero(), splat(float)
+//   vf load(const T*), void store(T*, vf)   for T in float, bf16_t, f16_t
+//   add sub mul div fma(a,b,c)=a*b+c min max abs
+//   copysign(mag, sign)     |mag| with the sign of sign
+//   round(vf)               to nearest integer (ties to even)
+//   pow2i(vf n)             2^n for integral n in [-126, 127]
+//   float reduce_add(vf), reduce_max(vf)
+// Transcendentals (exp, erf, tanh) are built once below from these.
+#pragma once
+#include "dtype.h"
+
+#if defined(CPUINFER_VEC_AVX512)
+#include "../x86/vec_avx512.h"
+#elif defined(CPUINFER_VEC_AVX2)
+#include "../x86/vec_avx2.h"
+#elif defined(CPUINFER_VEC_NEON)
+#include "../arm/vec_neon.h"
+#elif defined(CPUINFER_VEC_SVE)
+#include "../arm/vec_sve.h"
+#elif defined(CPUINFER_VEC_VXE)
+#include "../s390x/vec_vxe.h"
+#elif defined(CPUINFER_VEC_SCALAR)
+#include "../generic/vec_scalar.h"
+#else
+#error "no vector layer selected: CMake must define CPUINFER_VEC_<NAME> (see cmake/isa_table.json)"
+#endif
+
+#if defined(__APPLE__) && defined(__aarch64__)
+#include "../apple/apple_tuning.h"
+#else
+namespace cpuinfer::tuning {
+constexpr int kCacheLine = 64;
+}  // namespace cpuinfer::tuning
+#endif
+
+namespace cpuinfer::vec {
+
+// exp(x) in f32: range reduction x = n*ln2 + r, |r| <= ln2/2, then a degree-6
+// polynomial for e^r (Cephes expf coefficients); max relative error ~2 ulp.
+inline vf exp(vf x) {
+    x = min(max(x, splat(-87.3365448f)), splat(88.3762626f));
+    vf n = round(mul(x, splat(1.44269504088896341f)));
+    vf r = fma(n, splat(-0.693359375f), x);
+    r = fma(n, splat(2.12194440e-4f), r);
+    vf p = splat(1.9875691500e-4f);
+    p = fma(p, r, splat(1.3981999507e-3f));
+    p = fma(p, r, splat(8.3334519073e-3f));
+    p = fma(p, r, splat(4.1665795894e-2f));
+    p = fma(p, r, splat(1.6666665459e-1f));
+    p = fma(p, r, splat(5.0000001201e-1f));
+    p = fma(p, mul(r, r), add(r, splat(1.0f)));
+    return mul(p, pow2i(n));
+}
+
+// erf(x): Abramowitz & Stegun 7.1.26 refined form, |error| < 1.5e-7.
+inline vf erf(vf x) {
+    vf a = abs(x);
+    vf t = div(splat(1.0f), fma(a, splat(0.3275911f), splat(1.0f)));
+    vf p = splat(1.061405429f);
+    p = fma(p, t, splat(-1.453152027f));
+    p = fma(p, t, splat(1.421413741f));
+    p = fma(p, t, splat(-0.284496736f));
+    p = fma(p, t, splat(0.254829592f));
+    p = mul(p, t);
+    vf e = exp(mul(mul(a, a), splat(-1.0f)));
+    vf y = sub(splat(1.0f), mul(p, e));
+    return copysign(y, x);
+}
+
+// tanh(x) = 1 - 2 / (1 + e^{2x}), odd-symmetrised for accuracy near zero.
+inline vf tanh(vf x) {
+    vf a = abs(x);
+    vf e = exp(mul(a, splat(2.0f)));
+    vf y = sub(splat(1.0f), div(splat(2.0f), add(e, splat(1.0f))));
+    return copysign(y, x);
+}
+
+}  // namespace cpuinfer::vec

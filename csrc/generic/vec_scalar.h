@@ -1,0 +1,43 @@
+// Portable vector layer: plain C++ on 8-lane arrays. Runs on every CPU of
+// every architecture; the compiler may vectorise it with the baseline ISA.
+#pragma once
+#include <cmath>
+#include "../common/dtype.h"
+
+namespace cpuinfer::vec {
+
+constexpr const char *kName = "scalar";
+constexpr int kW = 8;
+struct vf { float v[kW]; };
+
+inline int width() { return kW; }
+inline vf zero() { vf r; for (int i = 0; i < kW; ++i) r.v[i] = 0.f; return r; }
+inline vf splat(float x) { vf r; for (int i = 0; i < kW; ++i) r.v[i] = x; return r; }
+template <typename T> inline vf load(const T *p) {
+    vf r; for (int i = 0; i < kW; ++i) r.v[i] = to_f32(p[i]); return r;
+}
+template <typename T> inline void store(T *p, vf a) {
+    for (int i = 0; i < kW; ++i) p[i] = from_f32<T>(a.v[i]);
+}
+
+#define CPUINFER_SCALAR_BINOP(name, expr) \
+    inline vf name(vf a, vf b) { vf r; for (int i = 0; i < kW; ++i) { float x = a.v[i], y = b.v[i]; r.v[i] = (expr); } return r; }
+CPUINFER_SCALAR_BINOP(add, x + y)
+CPUINFER_SCALAR_BINOP(sub, x - y)
+CPUINFER_SCALAR_BINOP(mul, x * y)
+CPUINFER_SCALAR_BINOP(div, x / y)
+CPUINFER_SCALAR_BINOP(min, y < x ? y : x)
+CPUINFER_SCALAR_BINOP(max, y > x ? y : x)
+CPUINFER_SCALAR_BINOP(copysign, std::copysign(x, y))
+#undef CPUINFER_SCALAR_BINOP
+
+inline vf fma(vf a, vf b, vf c) { vf r; for (int i = 0; i < kW; ++i) r.v[i] = std::fma(a.v[i], b.v[i], c.v[i]); return r; }
+inline vf abs(vf a) { vf r; for (int i = 0; i < kW; ++i) r.v[i] = std::fabs(a.v[i]); return r; }
+inline vf round(vf a) { vf r; for (int i = 0; i < kW; ++i) r.v[i] = std::nearbyint(a.v[i]); return r; }
+inline vf pow2i(vf n) {
+    vf r; for (int i = 0; i < kW; ++i) r.v[i] = bits_f32(uint32_t(int32_t(n.v[i]) + 127) << 23); return r;
+}
+inline float reduce_add(vf a) { float s = 0.f; for (int i = 0; i < kW; ++i) s += a.v[i]; return s; }
+inline float reduce_max(vf a) { float m = a.v[0]; for (int i = 1; i < kW; ++i) m = a.v[i] > m ? a.v[i] : m; return m; }
+
+}  // namespace cpuinfer::vec

@@ -1,0 +1,70 @@
+// AVX2 + FMA + F16C vector layer: 8 f32 lanes in a ymm register.
+#pragma once
+#include <immintrin.h>
+#include "../common/dtype.h"
+
+namespace cpuinfer::vec {
+
+constexpr const char *kName = "avx2";
+constexpr int kW = 8;
+struct vf { __m256 v; };
+
+inline int width() { return kW; }
+inline vf zero() { return {_mm256_setzero_ps()}; }
+inline vf splat(float x) { return {_mm256_set1_ps(x)}; }
+
+inline vf load(const float *p) { return {_mm256_loadu_ps(p)}; }
+inline void store(float *p, vf a) { _mm256_storeu_ps(p, a.v); }
+
+inline vf load(const bf16_t *p) {
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p)));
+    return {_mm256_castsi256_ps(_mm256_slli_epi32(w, 16))};
+}
+// Round to nearest even; NaN -> quiet NaN, matching torch.
+inline void store(bf16_t *p, vf a) {
+    __m256i u = _mm256_castps_si256(a.v);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+    __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(a.v, a.v, _CMP_UNORD_Q));
+    __m256i qnan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+    r = _mm256_blendv_epi8(r, qnan, nan);
+    __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0xd8);
+    _mm_storeu_si128(reinterpret_cast<__m128i *>(p), _mm256_castsi256_si128(packed));
+}
+
+inline vf load(const f16_t *p) { return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p)))}; }
+inline void store(f16_t *p, vf a) {
+    _mm_storeu_si128(reinterpret_cast<__m128i *>(p), _mm256_cvtps_ph(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+inline vf add(vf a, vf b) { return {_mm256_add_ps(a.v, b.v)}; }
+inline vf sub(vf a, vf b) { return {_mm256_sub_ps(a.v, b.v)}; }
+inline vf mul(vf a, vf b) { return {_mm256_mul_ps(a.v, b.v)}; }
+inline vf div(vf a, vf b) { return {_mm256_div_ps(a.v, b.v)}; }
+inline vf fma(vf a, vf b, vf c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
+inline vf min(vf a, vf b) { return {_mm256_min_ps(a.v, b.v)}; }
+inline vf max(vf a, vf b) { return {_mm256_max_ps(a.v, b.v)}; }
+inline vf abs(vf a) { return {_mm256_andnot_ps(_mm256_set1_ps(-0.0f), a.v)}; }
+inline vf copysign(vf mag, vf sign) {
+    __m256 s = _mm256_set1_ps(-0.0f);
+    return {_mm256_or_ps(_mm256_andnot_ps(s, mag.v), _mm256_and_ps(s, sign.v))};
+}
+inline vf round(vf a) { return {_mm256_round_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)}; }
+inline vf pow2i(vf n) {
+    __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n.v), _mm256_set1_epi32(127));
+    return {_mm256_castsi256_ps(_mm256_slli_epi32(e, 23))};
+}
+inline float reduce_add(vf a) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+inline float reduce_max(vf a) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+}  // namespace cpuinfer::vec

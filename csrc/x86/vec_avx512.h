@@ -1,0 +1,64 @@
+// AVX-512 (F/BW/DQ/VL) vector layer: 16 f32 lanes in a zmm register. With
+// AVX512-BF16 (avx512bf16 and amx variants) bf16 stores use the hardware
+// round-to-nearest-even conversion.
+#pragma once
+#include <immintrin.h>
+#include "../common/dtype.h"
+
+namespace cpuinfer::vec {
+
+constexpr const char *kName = "avx512";
+constexpr int kW = 16;
+struct vf { __m512 v; };
+
+inline int width() { return kW; }
+inline vf zero() { return {_mm512_setzero_ps()}; }
+inline vf splat(float x) { return {_mm512_set1_ps(x)}; }
+
+inline vf load(const float *p) { return {_mm512_loadu_ps(p)}; }
+inline void store(float *p, vf a) { _mm512_storeu_ps(p, a.v); }
+
+inline vf load(const bf16_t *p) {
+    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)));
+    return {_mm512_castsi512_ps(_mm512_slli_epi32(w, 16))};
+}
+inline void store(bf16_t *p, vf a) {
+#if defined(__AVX512BF16__)
+    _mm256_storeu_si256(reinterpret_cast<__m256i *>(p), (__m256i)_mm512_cvtneps_pbh(a.v));
+#else
+    __m512i u = _mm512_castps_si512(a.v);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+    __mmask16 nan = _mm512_cmp_ps_mask(a.v, a.v, _CMP_UNORD_Q);
+    r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    _mm256_storeu_si256(reinterpret_cast<__m256i *>(p), _mm512_cvtepi32_epi16(r));
+#endif
+}
+
+inline vf load(const f16_t *p) { return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)))}; }
+inline void store(f16_t *p, vf a) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i *>(p), _mm512_cvtps_ph(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+inline vf add(vf a, vf b) { return {_mm512_add_ps(a.v, b.v)}; }
+inline vf sub(vf a, vf b) { return {_mm512_sub_ps(a.v, b.v)}; }
+inline vf mul(vf a, vf b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline vf div(vf a, vf b) { return {_mm512_div_ps(a.v, b.v)}; }
+inline vf fma(vf a, vf b, vf c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+inline vf min(vf a, vf b) { return {_mm512_min_ps(a.v, b.v)}; }
+inline vf max(vf a, vf b) { return {_mm512_max_ps(a.v, b.v)}; }
+inline vf abs(vf a) { return {_mm512_abs_ps(a.v)}; }
+inline vf copysign(vf mag, vf sign) {
+    __m512i s = _mm512_set1_epi32(int(0x80000000u));
+    // ternary logic 0xca: s ? sign : mag, bitwise
+    return {_mm512_castsi512_ps(_mm512_ternarylogic_epi32(s, _mm512_castps_si512(sign.v), _mm512_castps_si512(mag.v), 0xca))};
+}
+inline vf round(vf a) { return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)}; }
+inline vf pow2i(vf n) {
+    __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(n.v), _mm512_set1_epi32(127));
+    return {_mm512_castsi512_ps(_mm512_slli_epi32(e, 23))};
+}
+inline float reduce_add(vf a) { return _mm512_reduce_add_ps(a.v); }
+inline float reduce_max(vf a) { return _mm512_reduce_max_ps(a.v); }
+
+}  // namespace cpuinfer::vec

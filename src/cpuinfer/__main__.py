@@ -1,0 +1,5 @@
+import sys
+
+from cpuinfer.cli.main import main
+
+sys.exit(main())

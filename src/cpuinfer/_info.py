@@ -1,0 +1,88 @@
+"""The runtime report behind `cpuinfer info` and `cpuinfer.info()`."""
+
+from __future__ import annotations
+
+import platform
+import sys
+from typing import Any
+
+from ._dispatch import Selection
+
+
+def _cpu_details() -> dict[str, Any]:
+    # py-cpuinfo is slow (it may read /proc and spawn helpers): only here,
+    # never on the import path, and only for the human-facing details.
+    try:
+        import cpuinfo
+    except ImportError:
+        return {"brand": platform.processor() or "unknown"}
+    raw = cpuinfo.get_cpu_info()
+    keep = ("brand_raw", "vendor_id_raw", "hz_advertised_friendly", "count", "l1_data_cache_size",
+            "l2_cache_size", "l3_cache_size")
+    return {k: raw[k] for k in keep if k in raw}
+
+
+def collect(sel: Selection) -> dict[str, Any]:
+    """Everything the dispatcher knows, as a JSON-able dict."""
+    import torch
+
+    import cpuinfer
+
+    mod = sel.module
+    return {
+        "version": cpuinfer.__version__,
+        "arch": sel.platform,
+        "python": sys.version.split()[0],
+        "torch_version": torch.__version__,
+        "cpu": _cpu_details(),
+        "cpu_features": sorted(sel.features),
+        "variants": {c.name: c.path for c in sel.candidates if c.installed},
+        "candidates": [
+            {"name": c.name, "priority": c.priority, "installed": c.installed, "missing_features": list(c.missing)}
+            for c in sel.candidates
+        ],
+        "selected": sel.name,
+        "forced": sel.forced,
+        "reason": sel.reason,
+        "notes": sel.notes,
+        "abi_stamp": mod.ABI_STAMP,
+        "vector_layer": f"{mod.VECTOR_LAYER} ({mod.VECTOR_WIDTH} x f32)",
+        "threading": {
+            "openmp_runtime": mod.threading_runtime() or None,
+            "threads": mod.max_threads(),
+            "torch_threads": torch.get_num_threads(),
+        },
+    }
+
+
+def show(report: dict[str, Any]) -> str:
+    """A readable rendering of the report, in the spirit of numpy.show_runtime()."""
+    cpu = report["cpu"]
+    lines = [
+        f"cpuinfer {report['version']}  (python {report['python']}, torch {report['torch_version']})",
+        f"CPU:        {cpu.get('brand_raw') or cpu.get('brand', 'unknown')}  [{report['arch']}]",
+    ]
+    caches = [f"{k.split('_')[0].upper()} {cpu[k]}" for k in ("l1_data_cache_size", "l2_cache_size",
+                                                             "l3_cache_size") if k in cpu]
+    if caches:
+        lines.append(f"Caches:     {', '.join(caches)}")
+    lines.append(f"Features:   {' '.join(report['cpu_features'])}")
+    lines.append("Variants:")
+    for c in report["candidates"]:
+        mark = "*" if c["name"] == report["selected"] else " "
+        if not c["installed"]:
+            state = "not installed"
+        elif c["missing_features"]:
+            state = "cannot run: lacks " + ", ".join(c["missing_features"])
+        else:
+            state = "runnable"
+        lines.append(f"  {mark} {c['name']:<12} {state}")
+    how = "forced" if report["forced"] else "auto"
+    lines.append(f"Selected:   {report['selected']} ({how}: {report['reason']})")
+    for note in report["notes"]:
+        lines.append(f"Note:       {note}")
+    lines.append(f"Kernels:    {report['variants'][report['selected']]}")
+    lines.append(f"Vector:     {report['vector_layer']}, ABI stamp {report['abi_stamp']}")
+    t = report["threading"]
+    lines.append(f"Threads:    {t['threads']} on {t['openmp_runtime'] or 'no OpenMP runtime (serial)'}")
+    return "\n".join(lines)

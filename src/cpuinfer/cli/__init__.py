@@ -1,0 +1,1 @@
+"""The `cpuinfer` command line."""
