@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 # torch first: it loads the OpenMP runtime whose threads the kernels share.
 import torch as _torch  # noqa: F401
 
-from ._dispatch import IsaError, select as _select
+from ._dispatch import IsaError
+from ._dispatch import select as _select
 from .envs import EnvError
 
 try:
@@ -22,7 +23,8 @@ def _run_by_cli() -> bool:
     import os
     import sys
 
-    return os.path.basename(sys.argv[0]) == "cpuinfer" or sys.argv[0].endswith(os.path.join("cpuinfer", "__main__.py"))
+    # argv[0] is "-m" while `python -m cpuinfer` is still importing the package.
+    return os.path.basename(sys.argv[0]) == "cpuinfer" or sys.argv[0] == "-m"
 
 
 try:

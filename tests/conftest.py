@@ -1,0 +1,32 @@
+"""Shared fixtures: every kernel test runs once per kernel variant this CPU can run."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+import cpuinfer
+
+RUNNABLE = [c.name for c in cpuinfer._selection.candidates if c.installed and c.runnable]
+NOT_RUNNABLE = {c.name: c.missing for c in cpuinfer._selection.candidates if c.installed and not c.runnable}
+
+
+def pytest_report_header(config):
+    sel = cpuinfer._selection
+    lines = [f"cpuinfer: platform {sel.platform}, selected {sel.name}; testing variants: {', '.join(RUNNABLE)}"]
+    for name, missing in NOT_RUNNABLE.items():
+        lines.append(f"cpuinfer: variant {name} is installed but this CPU lacks {', '.join(missing)}: not tested here")
+    return lines
+
+
+@pytest.fixture(params=RUNNABLE)
+def kernels(request):
+    """The extension module of one runnable variant (loaded directly, which is safe: this CPU runs it)."""
+    return importlib.import_module(f"cpuinfer._C_{request.param}")
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)

@@ -1,0 +1,66 @@
+"""rms_norm and fused_add_rms_norm against a float32 torch reference, per variant."""
+
+import pytest
+import torch
+
+from .tolerances import DTYPES, assert_close
+
+
+def ref_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 8), (3, 17), (7, 4096), (2, 3, 576), (256, 1000), (0, 64)])
+def test_rms_norm(kernels, dtype, shape):
+    x = torch.randn(shape, dtype=dtype) * 3
+    w = torch.randn(shape[-1], dtype=dtype)
+    out = torch.empty_like(x)
+    kernels.rms_norm(out, x, w, 1e-5)
+    assert_close(out, ref_rms_norm(x, w, 1e-5), dtype)
+
+
+def test_rms_norm_strided_rows_and_in_place(kernels):
+    base = torch.randn(6, 200, dtype=torch.bfloat16)
+    x = base[:, :128]  # rows 200 apart: a column slice, as q of a fused qkv
+    w = torch.randn(128, dtype=torch.bfloat16)
+    expected = ref_rms_norm(x, w, 1e-6)
+    untouched = base[:, 128:].clone()
+    kernels.rms_norm(x, x, w, 1e-6)
+    assert_close(x, expected, torch.bfloat16)
+    assert torch.equal(base[:, 128:], untouched)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 64), (5, 333), (33, 2048)])
+def test_fused_add_rms_norm(kernels, dtype, shape):
+    x = torch.randn(shape, dtype=dtype)
+    res = torch.randn(shape, dtype=dtype)
+    w = torch.randn(shape[-1], dtype=dtype)
+    summed = (x.float() + res.float()).to(dtype)  # the residual add rounds to the dtype
+    expected = ref_rms_norm(summed, w, 1e-6)
+    kernels.fused_add_rms_norm(x, res, w, 1e-6)
+    assert torch.equal(res, summed)
+    assert_close(x, expected, dtype)
+
+
+def test_rms_norm_bad_input(kernels):
+    x = torch.randn(4, 64)
+    w = torch.randn(64)
+    with pytest.raises(TypeError, match="weight has dtype bfloat16 but input is float32"):
+        kernels.rms_norm(torch.empty_like(x), x, w.bfloat16(), 1e-6)
+    with pytest.raises(ValueError, match="weight has 32 elements but input has hidden size 64"):
+        kernels.rms_norm(torch.empty_like(x), x, w[:32], 1e-6)
+    with pytest.raises(ValueError, match="contiguous in its last dimension"):
+        kernels.rms_norm(torch.empty(64, 4).t(), x.t(), torch.randn(4), 1e-6)
+    with pytest.raises(ValueError, match="out must have the shape of input"):
+        kernels.rms_norm(torch.empty(3, 64), x, w, 1e-6)
+    with pytest.raises(TypeError, match="dtype int64"):
+        kernels.rms_norm(torch.empty(4, 64, dtype=torch.long), torch.ones(4, 64, dtype=torch.long), w, 1e-6)
+    with pytest.raises(ValueError, match="epsilon"):
+        kernels.rms_norm(torch.empty_like(x), x, w, -1.0)
+    with pytest.raises(ValueError, match="overlap"):
+        kernels.fused_add_rms_norm(x, x, w, 1e-6)
+    with pytest.raises(ValueError, match="overlap"):
+        kernels.rms_norm(x[1:], x[:-1], w, 1e-6)
