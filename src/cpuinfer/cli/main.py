@@ -9,6 +9,7 @@ import sys
 # name -> module with add_arguments(parser) and run(args) -> int
 COMMANDS = {
     "info": ("cpuinfer.cli.info", "Show the detected CPU, the kernel variants and which one is used."),
+    "serve": ("cpuinfer.cli.serve", "Serve a model over an OpenAI-compatible HTTP API (like `vllm serve`)."),
 }
 
 
