@@ -18,11 +18,12 @@ def run(args: argparse.Namespace) -> int:
     """Start the engine process and serve HTTP until SIGINT/SIGTERM."""
     from cpuinfer import envs
     from cpuinfer.entrypoints.openai.api_server import ServerConfig, ServerState, run_server
-    from cpuinfer.entrypoints.openai.cli_args import served_names
+    from cpuinfer.entrypoints.openai.cli_args import resolve_model, served_names
     from cpuinfer.entrypoints.openai.engine_binding import make_engine_starter
 
     logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
                         format="%(levelname)s %(asctime)s %(name)s: %(message)s", datefmt="%m-%d %H:%M:%S")
+    resolve_model(args)
     api_key = args.api_key if args.api_key is not None else envs.API_KEY.get()
     config = ServerConfig(served_model_names=served_names(args), api_key=api_key,
                           max_body_bytes=args.max_request_body_bytes, log_requests=not args.disable_log_requests,

@@ -4,15 +4,15 @@ plus the HTTP front end's, spelled as vLLM spells them."""
 from __future__ import annotations
 
 import argparse
-import os
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     """Add every `serve` flag to `parser`."""
     from cpuinfer.entrypoints.openai.engine_binding import add_engine_arguments
 
-    parser.add_argument("model", nargs="?", default=None,
-                        help="HF model directory or .gguf file (default: the bundled SmolLM2-135M-Instruct)")
+    parser.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                        help="HF model directory or .gguf file (default: the bundled SmolLM2-135M-Instruct); "
+                             "same as --model")
     add_engine_arguments(parser)
     g = parser.add_argument_group("HTTP server")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -32,6 +32,15 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
                    help="log level of the server and uvicorn")
 
 
+def resolve_model(args: argparse.Namespace) -> None:
+    """`serve MODEL` and `serve --model MODEL` mean the same (as in vLLM); giving two different ones is an error."""
+    tag = getattr(args, "model_tag", None)
+    if tag and getattr(args, "model", None) and args.model != tag:
+        raise SystemExit(f"cpuinfer serve: got MODEL {tag!r} and --model {args.model!r}; give only one")
+    if tag:
+        args.model = tag
+
+
 def served_names(args: argparse.Namespace) -> list[str]:
     """The names the API answers to: --served-model-name, else the model argument as given."""
     if args.served_model_name:
@@ -48,6 +57,3 @@ def _positive_int(value: str) -> int:
     return x
 
 
-def model_display_name(path: str) -> str:
-    """A short name for logs."""
-    return os.path.basename(path.rstrip("/")) or path
