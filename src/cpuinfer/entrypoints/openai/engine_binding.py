@@ -98,10 +98,15 @@ class AsyncLLMAdapter(EngineAdapter):
         except ValueError as e:
             raise APIError(str(e), 400) from e
         finished = False
+        done_choices: set[int] = set()
         try:
             async for out in stream:
                 deltas = []
                 for o in out.outputs:
+                    if o.index in done_choices:
+                        continue  # a finished choice is repeated while its siblings run; report it once
+                    if o.finish_reason is not None:
+                        done_choices.add(o.index)
                     lps = None
                     if o.logprobs is not None:
                         lps = _logprobs(list(zip(o.token_ids, o.logprobs, strict=False)))

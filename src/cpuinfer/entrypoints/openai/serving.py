@@ -63,8 +63,16 @@ def _lp(x: float) -> float:
 
 def sse(payload: dict | str) -> str:
     """One server-sent event line."""
-    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
     return f"data: {data}\n\n"
+
+
+def chat_chunk_json(chunk: ChatCompletionChunk) -> dict:
+    """A chat chunk as OpenAI sends it: the delta carries only the fields it sets."""
+    body = dump(chunk)
+    for choice in body["choices"]:
+        choice["delta"] = {k: v for k, v in choice["delta"].items() if v is not None}
+    return body
 
 
 class DisconnectAwareStream(StreamingResponse):
@@ -477,8 +485,8 @@ class OpenAIServing:
             return UsageInfo(prompt_tokens=n_prompt, completion_tokens=c, total_tokens=n_prompt + c)
 
         def chunk(choices: list[ChatStreamChoice], usage: UsageInfo | None = None) -> str:
-            return sse(dump(ChatCompletionChunk(id=request_id, created=created, model=self.model_name,
-                                                choices=choices, usage=usage)))
+            return sse(chat_chunk_json(ChatCompletionChunk(id=request_id, created=created, model=self.model_name,
+                                                           choices=choices, usage=usage)))
 
         outcome = "aborted"
         try:
