@@ -49,6 +49,12 @@ inline void store(f16_t *p, vf a) {
     store(t, a);
     for (int i = 0; i < 8; ++i) p[i] = from_f32<f16_t>(t[i]);
 }
+// fp8 e5m2 (top byte of an f16): no f16 vector conversion here either.
+inline vf load(const fp8_e5m2_t *p) {
+    float t[8];
+    for (int i = 0; i < 8; ++i) t[i] = to_f32(p[i]);
+    return load(t);
+}
 
 inline vf add(vf a, vf b) { return {vec_add(a.lo, b.lo), vec_add(a.hi, b.hi)}; }
 inline vf sub(vf a, vf b) { return {vec_sub(a.lo, b.lo), vec_sub(a.hi, b.hi)}; }
