@@ -1,6 +1,6 @@
 """Every routine job of cpuinfer, one nox session each.
 
-    nox                      the default set: lint, tests (what CI runs)
+    nox                      the default set: lint, tests, cross, emulated_avx2 (what CI runs)
     nox -s tests             build every variant of this architecture, run pytest
     nox -s lint              ruff
     nox -s cross -- aarch64  C++ kernel tests of every aarch64 variant under qemu-aarch64
@@ -32,7 +32,8 @@ import nox
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["lint", "tests"]
+# cross (all four targets) and emulated_avx2 together take ~10 minutes on a fresh 2-core machine.
+nox.options.sessions = ["lint", "tests", "cross", "emulated_avx2"]
 
 TORCH = shlex.split(os.environ.get("CPUINFER_TORCH_SPEC", "torch==2.13.0"))
 
@@ -52,7 +53,8 @@ def install_cpuinfer(session: nox.Session, *extras: str, isas: str = "all") -> N
 def lint(session: nox.Session) -> None:
     """Static checks: ruff over the Python sources, tests, benchmarks and this file."""
     session.install("ruff")
-    session.run("ruff", "check", "src", "tests", "noxfile.py", *(["benchmarks"] if os.path.isdir("benchmarks") else []))
+    session.run("ruff", "check", "src", "tests", "noxfile.py", "ci", "_build_backend",
+                *(["benchmarks"] if os.path.isdir("benchmarks") else []))
 
 
 @nox.session
@@ -244,3 +246,20 @@ def emulated_avx2(session: nox.Session) -> None:
     env = {"CPUINFER_TEST_PYTHON_WRAPPER": " ".join(QEMU_X86), "CPUINFER_TEST_EXPECT_VARIANT": "avx2"}
     session.run(*QEMU_X86, python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                 os.path.join(session.invoked_from, "tests", "toolchain", "test_emulated.py"), env=env, external=True)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Run every script in benchmarks/ against an installed build (each prints ratios against a baseline)."""
+    install_torch(session)
+    install_cpuinfer(session)
+    scripts = sorted(glob.glob(os.path.join(session.invoked_from, "benchmarks", "*.py")))
+    session.chdir(tempfile.mkdtemp(prefix="cpuinfer-bench-"))  # import the installed package, not src/
+    failed = []
+    for script in scripts:
+        try:
+            session.run("python", script, *session.posargs)
+        except nox.command.CommandFailed:
+            failed.append(os.path.basename(script))
+    if failed:
+        session.error(f"benchmark targets missed in: {', '.join(failed)}")
