@@ -97,7 +97,11 @@ def main(argv=None) -> int:
     """Run every case and print a table; nonzero exit if a target is missed."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="shorter timing (noisier)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch/kernel threads (default: torch's); 1 gives stable numbers on a busy machine")
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     min_time = 0.1 if args.quick else 0.4
     variants = [c.name for c in cpuinfer._selection.candidates if c.installed and c.runnable]
     modules = {v: importlib.import_module(f"cpuinfer._C_{v}") for v in variants}
