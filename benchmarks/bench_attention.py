@@ -64,7 +64,7 @@ def kernel_fn(mod, q, kc, vc, qsl, lens, tables):
 def torch_decode_fn(q, kc, vc, tables, ctx):
     """torch baseline: gather each sequence's blocks, then SDPA (GQA) with one query per sequence."""
     s, hq, d = q.shape
-    hkv, bs = kc.shape[1], kc.shape[2]
+    hkv = kc.shape[1]
 
     def run():
         k = kc[tables.long()].permute(0, 2, 1, 3, 4).reshape(s, hkv, -1, d)[:, :, :ctx]
