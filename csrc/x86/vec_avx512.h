@@ -1,8 +1,18 @@
 // AVX-512 (F/BW/DQ/VL) vector layer: 16 f32 lanes in a zmm register. With
 // AVX512-BF16 (avx512bf16 and amx variants) bf16 stores use the hardware
 // round-to-nearest-even conversion.
+//
+// CPUINFER_SIMDE_EMULATION (CMake option, tests only): the same code on SIMDe's
+// portable AVX-512 implementation, so that the C++ test program checks this
+// layer's logic on machines without AVX-512.
 #pragma once
+#if defined(CPUINFER_SIMDE_EMULATION)
+#define SIMDE_ENABLE_NATIVE_ALIASES
+#include <simde/x86/avx512.h>
+#include "simde_avx512_shim.h"
+#else
 #include <immintrin.h>
+#endif
 #include "../common/dtype.h"
 
 namespace cpuinfer::vec {
@@ -23,7 +33,7 @@ inline vf load(const bf16_t *p) {
     return {_mm512_castsi512_ps(_mm512_slli_epi32(w, 16))};
 }
 inline void store(bf16_t *p, vf a) {
-#if defined(__AVX512BF16__)
+#if defined(__AVX512BF16__) || defined(CPUINFER_SIMDE_AVX512BF16)
     _mm256_storeu_si256(reinterpret_cast<__m256i *>(p), (__m256i)_mm512_cvtneps_pbh(a.v));
 #else
     __m512i u = _mm512_castps_si512(a.v);

@@ -30,6 +30,11 @@ def main(argv: list[str] | None = None) -> int:
         return int(modules[args.command].run(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # e.g. `cpuinfer info | head`: the reader left, which is fine
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
