@@ -49,13 +49,51 @@ inline void with_rows(int r, F &&f) {
 #define CPUINFER_ROWS(OP) \
     OP(0) OP(1) OP(2) OP(3) OP(4) OP(5) OP(6) OP(7) OP(8) OP(9) OP(10) OP(11) OP(12) OP(13) OP(14) OP(15)
 
+// How many keys (QK) or output chunks (PV) a tile of R rows works on at
+// once: FMA latency is ~4 cycles, so a loop needs about 8 independent
+// accumulator chains to keep both FMA pipes busy, within the register budget.
+template <int R>
+constexpr int unroll() {
+    return R == 1 ? 4 : R <= kTileRows / 2 ? 2 : 1;
+}
+
 // s[r * s_stride + j] = dot(q[r * D ..], k[j * D ..]) for j in [j0, j1).
 template <int R, typename C>
 inline void qk_tile(const float *q, int64_t D, const C *k, int64_t j0, int64_t j1, float *s, int64_t s_stride) {
     using namespace vec;
+    constexpr int U = unroll<R>();
     const int64_t W = width();
     const int64_t Dv = D - D % W;
-    for (int64_t j = j0; j < j1; ++j) {
+    int64_t j = j0;
+    for (; j + U <= j1; j += U) {
+        const C *kj = k + j * D;
+#define DECL(i) vf a##i = zero(), b##i = zero(), c##i = zero(), d##i = zero();
+        CPUINFER_ROWS(DECL)
+#undef DECL
+        for (int64_t c = 0; c < Dv; c += W) {
+            vf k0 = load(kj + c), k1 = k0, k2 = k0, k3 = k0;
+            if constexpr (U >= 2) k1 = load(kj + D + c);
+            if constexpr (U >= 4) k2 = load(kj + 2 * D + c), k3 = load(kj + 3 * D + c);
+#define STEP(i)                                    \
+    if constexpr (i < R) {                         \
+        vf qv = load(q + i * D + c);               \
+        a##i = fma(qv, k0, a##i);                  \
+        if constexpr (U >= 2) b##i = fma(qv, k1, b##i); \
+        if constexpr (U >= 4) c##i = fma(qv, k2, c##i), d##i = fma(qv, k3, d##i); \
+    }
+            CPUINFER_ROWS(STEP)
+#undef STEP
+        }
+#define OUT(i)                                                               \
+    if constexpr (i < R) {                                                   \
+        s[i * s_stride + j] = reduce_add(a##i);                              \
+        if constexpr (U >= 2) s[i * s_stride + j + 1] = reduce_add(b##i);    \
+        if constexpr (U >= 4) s[i * s_stride + j + 2] = reduce_add(c##i), s[i * s_stride + j + 3] = reduce_add(d##i); \
+    }
+        CPUINFER_ROWS(OUT)
+#undef OUT
+    }
+    for (; j < j1; ++j) {  // keys left over from the unrolled loop
         const C *kj = k + j * D;
 #define DECL(i) vf a##i = zero();
         CPUINFER_ROWS(DECL)
@@ -69,10 +107,13 @@ inline void qk_tile(const float *q, int64_t D, const C *k, int64_t j0, int64_t j
 #define OUT(i) if constexpr (i < R) s[i * s_stride + j] = reduce_add(a##i);
         CPUINFER_ROWS(OUT)
 #undef OUT
-        for (int64_t c = Dv; c < D; ++c) {  // only when the vector width does not divide D (wide SVE)
-            float kc = to_f32(kj[c]);
-            for (int r = 0; r < R; ++r) s[r * s_stride + j] += q[r * D + c] * kc;
-        }
+    }
+    if (Dv < D) {  // only when the vector width does not divide D (wide SVE)
+        for (int64_t jj = j0; jj < j1; ++jj)
+            for (int64_t c = Dv; c < D; ++c) {
+                float kc = to_f32(k[jj * D + c]);
+                for (int r = 0; r < R; ++r) s[r * s_stride + jj] += q[r * D + c] * kc;
+            }
     }
 }
 
@@ -81,9 +122,46 @@ template <int R, typename C>
 inline void pv_tile(float *acc, int64_t D, const float *alpha, const float *p, int64_t p_stride, const C *v,
                     int64_t j0, int64_t j1) {
     using namespace vec;
+    constexpr int U = unroll<R>();
     const int64_t W = width();
     const int64_t Dv = D - D % W;
-    for (int64_t c = 0; c < Dv; c += W) {
+    int64_t c = 0;
+    for (; c + U * W <= Dv; c += U * W) {
+#define DECL(i)                                                                        \
+    vf a##i = zero(), b##i = zero(), c##i = zero(), d##i = zero();                     \
+    if constexpr (i < R) {                                                             \
+        vf al = splat(alpha[i]);                                                       \
+        a##i = mul(load(acc + i * D + c), al);                                         \
+        if constexpr (U >= 2) b##i = mul(load(acc + i * D + c + W), al);               \
+        if constexpr (U >= 4) c##i = mul(load(acc + i * D + c + 2 * W), al), d##i = mul(load(acc + i * D + c + 3 * W), al); \
+    }
+        CPUINFER_ROWS(DECL)
+#undef DECL
+        for (int64_t j = j0; j < j1; ++j) {
+            const C *vj = v + j * D + c;
+            vf v0 = load(vj), v1 = v0, v2 = v0, v3 = v0;
+            if constexpr (U >= 2) v1 = load(vj + W);
+            if constexpr (U >= 4) v2 = load(vj + 2 * W), v3 = load(vj + 3 * W);
+#define STEP(i)                                                    \
+    if constexpr (i < R) {                                         \
+        vf pj = splat(p[i * p_stride + j]);                        \
+        a##i = fma(pj, v0, a##i);                                  \
+        if constexpr (U >= 2) b##i = fma(pj, v1, b##i);            \
+        if constexpr (U >= 4) c##i = fma(pj, v2, c##i), d##i = fma(pj, v3, d##i); \
+    }
+            CPUINFER_ROWS(STEP)
+#undef STEP
+        }
+#define OUT(i)                                                                   \
+    if constexpr (i < R) {                                                       \
+        store(acc + i * D + c, a##i);                                            \
+        if constexpr (U >= 2) store(acc + i * D + c + W, b##i);                  \
+        if constexpr (U >= 4) store(acc + i * D + c + 2 * W, c##i), store(acc + i * D + c + 3 * W, d##i); \
+    }
+        CPUINFER_ROWS(OUT)
+#undef OUT
+    }
+    for (; c < Dv; c += W) {  // chunks left over from the unrolled loop
 #define DECL(i) vf a##i = zero(); if constexpr (i < R) a##i = mul(load(acc + i * D + c), splat(alpha[i]));
         CPUINFER_ROWS(DECL)
 #undef DECL
@@ -97,7 +175,7 @@ inline void pv_tile(float *acc, int64_t D, const float *alpha, const float *p, i
         CPUINFER_ROWS(OUT)
 #undef OUT
     }
-    for (int64_t c = Dv; c < D; ++c) {
+    for (c = Dv; c < D; ++c) {
         for (int r = 0; r < R; ++r) {
             float a = acc[r * D + c] * alpha[r];
             for (int64_t j = j0; j < j1; ++j) a += p[r * p_stride + j] * to_f32(v[j * D + c]);

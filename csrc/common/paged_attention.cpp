@@ -28,6 +28,10 @@ namespace cpuinfer {
 namespace {
 
 constexpr int64_t kChunkRows = 64;      // query rows that share one pass over the keys
+#ifndef CPUINFER_ATTN_PREFETCH
+#define CPUINFER_ATTN_PREFETCH 1
+#endif
+constexpr bool kPrefetch = CPUINFER_ATTN_PREFETCH;
 constexpr int64_t kMinPartKeys = 256;   // a flash-decoding partition is at least this long
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -59,6 +63,11 @@ struct Scratch {
 Scratch &thread_scratch() {
     thread_local Scratch s;
     return s;
+}
+
+inline void prefetch(const void *p, int64_t bytes) {
+    const char *c = static_cast<const char *>(p);
+    for (int64_t i = 0; i < bytes; i += tuning::kCacheLine) __builtin_prefetch(c + i);
 }
 
 // dst[i] = exp(src[i] - m) for i in [a, b), vectorised.
@@ -110,9 +119,10 @@ struct Runner {
                 }
             }
         }
-        // Split long key ranges so that there are about 4 units per thread.
+        // Split long key ranges so that there are about 8 units per thread:
+        // dynamic hand-out then evens out ragged lengths and busy cores.
         const int64_t threads = max_threads();
-        const int64_t target = threads > 1 ? std::max<int64_t>(1, total / (threads * 4)) : 0;
+        const int64_t target = threads > 1 ? std::max<int64_t>(1, total / (threads * 8)) : 0;
         int64_t scratch = 0;
         for (size_t gi = 0; gi < groups.size(); ++gi) {
             Group &g = groups[gi];
@@ -162,6 +172,14 @@ struct Runner {
         for (int64_t b = k0 / bs; b * bs < k1; ++b) {
             const int64_t base = b * bs, off = (int64_t(table[b]) * a.num_kv_heads + h) * bs * D;
             const C *kb = kc + off, *vb = vc + off;
+            // Blocks sit at random places in the cache, which defeats the
+            // hardware prefetcher at every block boundary: fetch the next
+            // block of this head while this one is computed.
+            if (kPrefetch && (b + 1) * bs < k1) {
+                const int64_t noff = (int64_t(table[b + 1]) * a.num_kv_heads + h) * bs * D;
+                prefetch(kc + noff, bs * D * int64_t(sizeof(C)));
+                prefetch(vc + noff, bs * D * int64_t(sizeof(C)));
+            }
             for (int64_t r0 = 0; r0 < rows; r0 += attn::kTileRows) {
                 const int R = int(std::min<int64_t>(attn::kTileRows, rows - r0));
                 // Keys of this block that some row of the tile sees.

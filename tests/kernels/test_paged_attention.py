@@ -54,7 +54,7 @@ def test_mixed_batch_matrix(kernels, head_size, cache_dtype):
                        cache_dtype)
         out = run_kernel(kernels, b, sliding_window=window, soft_cap=cap)
         torch.testing.assert_close(out.float(), ref_paged_attention(b, window, cap), **TOL[dtype],
-                                   msg=lambda m: f"window={window} cap={cap} {dtype}: {m}")
+                                   msg=lambda m, w=window, c=cap, t=dtype: f"window={w} cap={c} {t}: {m}")
 
 
 @pytest.mark.parametrize("dtype", MODEL_DTYPES)
