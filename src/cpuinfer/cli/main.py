@@ -9,6 +9,9 @@ import sys
 # name -> module with add_arguments(parser) and run(args) -> int
 COMMANDS = {
     "info": ("cpuinfer.cli.info", "Show the detected CPU, the kernel variants and which one is used."),
+    "generate": ("cpuinfer.cli.generate", "Generate from one prompt, streaming the text."),
+    "chat": ("cpuinfer.cli.chat", "Chat with a model in the terminal."),
+    "bench": ("cpuinfer.cli.bench", "Offline latency / throughput benchmarks (as vLLM's)."),
 }
 
 
