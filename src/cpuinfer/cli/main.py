@@ -12,6 +12,7 @@ COMMANDS = {
     "generate": ("cpuinfer.cli.generate", "Generate from one prompt, streaming the text."),
     "chat": ("cpuinfer.cli.chat", "Chat with a model in the terminal."),
     "bench": ("cpuinfer.cli.bench", "Offline latency / throughput benchmarks (as vLLM's)."),
+    "serve": ("cpuinfer.cli.serve", "Serve a model over an OpenAI-compatible HTTP API (like `vllm serve`)."),
 }
 
 
