@@ -15,15 +15,13 @@ partly generated is never shown.
 
 from __future__ import annotations
 
-from tokenizers import Tokenizer
-
 _PROMPT_CONTEXT = 5  # prompt tokens decoded with the first outputs, for correct leading spaces
 
 
 class IncrementalDetokenizer:
     """Text of one sequence's generated tokens, grown one token at a time."""
 
-    def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int], skip_special_tokens: bool = True,
+    def __init__(self, tokenizer, prompt_token_ids: list[int], skip_special_tokens: bool = True,
                  stop: list[str] | None = None, include_stop_str_in_output: bool = False):
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens

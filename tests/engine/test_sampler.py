@@ -94,7 +94,7 @@ def test_seeded_sampling_independent_of_batch():
         others = [req(SamplingParams(temperature=1.0)) for _ in batch_rows]
         s = Sampler(seed=7)
         tokens = []
-        for step in range(20):
+        for _step in range(20):
             logits = torch.cat([rows[target:target + 1], rows[batch_rows]]) if batch_rows else rows[target:target + 1]
             tokens.append(s(logits, [r] + others[:len(batch_rows)]).token_ids[0])
             r.append_token(tokens[-1])

@@ -220,7 +220,7 @@ class AsyncLLM:
                     stream.queue.put_nowait(out)
                     if out.finished:
                         self._streams.pop(out.request_id, None)
-            for rid, message in msg.errors.items():  # a child the core refused (rare: checked here first)
+            for rid, _message in msg.errors.items():  # a child the core refused (rare: checked here first)
                 parent = next((s for s in self._streams if rid == s or rid.endswith("_" + s)), None)
                 if parent is not None:
                     self._abort_nowait(parent)

@@ -120,12 +120,12 @@ class EngineCore:
         finished = self.scheduler.update(sched, tokens)
         s = self._stats
         s.num_steps += 1
-        for req, n, seq in zip(sched.requests, sched.num_tokens, sched.seqs):
+        for req, n, seq in zip(sched.requests, sched.num_tokens, sched.seqs, strict=False):
             if n > 1 or seq.start_pos < len(req.prompt_token_ids):
                 s.prompt_tokens += n
         s.generation_tokens += len(tokens)
         outputs = []
-        for req, lp in zip(sampled, lps):
+        for req, lp in zip(sampled, lps, strict=False):
             outputs.append(SeqOutput(req.request_id, [req.output_token_ids[-1]], None if lp is None else [lp],
                                      req.finish_reason, req.stop_reason, req.num_prefix_hit_tokens))
         for req in finished:

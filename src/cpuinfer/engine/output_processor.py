@@ -70,7 +70,7 @@ class OutputProcessor:
             msgs.append(AddRequest(child_id(request_id, i, params.n), prompt_token_ids, child_params))
         state = _RequestState(request_id, prompt, prompt_token_ids, params, samples)
         self.states[request_id] = state
-        for s, m in zip(samples, msgs):
+        for s, m in zip(samples, msgs, strict=False):
             self._child[m.request_id] = (state, s)
         return msgs
 
@@ -137,7 +137,7 @@ class OutputProcessor:
     def _logprob_dict(self, tok: int, lp: tuple) -> dict[int, Logprob]:
         sampled_lp, rank, ids, vals = lp
         d = {}
-        for r, (i, v) in enumerate(zip(ids, vals), start=1):
+        for r, (i, v) in enumerate(zip(ids, vals, strict=False), start=1):
             d[i] = Logprob(v, r, self._token_text(i))
         if tok not in d:
             d[tok] = Logprob(sampled_lp, rank, self._token_text(tok))

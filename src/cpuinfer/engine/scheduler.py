@@ -199,7 +199,7 @@ class Scheduler:
         caching = self.pool.enable_caching
         tokens = iter(sampled_tokens)
         finished = []
-        for req, n, seq in zip(out.requests, out.num_tokens, out.seqs):
+        for req, n, seq in zip(out.requests, out.num_tokens, out.seqs, strict=False):
             req.num_computed_tokens += n
             if seq.sample:
                 req.append_token(next(tokens))

@@ -94,13 +94,13 @@ class Sampler:
         logits = logits.float()
         # Stop tokens cannot be sampled before min_tokens.
         masked = False
-        for i, (r, p) in enumerate(zip(reqs, params)):
+        for i, (r, p) in enumerate(zip(reqs, params, strict=False)):
             if p.min_tokens and len(r.output_token_ids) < p.min_tokens and r.stop_ids:
                 if not masked:
                     logits = logits.clone()
                     masked = True
                 logits[i, list(r.stop_ids)] = float("-inf")
-        for i, (r, p) in enumerate(zip(reqs, params)):
+        for i, (r, p) in enumerate(zip(reqs, params, strict=False)):
             if p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
                 if not masked:
                     logits = logits.clone()
