@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from .errors import ModelLoadError
+from .gguf_reader import GGUFReader
 
 SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K",
                           "Q5_K", "Q6_K")
@@ -67,15 +68,9 @@ class GGUFFile:
     """Metadata and tensors of one .gguf file (memory-mapped; tensors are read on demand)."""
 
     def __init__(self, path: str):
-        from gguf import GGUFReader
-
         if not os.path.isfile(path):
             raise ModelLoadError(f"GGUF file {path!r} does not exist")
-        try:
-            self.reader = GGUFReader(path)
-        except Exception as e:  # the reader raises ValueError/struct errors/IndexError on garbage
-            raise ModelLoadError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e}); "
-                                 "re-download or re-convert it") from e
+        self.reader = GGUFReader(path)
         self.path = path
         self.fields = self.reader.fields
         self.arch = self.get("general.architecture")
@@ -86,10 +81,7 @@ class GGUFFile:
 
     def get(self, key: str, default=None):
         """The metadata value for key (python scalar, str or list), or default."""
-        field = self.fields.get(key)
-        if field is None:
-            return default
-        return field.contents()
+        return self.fields.get(key, default)
 
     def config(self) -> dict:
         """A Hugging Face style config dict built from the metadata."""
@@ -113,7 +105,7 @@ class GGUFFile:
             rope_dim = self.get(f"{arch}.rope.dimension_count")
             cfg["head_dim"] = rope_dim or cfg["hidden_size"] // cfg["num_attention_heads"]
         if "vocab_size" not in cfg:
-            cfg["vocab_size"] = len(self.fields["tokenizer.ggml.tokens"].data)
+            cfg["vocab_size"] = len(self.fields.get("tokenizer.ggml.tokens") or [])
         cfg["tie_word_embeddings"] = "output.weight" not in self.tensor_names
         rope_scaling = self._rope_scaling()
         if arch == "gemma3":
@@ -147,14 +139,17 @@ class GGUFFile:
         """llama.cpp's precomputed llama3 rope scaling (rope_freqs.weight), if the file has it."""
         for t in self.reader.tensors:
             if t.name == "rope_freqs.weight":
-                return torch.from_numpy(np.array(t.data, dtype=np.float32)).reshape(-1)
+                return torch.from_numpy(t.data.view(np.float32).copy())
         return None
 
     def check_tensor_types(self) -> None:
         """Raise naming the first tensor whose type we cannot dequantize."""
+        from gguf import GGMLQuantizationType
+
         for t in self.reader.tensors:
-            if t.tensor_type.name not in SUPPORTED_TENSOR_TYPES:
-                raise ModelLoadError(f"{self.path}: tensor {t.name!r} has GGUF type {t.tensor_type.name}, which "
+            type_name = GGMLQuantizationType(t.type_id).name
+            if type_name not in SUPPORTED_TENSOR_TYPES:
+                raise ModelLoadError(f"{self.path}: tensor {t.name!r} has GGUF type {type_name}, which "
                                      f"cpuinfer cannot read; supported types: {', '.join(SUPPORTED_TENSOR_TYPES)}")
 
     def hf_name(self, name: str) -> str | None:
@@ -195,22 +190,23 @@ class GGUFFile:
     def _dequantize(self, t, dtype: torch.dtype) -> torch.Tensor:
         from gguf import GGMLQuantizationType, dequantize
 
-        shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # GGUF lists dims fastest-first
-        data = t.data
-        try:
-            if t.tensor_type == GGMLQuantizationType.F32:
-                return torch.from_numpy(np.array(data, dtype=np.float32)).reshape(shape).to(dtype)
-            out = torch.empty(shape, dtype=dtype)
-            flat = out.view(-1, shape[-1]) if len(shape) > 1 else out.view(1, -1)
-            src = data.reshape(flat.shape[0], -1) if len(shape) > 1 else data.reshape(1, -1)
-            step = max(1, (1 << 22) // max(1, shape[-1]))  # ~16 MB of float32 at a time keeps the peak low
-            for i in range(0, flat.shape[0], step):
-                chunk = dequantize(np.ascontiguousarray(src[i:i + step]), t.tensor_type)
-                flat[i:i + step] = torch.from_numpy(np.asarray(chunk, dtype=np.float32).reshape(-1, shape[-1]))
-            return out
-        except (ValueError, IndexError) as e:
-            raise ModelLoadError(f"{self.path}: tensor {t.name!r} ({t.tensor_type.name}, shape {shape}) is "
-                                 f"truncated or corrupt: {e}") from e
+        qtype = GGMLQuantizationType(t.type_id)
+        shape = t.shape
+        if qtype == GGMLQuantizationType.F32:
+            return torch.from_numpy(t.data.view(np.float32).copy()).reshape(shape).to(dtype)
+        if qtype == GGMLQuantizationType.F16:
+            return torch.from_numpy(t.data.view(np.float16).copy()).reshape(shape).to(dtype)
+        if qtype == GGMLQuantizationType.BF16:
+            return torch.from_numpy(t.data.view(np.int16).copy()).view(torch.bfloat16).reshape(shape).to(dtype)
+        cols = shape[-1]
+        out = torch.empty(shape, dtype=dtype)
+        flat = out.view(-1, cols)
+        src = t.data.reshape(flat.shape[0], -1)
+        step = max(1, (1 << 22) // cols)  # ~16 MB of float32 at a time keeps the load peak low
+        for i in range(0, flat.shape[0], step):
+            chunk = dequantize(src[i:i + step], qtype)
+            flat[i:i + step] = torch.from_numpy(chunk.reshape(-1, cols))
+        return out
 
 
 def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
