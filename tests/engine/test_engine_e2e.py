@@ -15,12 +15,10 @@ from .conftest import BLOCK, NUM_BLOCKS
 PROMPTS = [
     "The capital of France is",
     "def fibonacci(n):",
-    "Once upon a time, in a small village,",
-    "List three colors:",
+    "Once upon a time, in a small village, there lived an old clockmaker who",  # > 1 block
     "The capital of France is a city where",  # shares a prefix with the first
-    "Water boils at",
 ]
-NEW = 8
+NEW = 6
 
 
 def engine_on(runner, spec, num_blocks=NUM_BLOCKS, batched=4096, seqs=256, caching=True, threshold=0):
@@ -64,7 +62,7 @@ def test_batch_of_32_mixed(smol_runner, smol_spec, alone):
     dict(batched=16),  # chunked prefill in tiny chunks
     dict(threshold=5),  # long-prefill threshold
     dict(caching=False),
-    dict(num_blocks=6, seqs=8),  # 96-token pool: preemption by recompute
+    dict(num_blocks=3, seqs=8),  # 48-token pool: preemption by recompute
 ])
 def test_same_greedy_tokens(smol_runner, smol_spec, alone, kw):
     eng = engine_on(smol_runner, smol_spec, **kw)
@@ -89,12 +87,13 @@ def test_prefix_cache_hit_gives_same_tokens(smol_runner, smol_spec):
 
 
 def test_fp8_cache_consistent(smol_runner_fp8, smol_spec):
-    alone8 = [run(engine_on(smol_runner_fp8, smol_spec), [p])[0] for p in PROMPTS[:4]]
-    mixed = run(engine_on(smol_runner_fp8, smol_spec, batched=16), PROMPTS[:4] + [long_prompt(i) for i in range(6)])
-    assert mixed[:4] == alone8
+    ps = [PROMPTS[2], long_prompt(0)]
+    alone8 = [run(engine_on(smol_runner_fp8, smol_spec, caching=False), [p])[0] for p in ps]
+    mixed = run(engine_on(smol_runner_fp8, smol_spec, batched=16), ps + [long_prompt(i) for i in range(1, 3)])
+    assert mixed[:2] == alone8
     cached = engine_on(smol_runner_fp8, smol_spec)
-    run(cached, PROMPTS[:4])
-    assert run(cached, PROMPTS[:4]) == alone8  # served from fp8 prefix-cache blocks
+    run(cached, ps[1:])
+    assert run(cached, ps[1:]) == alone8[1:]  # served from fp8 prefix-cache blocks
     assert cached.get_stats().prefix_cache_hits > 0
 
 
