@@ -39,6 +39,9 @@ def api_schema(server):
     doc = httpx.get(server.url + "/openapi.json", timeout=10).json()
     _cap(doc)
     schema = schemathesis.openapi.from_dict(doc)
+    # Random generation only: schemathesis' deterministic "coverage" phase sends ~150 boundary cases per
+    # generating route (minutes on 2 cores); the documented bounds are tested one by one in test_openai_api.
+    schema.config.phases.coverage.enabled = False
     return schema
 
 
