@@ -208,7 +208,10 @@ async def _load(state: ServerState, start_engine: Callable[[], Awaitable[EngineA
         engine = await start_engine()
     except Exception as e:  # the server keeps answering /health with the reason
         state.load_error = f"{type(e).__name__}: {e}"
-        logger.exception("engine failed to start")
+        if isinstance(e, ValueError):  # bad flags / variables / model path: the message says what to fix
+            logger.error("engine failed to start: %s", e)
+        else:
+            logger.exception("engine failed to start")
         signal.raise_signal(signal.SIGTERM)  # a server without a model is no use: shut down (exit code 1)
         return
     state.engine = engine
