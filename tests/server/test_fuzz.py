@@ -49,7 +49,7 @@ schema = schemathesis.pytest.from_fixture("api_schema")
 
 
 @schema.parametrize()
-@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 def test_no_server_errors_and_no_hangs(case, server):
     response = case.call(base_url=server.url, headers=server.headers(), timeout=60)
     assert response.status_code < 500, (case.as_curl_command(), response.status_code, response.text[:500])
