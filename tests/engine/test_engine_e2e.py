@@ -62,18 +62,26 @@ def test_batch_of_32_mixed(smol_runner, smol_spec, alone):
     dict(batched=16),  # chunked prefill in tiny chunks
     dict(threshold=5),  # long-prefill threshold
     dict(caching=False),
-    dict(num_blocks=3, seqs=8),  # 48-token pool: preemption by recompute
 ])
 def test_same_greedy_tokens(smol_runner, smol_spec, alone, kw):
     eng = engine_on(smol_runner, smol_spec, **kw)
     got = run(eng, PROMPTS)
     assert got == alone
     stats = eng.get_stats()
-    if "num_blocks" in kw:
-        assert stats.num_preemptions > 0
     if kw.get("caching", True):
         assert stats.prefix_cache_queries > 0
     assert stats.kv_cache_usage == 0.0
+
+
+def test_preemption_gives_same_tokens(smol_runner, smol_spec):
+    # 14-token prompts fill one block each; at token 16 every request needs a second one: a 4-block pool
+    # must preempt (recompute) the newest requests, and the oldest must never starve.
+    prompts = [smol_spec.tokenizer.encode(long_prompt(i)).ids[:14] for i in range(4)]
+    ref = [run(engine_on(smol_runner, smol_spec, caching=False), [p])[0] for p in prompts]
+    for caching in (False, True):
+        eng = engine_on(smol_runner, smol_spec, num_blocks=4, caching=caching)
+        assert run(eng, prompts) == ref
+        assert eng.get_stats().num_preemptions > 0
 
 
 def test_prefix_cache_hit_gives_same_tokens(smol_runner, smol_spec):
