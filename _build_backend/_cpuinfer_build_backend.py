@@ -90,7 +90,10 @@ def _write_metadata(dest: Path) -> str:
     else:
         import tomli as tomllib
     from packaging.version import Version
-    from pyproject_metadata import StandardMetadata
+    try:  # scikit-build-core vendors it
+        from scikit_build_core._vendor.pyproject_metadata import StandardMetadata
+    except ImportError:
+        from pyproject_metadata import StandardMetadata
     from setuptools_scm import get_version
 
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -241,13 +244,16 @@ def _compiled_members(zf: zipfile.ZipFile) -> list[str]:
     """The wheel's files under cpuinfer/ that the source tree does not have: the compiled part."""
     out = []
     for name in zf.namelist():
+        if name.startswith("cpuinfer.libs/") and not name.endswith("/"):
+            out.append(name)  # libraries auditwheel grafted in (found via RPATH $ORIGIN/../cpuinfer.libs)
+            continue
         if not name.startswith("cpuinfer/") or name.endswith("/") or "__pycache__" in name:
             continue
         rel = name[len("cpuinfer/") :]
         if not (PACKAGE / rel).exists() or _was_extracted(rel):
             out.append(name)
     required = {"_isa_table.json", "_build_info.json"}
-    names = {m[len("cpuinfer/") :] for m in out}
+    names = {m[len("cpuinfer/") :] for m in out if m.startswith("cpuinfer/")}
     missing = sorted(required - names)
     if not any(n.startswith("_cpu_probe") for n in names):
         missing.append("_cpu_probe.*")
@@ -293,7 +299,7 @@ def _build_precompiled_editable(wheel_directory: Path, config_settings) -> str:
                 (PACKAGE / rel).unlink(missing_ok=True)
             files = []
             for name in members:
-                rel = name[len("cpuinfer/") :]
+                rel = name[len("cpuinfer/") :] if name.startswith("cpuinfer/") else f"../{name}"
                 target = PACKAGE / rel
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(zf.read(name))
