@@ -244,8 +244,11 @@ def emulated_avx2(session: nox.Session) -> None:
     python = shutil.which("python", path=os.path.join(session.virtualenv.location, "bin"))
     session.chdir(tempfile.mkdtemp(prefix="cpuinfer-qemu-"))
     env = {"CPUINFER_TEST_PYTHON_WRAPPER": " ".join(QEMU_X86), "CPUINFER_TEST_EXPECT_VARIANT": "avx2"}
-    session.run(*QEMU_X86, python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                os.path.join(session.invoked_from, "tests", "toolchain", "test_emulated.py"), env=env, external=True)
+    # Default: the short emulated check. Any test file can run here too, e.g.
+    # `nox -s emulated_avx2 -- tests/toolchain/test_dispatch.py` (slow: every child imports torch under qemu).
+    tests = [os.path.join(session.invoked_from, t) for t in session.posargs] or [
+        os.path.join(session.invoked_from, "tests", "toolchain", "test_emulated.py")]
+    session.run(*QEMU_X86, python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests, env=env, external=True)
 
 
 @nox.session
