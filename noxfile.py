@@ -198,6 +198,7 @@ def precompiled(session: nox.Session) -> None:
             session.error(f"precompiled editable install took {took:.1f} s (> 20 s)")
         session.chdir(tmp)
         session.run(python, os.path.join(root, "ci", "smoke_test.py"), "--editable", external=True)
+        session.run(python, "-m", "pip", "install", "-q", "pytest", external=True)
         session.run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                     os.path.join(root, "tests", "toolchain", "test_precompiled.py"), external=True,
                     env={"CPUINFER_PRECOMPILED_WHEEL_LOCATION": wheel_path, "CPUINFER_TEST_PRECOMPILED": "1"})
