@@ -220,6 +220,12 @@ def index(session: nox.Session) -> None:
                         "--extra-index-url", "https://pypi.org/simple", "cpuinfer", external=True)
             session.chdir(tmp)
             session.run(python, os.path.join(session.invoked_from, "ci", "smoke_test.py"), external=True)
+            # A precompiled editable install with no wheel location: the wheel comes from the index.
+            env = {"CPUINFER_USE_PRECOMPILED": "1", "CPUINFER_WHEEL_INDEX": f"http://127.0.0.1:{port}/simple"}
+            session.run(python, "-m", "pip", "install", "-q", "--no-deps", "-e", session.invoked_from, env=env,
+                        external=True)
+            session.run(python, os.path.join(session.invoked_from, "ci", "smoke_test.py"), "--editable",
+                        external=True)
         finally:
             server.terminate()
             server.wait(timeout=10)

@@ -160,7 +160,10 @@ def _download_from_index(dest: Path, version: str | None) -> Path:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--dest", str(dest), req]
     if index:
         cmd += ["--index-url", index]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    # pip runs this backend in an isolated environment whose PYTHONPATH hides the
+    # interpreter's own site-packages (and so pip itself): give the child the plain one.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONNOUSERSITE", "PIP_BUILD_TRACKER")}
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     wheels = sorted(dest.glob("cpuinfer-*.whl"))
     if r.returncode != 0 or not wheels:
         raise PrecompiledError(
