@@ -23,6 +23,7 @@ import hashlib
 import importlib.util
 import io
 import json
+import os
 import platform
 import shutil
 import subprocess
