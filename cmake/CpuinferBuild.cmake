@@ -40,6 +40,8 @@ set(CPUINFER_KERNEL_SOURCES
   "${CPUINFER_SRC_ROOT}/csrc/common/norm.cpp"
   "${CPUINFER_SRC_ROOT}/csrc/common/rotary.cpp"
   "${CPUINFER_SRC_ROOT}/csrc/common/activation.cpp"
+  "${CPUINFER_SRC_ROOT}/csrc/common/kv_cache.cpp"
+  "${CPUINFER_SRC_ROOT}/csrc/common/paged_attention.cpp"
   "${CPUINFER_SRC_ROOT}/csrc/common/parallel.cpp")
 
 # Test-only: compile the AVX-512 vector layer against SIMDe (libsimde-dev)

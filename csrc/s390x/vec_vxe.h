@@ -49,6 +49,12 @@ inline void store(f16_t *p, vf a) {
     store(t, a);
     for (int i = 0; i < 8; ++i) p[i] = from_f32<f16_t>(t[i]);
 }
+// fp8 e5m2 (top byte of an f16): no f16 vector conversion here either.
+inline vf load(const fp8_e5m2_t *p) {
+    float t[8];
+    for (int i = 0; i < 8; ++i) t[i] = to_f32(p[i]);
+    return load(t);
+}
 
 // GCC's <vecintrin.h> has no vec_add/sub/mul/div/sl/sr: the z/Architecture
 // vector interface uses the C operators on vector types for those.

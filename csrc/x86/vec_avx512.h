@@ -49,6 +49,11 @@ inline vf load(const f16_t *p) { return {_mm512_cvtph_ps(_mm256_loadu_si256(rein
 inline void store(f16_t *p, vf a) {
     _mm256_storeu_si256(reinterpret_cast<__m256i *>(p), _mm512_cvtps_ph(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
+// fp8 e5m2 is the top byte of an f16: widen and convert exactly.
+inline vf load(const fp8_e5m2_t *p) {
+    __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p));
+    return {_mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(b), 8))};
+}
 
 inline vf add(vf a, vf b) { return {_mm512_add_ps(a.v, b.v)}; }
 inline vf sub(vf a, vf b) { return {_mm512_sub_ps(a.v, b.v)}; }

@@ -1,0 +1,35 @@
+"""Pick the paged-attention implementation: the compiled kernels when the selected variant has them, else torch."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import ops
+from . import torch_paged
+from .metadata import AttentionMetadata
+
+_KERNELS = hasattr(ops, "paged_attention") and hasattr(ops, "reshape_and_cache")
+
+
+def uses_kernels() -> bool:
+    """True when attention runs on the compiled kernels rather than the torch fallback."""
+    return _KERNELS
+
+
+def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                      meta: AttentionMetadata) -> None:
+    """Store this step's key/value [T, kv_heads, head_size] in one layer's cache."""
+    if _KERNELS:
+        ops.reshape_and_cache(key, value, key_cache, value_cache, meta.slot_mapping)
+    else:
+        torch_paged.reshape_and_cache(key, value, key_cache, value_cache, meta.slot_mapping)
+
+
+def paged_attention(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                    meta: AttentionMetadata, scale: float, sliding_window: int = 0, soft_cap: float = 0.0) -> None:
+    """out[T, q_heads, hs] = attention of query [T, q_heads, hs] over one layer's paged cache."""
+    if _KERNELS:
+        ops.paged_attention(out, query, key_cache, value_cache, meta.query_start_loc, meta.seq_lens,
+                            meta.block_tables, scale, sliding_window, soft_cap)
+    else:
+        torch_paged.paged_attention(out, query, key_cache, value_cache, meta, scale, sliding_window, soft_cap)

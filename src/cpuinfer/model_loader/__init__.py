@@ -1,0 +1,93 @@
+"""Load a model's description (ModelSpec) and weights from a Hugging Face directory or a GGUF file."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .errors import ModelLoadError
+from .spec import ModelSpec, resolve_dtype
+
+__all__ = ["ModelLoadError", "ModelSpec", "load_model_spec", "load_weights"]
+
+
+def _as_list(x) -> list[int]:
+    if x is None:
+        return []
+    return [int(v) for v in x] if isinstance(x, (list, tuple)) else [int(x)]
+
+
+def load_model_spec(path: str, dtype: str | torch.dtype = "auto") -> ModelSpec:
+    """Read config + tokenizer (no weights yet) from an HF directory or a .gguf file."""
+    from ..models import registry
+
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise ModelLoadError(f"model path {path!r} does not exist; pass a Hugging Face model directory or a .gguf file")
+    if os.path.isdir(path):
+        spec_kwargs = _hf_spec(path, dtype)
+    else:
+        spec_kwargs = _gguf_spec(path, dtype)
+    config = spec_kwargs["hf_config"]
+    arch = spec_kwargs["architecture"]
+    shape = registry.describe(arch, config, path)
+    tok = spec_kwargs["tokenizer"]
+    special = set()
+    if tok is not None:
+        special = {i for i, t in tok.get_added_tokens_decoder().items() if t.special}
+    return ModelSpec(path=path, special_token_ids=special, **shape, **spec_kwargs)
+
+
+def _hf_spec(directory: str, dtype) -> dict:
+    from .hf_dir import SAMPLING_KEYS, read_json, safetensors_files, tokenizer_info
+
+    config = read_json(os.path.join(directory, "config.json"))
+    archs = config.get("architectures") or []
+    if not archs:
+        raise ModelLoadError(f"{directory}/config.json names no architectures")
+    safetensors_files(directory)  # fail now, not at weight load, when there are none
+    gen = read_json(os.path.join(directory, "generation_config.json"), required=False)
+    tok = tokenizer_info(directory)
+    eos = _as_list(gen.get("eos_token_id")) or _as_list(config.get("eos_token_id"))
+    if not eos and tok["tokenizer"] is not None and tok["eos_token"]:
+        eos = _as_list(tok["tokenizer"].token_to_id(tok["eos_token"]))
+    bos = gen.get("bos_token_id", config.get("bos_token_id"))
+    checkpoint_dtype = config.get("dtype") or config.get("torch_dtype")
+    return dict(architecture=archs[0], dtype=resolve_dtype(dtype, checkpoint_dtype), eos_token_ids=eos,
+                bos_token_id=bos, tokenizer=tok["tokenizer"], chat_template=tok["chat_template"],
+                generation_defaults={k: gen[k] for k in SAMPLING_KEYS if gen.get(k) is not None},
+                hf_config=config, format="hf", bos_token=tok["bos_token"], eos_token=tok["eos_token"])
+
+
+def _gguf_spec(path: str, dtype) -> dict:
+    from .gguf_file import GGUFFile
+    from .gguf_tokenizer import tokenizer_from_gguf
+
+    g = GGUFFile(path)
+    config = g.config()
+    tokens = g.get("tokenizer.ggml.tokens") or []
+    tokenizer = tokenizer_from_gguf(g.get, path)
+    bos, eos = g.get("tokenizer.ggml.bos_token_id"), g.get("tokenizer.ggml.eos_token_id")
+    eos_ids = _as_list(eos)
+    eot = g.get("tokenizer.ggml.eot_token_id")
+    if eot is not None and eot not in eos_ids:
+        eos_ids.append(int(eot))
+    name = lambda i: tokens[i] if i is not None and i < len(tokens) else None  # noqa: E731
+    return dict(architecture=config["architectures"][0], dtype=resolve_dtype(dtype, "bfloat16"),
+                eos_token_ids=eos_ids, bos_token_id=bos, tokenizer=tokenizer,
+                chat_template=g.get("tokenizer.chat_template"), generation_defaults={}, hf_config=config,
+                format="gguf", bos_token=name(bos), eos_token=name(eos))
+
+
+def load_weights(spec: ModelSpec) -> tuple[dict[str, torch.Tensor], dict]:
+    """All tensors by Hugging Face name (matrices in the run dtype), plus extras (e.g. GGUF rope frequency factors)."""
+    if spec.format == "gguf":
+        from .gguf_file import GGUFFile
+
+        g = GGUFFile(spec.path)
+        tensors = dict(g.tensors(spec.dtype, spec.hf_config))
+        return tensors, {"rope_freq_factors": g.rope_freq_factors()}
+    from .hf_dir import safetensors_tensors
+
+    return dict(safetensors_tensors(spec.path, spec.dtype)), {}

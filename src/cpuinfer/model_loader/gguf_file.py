@@ -1,0 +1,215 @@
+"""A single GGUF file: its metadata as a Hugging Face style config, and its tensors dequantized.
+
+Tensor names follow llama.cpp (blk.N.attn_q ...); we rename them to the Hugging Face names the
+models load, undo the Q/K row permutation llama.cpp's converter applies to llama-arch models,
+and shift Gemma's norm weights back (llama.cpp stores 1 + w).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+from .errors import ModelLoadError
+from .gguf_reader import GGUFReader
+
+SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K",
+                          "Q5_K", "Q6_K")
+
+# general.architecture -> (HF architecture, HF model_type)
+GGUF_ARCHITECTURES = {
+    "llama": ("LlamaForCausalLM", "llama"),
+    "mistral": ("MistralForCausalLM", "mistral"),
+    "qwen2": ("Qwen2ForCausalLM", "qwen2"),
+    "qwen3": ("Qwen3ForCausalLM", "qwen3"),
+    "gemma3": ("Gemma3ForCausalLM", "gemma3_text"),
+}
+
+_CONFIG_KEYS = {
+    "context_length": "max_position_embeddings",
+    "block_count": "num_hidden_layers",
+    "feed_forward_length": "intermediate_size",
+    "embedding_length": "hidden_size",
+    "attention.head_count": "num_attention_heads",
+    "attention.head_count_kv": "num_key_value_heads",
+    "attention.layer_norm_rms_epsilon": "rms_norm_eps",
+    "attention.key_length": "head_dim",
+    "attention.sliding_window": "sliding_window",
+    "rope.freq_base": "rope_theta",
+    "vocab_size": "vocab_size",
+    "final_logit_softcapping": "final_logit_softcapping",
+    "attn_logit_softcapping": "attn_logit_softcapping",
+}
+
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_GEMMA_LAYER_NAMES = dict(_LAYER_NAMES, ffn_norm="pre_feedforward_layernorm",
+                          post_attention_norm="post_attention_layernorm", post_ffw_norm="post_feedforward_layernorm")
+_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
+
+
+class GGUFFile:
+    """Metadata and tensors of one .gguf file (memory-mapped; tensors are read on demand)."""
+
+    def __init__(self, path: str):
+        if not os.path.isfile(path):
+            raise ModelLoadError(f"GGUF file {path!r} does not exist")
+        self.reader = GGUFReader(path)
+        self.path = path
+        self.fields = self.reader.fields
+        self.arch = self.get("general.architecture")
+        if self.arch not in GGUF_ARCHITECTURES:
+            raise ModelLoadError(f"{path}: GGUF architecture {self.arch!r} is not supported; "
+                                 f"supported: {', '.join(GGUF_ARCHITECTURES)}")
+        self.tensor_names = {t.name for t in self.reader.tensors}
+
+    def get(self, key: str, default=None):
+        """The metadata value for key (python scalar, str or list), or default."""
+        return self.fields.get(key, default)
+
+    def config(self) -> dict:
+        """A Hugging Face style config dict built from the metadata."""
+        arch = self.arch
+        architecture, model_type = GGUF_ARCHITECTURES[arch]
+        name = str(self.get("general.name", "") or "").lower()
+        if arch == "llama" and "mistral" in name:
+            architecture, model_type = GGUF_ARCHITECTURES["mistral"]
+        cfg: dict = {"architectures": [architecture], "model_type": model_type}
+        for key, hf_key in _CONFIG_KEYS.items():
+            value = self.get(f"{arch}.{key}")
+            if value is not None:
+                cfg[hf_key] = value
+        for key in ("block_count", "embedding_length", "attention.head_count"):
+            if f"{arch}.{key}" not in self.fields:
+                raise ModelLoadError(f"{self.path}: GGUF metadata lacks {arch}.{key}")
+        if isinstance(cfg.get("num_key_value_heads"), list) or isinstance(cfg.get("num_attention_heads"), list):
+            raise ModelLoadError(f"{self.path}: per-layer head counts are not supported")
+        cfg.setdefault("num_key_value_heads", cfg["num_attention_heads"])
+        if "head_dim" not in cfg:
+            rope_dim = self.get(f"{arch}.rope.dimension_count")
+            cfg["head_dim"] = rope_dim or cfg["hidden_size"] // cfg["num_attention_heads"]
+        if "vocab_size" not in cfg:
+            cfg["vocab_size"] = len(self.fields.get("tokenizer.ggml.tokens") or [])
+        cfg["tie_word_embeddings"] = "output.weight" not in self.tensor_names
+        rope_scaling = self._rope_scaling()
+        if arch == "gemma3":
+            cfg["hidden_activation"] = "gelu_pytorch_tanh"
+            cfg["query_pre_attn_scalar"] = cfg["head_dim"]
+            full = {"rope_theta": cfg.get("rope_theta", 1e6), "rope_type": "default", **rope_scaling}
+            # llama.cpp hard-codes base 10000 for Gemma 3's local (sliding) layers, as transformers does.
+            cfg["rope_parameters"] = {"full_attention": full,
+                                      "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}}
+        else:
+            cfg["hidden_act"] = "silu"
+            if rope_scaling:
+                cfg["rope_scaling"] = rope_scaling
+        for tok_key, hf_key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id")):
+            value = self.get(f"tokenizer.ggml.{tok_key}")
+            if value is not None:
+                cfg[hf_key] = value
+        return cfg
+
+    def _rope_scaling(self) -> dict:
+        kind = self.get(f"{self.arch}.rope.scaling.type")
+        if kind in (None, "none"):
+            return {}
+        out = {"rope_type": kind, "factor": float(self.get(f"{self.arch}.rope.scaling.factor", 1.0))}
+        orig = self.get(f"{self.arch}.rope.scaling.original_context_length")
+        if orig:
+            out["original_max_position_embeddings"] = int(orig)
+        return out
+
+    def rope_freq_factors(self) -> torch.Tensor | None:
+        """llama.cpp's precomputed llama3 rope scaling (rope_freqs.weight), if the file has it."""
+        for t in self.reader.tensors:
+            if t.name == "rope_freqs.weight":
+                return torch.from_numpy(t.data.view(np.float32).copy())
+        return None
+
+    def check_tensor_types(self) -> None:
+        """Raise naming the first tensor whose type we cannot dequantize."""
+        from gguf import GGMLQuantizationType
+
+        for t in self.reader.tensors:
+            type_name = GGMLQuantizationType(t.type_id).name
+            if type_name not in SUPPORTED_TENSOR_TYPES:
+                raise ModelLoadError(f"{self.path}: tensor {t.name!r} has GGUF type {type_name}, which "
+                                     f"cpuinfer cannot read; supported types: {', '.join(SUPPORTED_TENSOR_TYPES)}")
+
+    def hf_name(self, name: str) -> str | None:
+        """The Hugging Face name of a GGUF tensor (None for tensors the models do not use)."""
+        if name.startswith("rope_freqs"):
+            return None
+        base, _, suffix = name.rpartition(".")
+        if base in _GLOBAL_NAMES:
+            return f"{_GLOBAL_NAMES[base]}.{suffix}"
+        m = _BLOCK.match(name)
+        if m is None:
+            return None
+        names = _GEMMA_LAYER_NAMES if self.arch == "gemma3" else _LAYER_NAMES
+        part = names.get(m.group(2))
+        if part is None:
+            return None
+        return f"model.layers.{m.group(1)}.{part}.{m.group(3)}"
+
+    def tensors(self, dtype: torch.dtype, config: dict) -> Iterator[tuple[str, torch.Tensor]]:
+        """(hf_name, tensor in dtype) for every tensor the models use; norms stay float32 for exact offsets."""
+        self.check_tensor_types()
+        permute = self.arch in ("llama", "mistral")
+        n_head, n_kv = config["num_attention_heads"], config["num_key_value_heads"]
+        for t in self.reader.tensors:
+            hf = self.hf_name(t.name)
+            if hf is None:
+                continue
+            is_norm = "norm" in t.name
+            w = self._dequantize(t, torch.float32 if is_norm else dtype)
+            if permute and ".attn_q." in t.name:
+                w = _unpermute(w, n_head)
+            elif permute and ".attn_k." in t.name:
+                w = _unpermute(w, n_kv)
+            if self.arch == "gemma3" and is_norm:
+                w = w - 1.0  # llama.cpp stored (1 + w); the model folds the 1 back in at load
+            yield hf, w
+
+    def _dequantize(self, t, dtype: torch.dtype) -> torch.Tensor:
+        from gguf import GGMLQuantizationType, dequantize
+
+        qtype = GGMLQuantizationType(t.type_id)
+        shape = t.shape
+        if qtype == GGMLQuantizationType.F32:
+            return torch.from_numpy(t.data.view(np.float32).copy()).reshape(shape).to(dtype)
+        if qtype == GGMLQuantizationType.F16:
+            return torch.from_numpy(t.data.view(np.float16).copy()).reshape(shape).to(dtype)
+        if qtype == GGMLQuantizationType.BF16:
+            return torch.from_numpy(t.data.view(np.int16).copy()).view(torch.bfloat16).reshape(shape).to(dtype)
+        cols = shape[-1]
+        out = torch.empty(shape, dtype=dtype)
+        flat = out.view(-1, cols)
+        src = t.data.reshape(flat.shape[0], -1)
+        step = max(1, (1 << 22) // cols)  # ~16 MB of float32 at a time keeps the load peak low
+        for i in range(0, flat.shape[0], step):
+            chunk = dequantize(src[i:i + step], qtype)
+            flat[i:i + step] = torch.from_numpy(chunk.reshape(-1, cols))
+        return out
+
+
+def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Undo llama.cpp's Q/K row order (rotary pairs interleaved) back to Hugging Face's halves layout."""
+    rows = w.shape[0]
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape).contiguous()

@@ -1,0 +1,64 @@
+"""ModelSpec: everything the engine needs to know about a model before (and without) loading its weights."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .chat_template import render_chat_template
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
+          "bf16": torch.bfloat16, "fp16": torch.float16, "half": torch.float16, "float": torch.float32,
+          "fp32": torch.float32}
+
+
+def resolve_dtype(requested: str | torch.dtype, checkpoint_dtype: str | None) -> torch.dtype:
+    """'auto' runs 16-bit (and quantized) checkpoints in bfloat16 on CPU and keeps float32 ones in float32."""
+    if isinstance(requested, torch.dtype):
+        if requested not in (torch.bfloat16, torch.float16, torch.float32):
+            raise ValueError(f"dtype {requested} is not supported; use auto, bfloat16, float16 or float32")
+        return requested
+    if requested == "auto":
+        return torch.float32 if checkpoint_dtype in (None, "float32") else torch.bfloat16
+    if requested not in DTYPES:
+        raise ValueError(f"dtype {requested!r} is not supported; use auto, bfloat16, float16 or float32")
+    return DTYPES[requested]
+
+
+@dataclass
+class ModelSpec:
+    """Config, tokenizer and shapes of a model (no weights); the engine sizes the KV cache from it."""
+
+    path: str
+    architecture: str
+    dtype: torch.dtype
+    vocab_size: int
+    max_model_len: int
+    num_layers: int
+    num_kv_heads: int
+    head_size: int
+    sliding_window_layers: list[int]  # per layer, 0 = full attention
+    eos_token_ids: list[int]
+    bos_token_id: int | None
+    tokenizer: Any  # tokenizers.Tokenizer, or None for a checkpoint without tokenizer files (token-id prompts only)
+    chat_template: str | None
+    special_token_ids: set[int]
+    generation_defaults: dict
+    hf_config: dict = field(repr=False, default_factory=dict)
+    format: str = "hf"  # "hf" (directory with safetensors) or "gguf"
+    bos_token: str | None = None
+    eos_token: str | None = None
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> str:
+        """Render messages with the model's chat template (encode the result without adding BOS again)."""
+        if not self.chat_template:
+            raise ValueError(f"{self.path} has no chat template; pass a plain prompt instead of chat messages")
+        return render_chat_template(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
+                                    bos_token=self.bos_token, eos_token=self.eos_token, **kwargs)
+
+    def kv_bytes_per_token(self, cache_dtype: torch.dtype) -> int:
+        """KV-cache bytes one token takes across all layers (K and V)."""
+        item = torch.empty(0, dtype=cache_dtype).element_size()
+        return self.num_layers * 2 * self.num_kv_heads * self.head_size * item

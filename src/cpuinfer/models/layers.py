@@ -1,0 +1,131 @@
+"""Building blocks shared by the decoder models: weight intake, fused attention and gated MLP.
+
+Weights are plain contiguous tensors in the run dtype (no nn.Module): the forward is a fixed
+sequence of torch GEMMs (F.linear) and our kernels, with Q/K/V and gate/up fused into one GEMM each.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .. import ops
+from ..attention import AttentionMetadata, paged_attention, reshape_and_cache
+from ..model_loader.errors import ModelLoadError
+
+
+class WeightBag:
+    """The checkpoint's tensors by Hugging Face name; models take() what they need, then check nothing is missing."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], dtype: torch.dtype, source: str):
+        self.tensors = tensors
+        self.dtype = dtype
+        self.source = source
+
+    def has(self, name: str) -> bool:
+        """True if the checkpoint holds this tensor."""
+        return name in self.tensors
+
+    def take(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Remove and return one tensor, contiguous in the run dtype (or `dtype`)."""
+        try:
+            t = self.tensors.pop(name)
+        except KeyError:
+            raise ModelLoadError(f"{self.source}: weight {name!r} is missing from the checkpoint") from None
+        return t.to(dtype or self.dtype).contiguous()
+
+    def take_opt(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor | None:
+        """Like take(), but None when the checkpoint has no such tensor."""
+        return self.take(name, dtype) if name in self.tensors else None
+
+    def take_cat(self, names: list[str], required: bool = True) -> torch.Tensor | None:
+        """Concatenate tensors along dim 0 (fused QKV / gate_up), freeing the pieces."""
+        if not required and not all(n in self.tensors for n in names):
+            return None
+        parts = [self.tensors.pop(n) if n in self.tensors else self.take(n) for n in names]
+        out = torch.cat([p.to(self.dtype) for p in parts], dim=0).contiguous()
+        del parts
+        return out
+
+
+class Attention:
+    """Fused-QKV self-attention over the paged KV cache, with optional q/k RMS norm, bias, window and soft-cap."""
+
+    def __init__(self, bag: WeightBag, prefix: str, num_heads: int, num_kv_heads: int, head_dim: int,
+                 cos_sin: torch.Tensor, scale: float, *, bias: bool = False, o_bias: bool = False,
+                 qk_norm: bool = False, norm_eps: float = 1e-6, norm_offset: float = 0.0,
+                 sliding_window: int = 0, soft_cap: float = 0.0, names: tuple[str, ...] = ("q_proj", "k_proj",
+                 "v_proj", "o_proj")):
+        q, k, v, o = (f"{prefix}.{n}" for n in names)
+        self.qkv_w = bag.take_cat([f"{q}.weight", f"{k}.weight", f"{v}.weight"])
+        self.qkv_b = bag.take_cat([f"{q}.bias", f"{k}.bias", f"{v}.bias"]) if bias else None
+        self.o_w = bag.take(f"{o}.weight")
+        self.o_b = bag.take(f"{o}.bias") if o_bias else None
+        self.q_norm = self.k_norm = None
+        if qk_norm:
+            self.q_norm = norm_weight(bag, f"{prefix}.q_norm.weight", norm_offset)
+            self.k_norm = norm_weight(bag, f"{prefix}.k_norm.weight", norm_offset)
+        self.norm_eps = norm_eps
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.q_size, self.kv_size = num_heads * head_dim, num_kv_heads * head_dim
+        self.cos_sin = cos_sin
+        self.scale, self.sliding_window, self.soft_cap = scale, sliding_window, soft_cap
+        if self.qkv_w.shape[0] != self.q_size + 2 * self.kv_size:
+            raise ModelLoadError(f"{bag.source}: {prefix} q/k/v weights have {self.qkv_w.shape[0]} rows in total, "
+                                 f"expected {self.q_size + 2 * self.kv_size} from the config's head counts")
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                 kv_cache: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """Attention output [T, hidden] for hidden states x [T, hidden] at the given positions."""
+        t = x.shape[0]
+        hs = self.head_dim
+        qkv = F.linear(x, self.qkv_w, self.qkv_b)
+        q = qkv[:, : self.q_size]
+        k = qkv[:, self.q_size : self.q_size + self.kv_size]
+        v = qkv[:, self.q_size + self.kv_size :]
+        if self.q_norm is not None:
+            q = ops.rms_norm(q.reshape(t * self.num_heads, hs), self.q_norm, self.norm_eps).view(t, self.q_size)
+            k = ops.rms_norm(k.reshape(t * self.num_kv_heads, hs), self.k_norm, self.norm_eps).view(t, self.kv_size)
+        ops.rotary_embedding(positions, q, k, hs, self.cos_sin, True)
+        key_cache, value_cache = kv_cache
+        reshape_and_cache(k.view(t, self.num_kv_heads, hs), v.view(t, self.num_kv_heads, hs), key_cache, value_cache,
+                          meta)
+        out = torch.empty(t, self.num_heads, hs, dtype=x.dtype)
+        paged_attention(out, q.view(t, self.num_heads, hs), key_cache, value_cache, meta, self.scale,
+                        self.sliding_window, self.soft_cap)
+        return F.linear(out.view(t, self.q_size), self.o_w, self.o_b)
+
+
+class GatedMLP:
+    """down(act(gate(x)) * up(x)) with gate and up fused into one GEMM."""
+
+    def __init__(self, bag: WeightBag, prefix: str, act: str, bias: bool = False):
+        self.gate_up_w = bag.take_cat([f"{prefix}.gate_proj.weight", f"{prefix}.up_proj.weight"])
+        self.gate_up_b = bag.take_cat([f"{prefix}.gate_proj.bias", f"{prefix}.up_proj.bias"]) if bias else None
+        self.down_w = bag.take(f"{prefix}.down_proj.weight")
+        self.down_b = bag.take(f"{prefix}.down_proj.bias") if bias else None
+        if act in ("silu", "swish"):
+            self.act = ops.silu_and_mul
+        elif act in ("gelu_pytorch_tanh", "gelu_tanh", "gelu_new", "gelu_fast"):
+            self.act = lambda x: ops.gelu_and_mul(x, "tanh")
+        elif act == "gelu":
+            self.act = ops.gelu_and_mul
+        else:
+            raise ModelLoadError(f"activation {act!r} is not supported; supported: silu, gelu, gelu_pytorch_tanh")
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """MLP output for x [T, hidden]."""
+        return F.linear(self.act(F.linear(x, self.gate_up_w, self.gate_up_b)), self.down_w, self.down_b)
+
+
+def norm_weight(bag: WeightBag, name: str, offset: float = 0.0) -> torch.Tensor:
+    """An RMSNorm weight in the run dtype; offset=1 folds Gemma's (1 + w) in at load, computed in float32."""
+    w = bag.take(name, torch.float32)
+    if offset:
+        w = w + offset
+    return w.to(bag.dtype).contiguous()
+
+
+def select_rows(x: torch.Tensor, idx: torch.Tensor | None) -> torch.Tensor:
+    """x[idx] as a new contiguous tensor (all rows when idx is None)."""
+    return x if idx is None else x.index_select(0, idx)

@@ -1,0 +1,5 @@
+"""The model runner: turns one scheduled step into flat tensors, runs the model, returns logits."""
+
+from .model_runner import ModelRunner, ScheduledSeq
+
+__all__ = ["ModelRunner", "ScheduledSeq"]

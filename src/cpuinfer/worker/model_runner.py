@@ -1,0 +1,102 @@
+"""ModelRunner: owns the weights and the paged KV cache; executes one flat batch per step.
+
+The engine decides what runs (ScheduledSeq per sequence: the tokens to compute this step, how many
+of its tokens are already cached, and its block table). The runner builds the flat metadata once
+per step (input ids, positions, slot mapping, query_start_loc, seq_lens, block tables), runs the
+model under inference_mode and returns float32 logits only for the sequences that sample.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..attention import AttentionMetadata
+from ..model_loader import ModelSpec, load_weights
+from ..models import build_model
+
+CACHE_DTYPES = {"auto": None, "bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
+                "fp8": torch.float8_e5m2, "fp8_e5m2": torch.float8_e5m2}
+
+
+@dataclass
+class ScheduledSeq:
+    """One sequence's share of a step."""
+
+    token_ids: list[int]  # tokens to compute this step (a prefill chunk, or 1 for decode)
+    start_pos: int  # tokens of this sequence already in the KV cache (= position of token_ids[0])
+    block_table: list[int]  # physical block ids covering positions [0, start_pos + len(token_ids))
+    sample: bool  # True -> return logits for the last token of this chunk
+
+
+class ModelRunner:
+    """Weights + KV cache of one model; execute() runs one scheduled step."""
+
+    def __init__(self, spec: ModelSpec, block_size: int, num_blocks: int, cache_dtype: torch.dtype | str | None = None):
+        """Load weights, allocate the KV cache ([num_blocks, kv_heads, block_size, head_size] K and V per layer)."""
+        if isinstance(cache_dtype, str):
+            if cache_dtype not in CACHE_DTYPES:
+                raise ValueError(f"cache dtype {cache_dtype!r} is not supported; use one of {', '.join(CACHE_DTYPES)}")
+            cache_dtype = CACHE_DTYPES[cache_dtype]
+        if block_size <= 0 or num_blocks <= 0:
+            raise ValueError(f"block_size and num_blocks must be positive, got {block_size} and {num_blocks}")
+        self.spec = spec
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.cache_dtype = cache_dtype or spec.dtype
+        tensors, extras = load_weights(spec)
+        self.model = build_model(spec, tensors, extras)
+        del tensors
+        shape = (num_blocks, spec.num_kv_heads, block_size, spec.head_size)
+        self.kv_caches = [(torch.zeros(shape, dtype=self.cache_dtype), torch.zeros(shape, dtype=self.cache_dtype))
+                          for _ in range(spec.num_layers)]
+
+    def _prepare(self, seqs: list[ScheduledSeq]):
+        """Flat tensors and attention metadata for one step (built once, shared by every layer)."""
+        bs = self.block_size
+        qlens = [len(s.token_ids) for s in seqs]
+        ctx = [s.start_pos + n for s, n in zip(seqs, qlens, strict=False)]
+        total = sum(qlens)
+        input_ids = torch.tensor([t for s in seqs for t in s.token_ids], dtype=torch.int64)
+        positions = np.empty(total, dtype=np.int64)
+        slots = np.empty(total, dtype=np.int64)
+        max_blocks = max(-(-c // bs) for c in ctx)
+        tables = np.zeros((len(seqs), max_blocks), dtype=np.int32)
+        start = 0
+        for i, (s, n, c) in enumerate(zip(seqs, qlens, ctx, strict=False)):
+            need = -(-c // bs)
+            if len(s.block_table) < need:
+                raise ValueError(f"sequence {i}: block_table has {len(s.block_table)} blocks but positions up to "
+                                 f"{c - 1} need {need} (block_size {bs})")
+            table = np.asarray(s.block_table[:need], dtype=np.int64)
+            pos = np.arange(s.start_pos, c, dtype=np.int64)
+            positions[start:start + n] = pos
+            slots[start:start + n] = table[pos // bs] * bs + pos % bs
+            tables[i, :need] = table
+            start += n
+        qsl = np.zeros(len(seqs) + 1, dtype=np.int32)
+        np.cumsum(qlens, out=qsl[1:])
+        meta = AttentionMetadata(slot_mapping=torch.from_numpy(slots), query_start_loc=torch.from_numpy(qsl),
+                                 seq_lens=torch.tensor(ctx, dtype=torch.int32), block_tables=torch.from_numpy(tables),
+                                 block_size=bs, query_lens=qlens, context_lens=ctx, max_query_len=max(qlens))
+        sample_rows = [int(qsl[i + 1]) - 1 for i, s in enumerate(seqs) if s.sample]
+        sample_idx = None if len(sample_rows) == total else torch.tensor(sample_rows, dtype=torch.int64)
+        return input_ids, torch.from_numpy(positions), meta, sample_idx, len(sample_rows)
+
+    @torch.inference_mode()
+    def execute(self, seqs: list[ScheduledSeq]) -> torch.Tensor:
+        """Run one flat step; float32 logits [number of seqs with sample=True, vocab], in order."""
+        if not seqs:
+            return torch.empty(0, self.spec.vocab_size, dtype=torch.float32)
+        for s in seqs:
+            if not s.token_ids:
+                raise ValueError("every scheduled sequence must compute at least one token")
+            if s.start_pos + len(s.token_ids) > self.spec.max_model_len:
+                raise ValueError(f"position {s.start_pos + len(s.token_ids) - 1} exceeds the model's maximum length "
+                                 f"{self.spec.max_model_len}")
+        input_ids, positions, meta, sample_idx, n_sample = self._prepare(seqs)
+        if n_sample == 0:
+            sample_idx = torch.empty(0, dtype=torch.int64)
+        return self.model.forward(input_ids, positions, meta, self.kv_caches, sample_idx)
