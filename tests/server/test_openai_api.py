@@ -53,8 +53,9 @@ def greedy(llm, prompt: str, max_tokens: int = MAX_TOKENS):
 
 def hf_chat_prompt(messages: list[dict]) -> str:
     """The chat prompt as transformers renders the model's own template (independent of the server)."""
-    from cpuinfer.config import default_model_path
     from transformers import AutoTokenizer
+
+    from cpuinfer.config import default_model_path
 
     path = default_model_path()
     tok = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
