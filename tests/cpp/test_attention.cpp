@@ -226,3 +226,13 @@ CPUINFER_TEST(paged_attention_long_context) {
     check_attention(DType::bf16, DType::bf16, 128, 1, 4, 16, {{1, 1200}, {5, 300}}, 0, 0.f);
     check_attention(DType::f32, DType::fp8_e5m2, 64, 2, 1, 32, {{2, 900}}, 100, 0.f);
 }
+
+CPUINFER_TEST(paged_attention_bf16_tile_paths) {
+    // bf16 query x bf16 cache takes the ISA's bf16 paths (VDPBF16PS; AMX for
+    // tiles of >= 8 rows: prefill chunks and decode with >= 8 heads per KV head).
+    for (int64_t D : {64, 80, 96, 128, 256}) {
+        check_attention(DType::bf16, DType::bf16, D, 2, 8, 32, {{1, 77}, {20, 50}, {3, 33}}, 0, 0.f);
+        check_attention(DType::bf16, DType::bf16, D, 1, 4, 16, {{37, 37}, {1, 90}}, 24, 0.f);
+        check_attention(DType::bf16, DType::bf16, D, 1, 16, 16, {{2, 40}}, 0, 15.f);
+    }
+}
