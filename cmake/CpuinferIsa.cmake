@@ -32,6 +32,17 @@ else()
                       "Supported: x86_64, aarch64 (Linux, macOS) and s390x.")
 endif()
 
+# CPUINFER_TARGET_PLATFORM=arm64-apple on an aarch64 Linux toolchain builds
+# the Apple variants' kernels there (compile check and qemu run; see
+# cmake/toolchains/apple-check-clang.cmake). Python extensions stay real-target only.
+if(CPUINFER_TARGET_PLATFORM)
+  if(NOT (CPUINFER_TARGET_PLATFORM STREQUAL "arm64-apple" AND CPUINFER_PLATFORM STREQUAL "aarch64"))
+    message(FATAL_ERROR "cpuinfer: CPUINFER_TARGET_PLATFORM='${CPUINFER_TARGET_PLATFORM}' is only supported as "
+                        "'arm64-apple' with an aarch64 toolchain (target here: ${CPUINFER_PLATFORM}).")
+  endif()
+  set(CPUINFER_PLATFORM "${CPUINFER_TARGET_PLATFORM}")
+endif()
+
 string(JSON _platform GET "${_table}" platforms "${CPUINFER_PLATFORM}")
 string(JSON _count LENGTH "${_platform}")
 math(EXPR _last "${_count} - 1")
@@ -56,6 +67,13 @@ foreach(i RANGE ${_last})
     string(TOUPPER "${_key}" _ukey)
     set(CPUINFER_${_ukey}_${_name} "${_list}")
   endforeach()
+  # CPUINFER_FLAGS_OVERRIDE_<variant>: replacement flags for a compiler that
+  # lacks the table's (e.g. -mcpu=apple-m2 before clang 15); checks only.
+  if(DEFINED CPUINFER_FLAGS_OVERRIDE_${_name})
+    message(STATUS "cpuinfer: ${_name} flags overridden: ${CPUINFER_FLAGS_OVERRIDE_${_name}} "
+                   "(table: ${CPUINFER_FLAGS_${_name}})")
+    set(CPUINFER_FLAGS_${_name} "${CPUINFER_FLAGS_OVERRIDE_${_name}}")
+  endif()
 endforeach()
 
 # --- inputs ---------------------------------------------------------------

@@ -48,6 +48,13 @@ inline void store(f16_t *p, vf a) {
     float16x8_t h = vcvt_high_f16_f32(vcvt_f16_f32(a.lo), a.hi);
     vst1q_u16(reinterpret_cast<uint16_t *>(p), vreinterpretq_u16_f16(h));
 }
+// fp8 e5m2 is the top byte of an f16: shift bytes into the high half of
+// 16-bit lanes and convert exactly.
+inline vf load(const fp8_e5m2_t *p) {
+    uint16x8_t w = vshll_n_u8(vld1_u8(reinterpret_cast<const uint8_t *>(p)), 8);
+    float16x8_t h = vreinterpretq_f16_u16(w);
+    return {vcvt_f32_f16(vget_low_f16(h)), vcvt_high_f32_f16(h)};
+}
 
 inline vf add(vf a, vf b) { return {vaddq_f32(a.lo, b.lo), vaddq_f32(a.hi, b.hi)}; }
 inline vf sub(vf a, vf b) { return {vsubq_f32(a.lo, b.lo), vsubq_f32(a.hi, b.hi)}; }

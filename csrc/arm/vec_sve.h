@@ -39,6 +39,12 @@ inline void store(f16_t *p, vf a) {
     svfloat16_t h = svcvt_f16_f32_x(all(), a);
     svst1h_u32(all(), reinterpret_cast<uint16_t *>(p), svreinterpret_u32_f16(h));
 }
+// fp8 e5m2 is the top byte of an f16: one byte per 32-bit container,
+// shifted into the high half of its low 16 bits, then widened like f16.
+inline vf load(const fp8_e5m2_t *p) {
+    svuint32_t w = svld1ub_u32(all(), reinterpret_cast<const uint8_t *>(p));
+    return svcvt_f32_f16_x(all(), svreinterpret_f16_u32(svlsl_n_u32_x(all(), w, 8)));
+}
 
 inline vf add(vf a, vf b) { return svadd_f32_x(all(), a, b); }
 inline vf sub(vf a, vf b) { return svsub_f32_x(all(), a, b); }

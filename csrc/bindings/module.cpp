@@ -16,6 +16,7 @@
 #include "../common/kernels.h"
 #include "../common/parallel.h"
 #include "tensor_checks.h"
+#include "attention_bindings.h"
 
 #ifndef CPUINFER_VARIANT
 #error "CMake must define CPUINFER_VARIANT"
@@ -189,6 +190,7 @@ NB_MODULE(CPUINFER_MODULE(CPUINFER_VARIANT), m) {
           nb::arg("out"), nb::arg("input"), "out = gelu(x[..., :d]) * x[..., d:] (exact erf form).");
     m.def("gelu_tanh_and_mul", [](Out out, In input) { py_act_and_mul(Activation::gelu_tanh, out, input); },
           nb::arg("out"), nb::arg("input"), "out = gelu_tanh(x[..., :d]) * x[..., d:].");
+    bind_attention(m);
     m.def("threading_runtime", &threading_runtime, "Path of the OpenMP runtime kernels run on ('' = serial).");
     m.def("max_threads", &max_threads, "Threads a parallel kernel uses.");
     m.def("bind_threads", &py_bind_threads, nb::arg("cpus"),

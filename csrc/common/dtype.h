@@ -9,6 +9,7 @@ namespace cpuinfer {
 
 struct bf16_t { uint16_t bits; };
 struct f16_t { uint16_t bits; };
+struct fp8_e5m2_t { uint8_t bits; };  // IEEE-style 1-5-2 float: the top byte of an f16
 
 enum class DType : int { f32 = 0, bf16 = 1, f16 = 2, fp8_e5m2 = 3 };
 
@@ -61,9 +62,36 @@ inline uint16_t f32_to_half_bits(float f) {
 
 inline float to_f32(f16_t x) { return half_bits_to_f32(x.bits); }
 
+// e5m2 is f16 with the low 8 mantissa bits dropped, so widening is exact.
+inline float to_f32(fp8_e5m2_t x) { return half_bits_to_f32(uint16_t(x.bits) << 8); }
+
+// f32 -> e5m2 exactly as torch's c10::Float8_e5m2 does it: round to nearest
+// even; |x| >= 2^16 (the first value past the largest finite 57344 that does
+// not round down to it) becomes inf, NaN becomes 0x7f. Torch does not clamp
+// overflow to the largest finite value, and bit-for-bit agreement with
+// tensor.to(torch.float8_e5m2) is the contract, so neither do we.
+inline uint8_t f32_to_e5m2_bits(float f) {
+    uint32_t u = f32_bits(f);
+    uint8_t sign = uint8_t((u >> 24) & 0x80u);
+    uint32_t a = u & 0x7fffffffu;
+    uint8_t r;
+    if (a >= (143u << 23)) {
+        r = a > 0x7f800000u ? 0x7f : 0x7c;
+    } else if (a < (113u << 23)) {  // subnormal or zero in e5m2: let the FPU round
+        float x = bits_f32(a) + bits_f32(134u << 23);
+        r = uint8_t(f32_bits(x) - (134u << 23));
+    } else {
+        uint32_t odd = (a >> 21) & 1u;
+        a += (uint32_t(15 - 127) << 23) + 0xfffffu + odd;
+        r = uint8_t(a >> 21);
+    }
+    return uint8_t(r | sign);
+}
+
 template <typename T> inline T from_f32(float f);
 template <> inline float from_f32<float>(float f) { return f; }
 template <> inline bf16_t from_f32<bf16_t>(float f) { return bf16_t{f32_to_bf16_bits(f)}; }
 template <> inline f16_t from_f32<f16_t>(float f) { return f16_t{f32_to_half_bits(f)}; }
+template <> inline fp8_e5m2_t from_f32<fp8_e5m2_t>(float f) { return fp8_e5m2_t{f32_to_e5m2_bits(f)}; }
 
 }  // namespace cpuinfer

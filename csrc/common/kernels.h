@@ -29,6 +29,46 @@ enum class Activation : int { silu = 0, gelu = 1, gelu_tanh = 2 };
 void act_and_mul(DType dt, Activation act, void *out, int64_t out_stride, const void *in, int64_t in_stride,
                  int64_t rows, int64_t d);
 
+// Paged KV cache write. key/value are [tokens, kv_heads, head_size] of type
+// dt with the given token and head strides; the caches are contiguous
+// [num_blocks, kv_heads, block_size, head_size] of type cache_dt (any DType;
+// fp8_e5m2 rounds like torch). Token i goes to slot slot_mapping[i] =
+// block * block_size + offset; a negative slot skips the token. Slots must
+// be < num_blocks * block_size (the binding checks).
+void reshape_and_cache(DType dt, DType cache_dt, const void *key, int64_t key_token_stride, int64_t key_head_stride,
+                       const void *value, int64_t value_token_stride, int64_t value_head_stride, void *key_cache,
+                       void *value_cache, const int64_t *slot_mapping, int64_t tokens, int64_t kv_heads,
+                       int64_t head_size, int64_t block_size);
+
+// Attention of a flat batch of query tokens over a paged KV cache. Sequence
+// s owns query tokens [query_start_loc[s], query_start_loc[s+1]) and has
+// seq_lens[s] keys in total (the last q_len of them are its own tokens), found
+// through block_tables[s * block_table_stride + k / block_size]. Causal, with
+// grouped-query attention (num_q_heads a multiple of num_kv_heads), optional
+// sliding window (> 0) and logit soft-cap (> 0). Everything is validated by
+// the caller: block ids in range, q_len <= seq_len, head_size a multiple of 16.
+struct PagedAttentionArgs {
+    DType dt;        // query and out
+    DType cache_dt;  // key_cache and value_cache
+    void *out;
+    int64_t out_token_stride, out_head_stride;
+    const void *query;
+    int64_t q_token_stride, q_head_stride;
+    const void *key_cache, *value_cache;  // contiguous [num_blocks, num_kv_heads, block_size, head_size]
+    int64_t num_q_heads, num_kv_heads, head_size, block_size;
+    const int32_t *query_start_loc;  // [num_seqs + 1]
+    const int32_t *seq_lens;         // [num_seqs]
+    const int32_t *block_tables;     // [num_seqs, block_table_stride]
+    int64_t num_seqs, block_table_stride;
+    float scale;
+    int64_t sliding_window;  // 0 = off
+    float soft_cap;          // 0 = off
+};
+void paged_attention(const PagedAttentionArgs &args);
+
+// Which attention inner loops this build uses (e.g. "amx", "avx512bf16", "vec").
+const char *attention_impl();
+
 // Name of the vector layer compiled in (e.g. "avx2"), and its f32 lanes.
 const char *vector_layer();
 int vector_width();

@@ -6,6 +6,7 @@
 //   int width()             lanes per vf (a runtime value: SVE is length-agnostic)
 //   vf zero(), splat(float)
 //   vf load(const T*), void store(T*, vf)   for T in float, bf16_t, f16_t
+//   vf load(const fp8_e5m2_t*)              (exact widening; KV-cache reads)
 //   add sub mul div fma(a,b,c)=a*b+c min max abs
 //   copysign(mag, sign)     |mag| with the sign of sign
 //   round(vf)               to nearest integer (ties to even)

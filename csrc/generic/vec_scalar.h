@@ -31,9 +31,22 @@ CPUINFER_SCALAR_BINOP(max, y > x ? y : x)
 CPUINFER_SCALAR_BINOP(copysign, std::copysign(x, y))
 #undef CPUINFER_SCALAR_BINOP
 
+// std::fma is exact, which without a hardware FMA (baseline x86-64) means a
+// slow libm call per element; the portable layer only needs a*b+c.
+#if defined(FP_FAST_FMAF)
 inline vf fma(vf a, vf b, vf c) { vf r; for (int i = 0; i < kW; ++i) r.v[i] = std::fma(a.v[i], b.v[i], c.v[i]); return r; }
+#else
+inline vf fma(vf a, vf b, vf c) { vf r; for (int i = 0; i < kW; ++i) r.v[i] = a.v[i] * b.v[i] + c.v[i]; return r; }
+#endif
 inline vf abs(vf a) { vf r; for (int i = 0; i < kW; ++i) r.v[i] = std::fabs(a.v[i]); return r; }
-inline vf round(vf a) { vf r; for (int i = 0; i < kW; ++i) r.v[i] = std::nearbyint(a.v[i]); return r; }
+// Ties to even via the 2^23 trick (exact in the default rounding mode): std::nearbyint
+// is a libm call per element on baseline x86-64.
+inline float round1(float x) {
+    float a = std::fabs(x);
+    if (a < 8388608.f) a = (a + 8388608.f) - 8388608.f;
+    return std::copysign(a, x);
+}
+inline vf round(vf a) { vf r; for (int i = 0; i < kW; ++i) r.v[i] = round1(a.v[i]); return r; }
 inline vf pow2i(vf n) {
     vf r; for (int i = 0; i < kW; ++i) r.v[i] = bits_f32(uint32_t(int32_t(n.v[i]) + 127) << 23); return r;
 }

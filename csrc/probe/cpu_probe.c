@@ -143,7 +143,25 @@ static const char *probe_arch(void) { return "unknown"; }
 static void probe(feature_list *f) { (void)f; }
 #endif
 
-#ifdef CPUINFER_PROBE_MAIN
+#if defined(CPUINFER_PROBE_LIB)
+/* For the C++ kernel test program (tests/cpp): ';'-separated feature names. */
+const char *cpuinfer_probe_features(void) {
+    static char buf[1024];
+    feature_list f = {{0}, 0};
+    probe(&f);
+    size_t n = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < f.count; ++i) {
+        size_t len = strlen(f.names[i]);
+        if (n + len + 2 >= sizeof(buf)) break;
+        buf[n++] = ';';
+        memcpy(buf + n, f.names[i], len + 1);
+        n += len;
+    }
+    return buf;
+}
+const char *cpuinfer_probe_arch(void) { return probe_arch(); }
+#elif defined(CPUINFER_PROBE_MAIN)
 #include <stdio.h>
 /* Prints "<arch>;<feature>;<feature>..." for CMake to split into a list. */
 int main(void) {

@@ -36,6 +36,12 @@ inline vf load(const f16_t *p) { return {_mm256_cvtph_ps(_mm_loadu_si128(reinter
 inline void store(f16_t *p, vf a) {
     _mm_storeu_si128(reinterpret_cast<__m128i *>(p), _mm256_cvtps_ph(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
+// fp8 e5m2 is the top byte of an f16: widen bytes into the high half of
+// 16-bit lanes and convert exactly with F16C.
+inline vf load(const fp8_e5m2_t *p) {
+    __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(p));
+    return {_mm256_cvtph_ps(_mm_slli_epi16(_mm_cvtepu8_epi16(b), 8))};
+}
 
 inline vf add(vf a, vf b) { return {_mm256_add_ps(a.v, b.v)}; }
 inline vf sub(vf a, vf b) { return {_mm256_sub_ps(a.v, b.v)}; }

@@ -1,8 +1,18 @@
 // AVX-512 (F/BW/DQ/VL) vector layer: 16 f32 lanes in a zmm register. With
 // AVX512-BF16 (avx512bf16 and amx variants) bf16 stores use the hardware
 // round-to-nearest-even conversion.
+//
+// CPUINFER_SIMDE_EMULATION (CMake option, tests only): the same code on SIMDe's
+// portable AVX-512 implementation, so that the C++ test program checks this
+// layer's logic on machines without AVX-512.
 #pragma once
+#if defined(CPUINFER_SIMDE_EMULATION)
+#define SIMDE_ENABLE_NATIVE_ALIASES
+#include <simde/x86/avx512.h>
+#include "simde_avx512_shim.h"
+#else
 #include <immintrin.h>
+#endif
 #include "../common/dtype.h"
 
 namespace cpuinfer::vec {
@@ -23,7 +33,7 @@ inline vf load(const bf16_t *p) {
     return {_mm512_castsi512_ps(_mm512_slli_epi32(w, 16))};
 }
 inline void store(bf16_t *p, vf a) {
-#if defined(__AVX512BF16__)
+#if defined(__AVX512BF16__) || defined(CPUINFER_SIMDE_AVX512BF16)
     _mm256_storeu_si256(reinterpret_cast<__m256i *>(p), (__m256i)_mm512_cvtneps_pbh(a.v));
 #else
     __m512i u = _mm512_castps_si512(a.v);
@@ -38,6 +48,11 @@ inline void store(bf16_t *p, vf a) {
 inline vf load(const f16_t *p) { return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)))}; }
 inline void store(f16_t *p, vf a) {
     _mm256_storeu_si256(reinterpret_cast<__m256i *>(p), _mm512_cvtps_ph(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+// fp8 e5m2 is the top byte of an f16: widen and convert exactly.
+inline vf load(const fp8_e5m2_t *p) {
+    __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p));
+    return {_mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(b), 8))};
 }
 
 inline vf add(vf a, vf b) { return {_mm512_add_ps(a.v, b.v)}; }

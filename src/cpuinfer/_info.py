@@ -55,6 +55,16 @@ def collect(sel: Selection) -> dict[str, Any]:
     }
 
 
+def _size(value: Any) -> str:
+    """py-cpuinfo reports cache sizes in bytes (int) or as text; show KiB/MiB."""
+    if not isinstance(value, int):
+        return str(value)
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if value >= scale and value % scale == 0:
+            return f"{value // scale} {unit}"
+    return f"{value} B"
+
+
 def show(report: dict[str, Any]) -> str:
     """A readable rendering of the report, in the spirit of numpy.show_runtime()."""
     cpu = report["cpu"]
@@ -62,8 +72,8 @@ def show(report: dict[str, Any]) -> str:
         f"cpuinfer {report['version']}  (python {report['python']}, torch {report['torch_version']})",
         f"CPU:        {cpu.get('brand_raw') or cpu.get('brand', 'unknown')}  [{report['arch']}]",
     ]
-    caches = [f"{k.split('_')[0].upper()} {cpu[k]}" for k in ("l1_data_cache_size", "l2_cache_size",
-                                                             "l3_cache_size") if k in cpu]
+    caches = [f"{k.split('_')[0].upper()} {_size(cpu[k])}" for k in ("l1_data_cache_size", "l2_cache_size",
+                                                                    "l3_cache_size") if k in cpu]
     if caches:
         lines.append(f"Caches:     {', '.join(caches)}")
     lines.append(f"Features:   {' '.join(report['cpu_features'])}")

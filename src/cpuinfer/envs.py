@@ -108,6 +108,8 @@ USE_PRECOMPILED = EnvVar(("CPUINFER_USE_PRECOMPILED", "VLLM_USE_PRECOMPILED"), p
                          "Editable install that takes compiled kernels from a prebuilt wheel.")
 PRECOMPILED_WHEEL_LOCATION = EnvVar(("CPUINFER_PRECOMPILED_WHEEL_LOCATION", "VLLM_PRECOMPILED_WHEEL_LOCATION"),
                                     parse_str, "", "Path or URL of the prebuilt wheel for precompiled installs.")
+WHEEL_INDEX = EnvVar(("CPUINFER_WHEEL_INDEX",), parse_str, "",
+                     "Index URL a precompiled install downloads the wheel from (default: pip's index).")
 
 # Engine.
 KVCACHE_SPACE = EnvVar(("CPUINFER_KVCACHE_SPACE", "VLLM_CPU_KVCACHE_SPACE"), parse_positive_float, 4.0,
@@ -120,5 +122,5 @@ VISIBLE_MEMORY_NODES = EnvVar(("CPUINFER_VISIBLE_MEMORY_NODES", "CPU_VISIBLE_MEM
                               "NUMA nodes cpuinfer may use, e.g. 0,1.")
 API_KEY = EnvVar(("CPUINFER_API_KEY", "VLLM_API_KEY"), parse_str, "", "Bearer token the server requires.")
 
-ALL: tuple[EnvVar, ...] = (ISA, ISAS, AVX512BF16, MAX_JOBS, USE_PRECOMPILED, PRECOMPILED_WHEEL_LOCATION,
+ALL: tuple[EnvVar, ...] = (ISA, ISAS, AVX512BF16, MAX_JOBS, USE_PRECOMPILED, PRECOMPILED_WHEEL_LOCATION, WHEEL_INDEX,
                            KVCACHE_SPACE, OMP_THREADS_BIND, NUM_OF_RESERVED_CPU, VISIBLE_MEMORY_NODES, API_KEY)

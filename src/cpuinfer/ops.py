@@ -51,3 +51,27 @@ def gelu_and_mul(x: torch.Tensor, approximate: str = "none", out: torch.Tensor |
     if approximate == "tanh":
         return _act(_C.gelu_tanh_and_mul, x, out)
     raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+
+
+def _cache_view(cache: torch.Tensor) -> torch.Tensor:
+    # DLPack has no portable float8 code: fp8 caches cross as their bytes, and
+    # the kernels read uint8 caches as float8_e5m2.
+    if cache.dtype == torch.float8_e5m2:
+        return cache.view(torch.uint8)
+    if cache.dtype == torch.uint8:
+        raise TypeError("KV caches must be float32, bfloat16, float16 or float8_e5m2 tensors, not uint8")
+    return cache
+
+
+def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                      slot_mapping: torch.Tensor) -> None:
+    """Write key/value [T, kv_heads, head_size] into the paged caches at slot_mapping (negative = skip)."""
+    _C.reshape_and_cache(key, value, _cache_view(key_cache), _cache_view(value_cache), slot_mapping)
+
+
+def paged_attention(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                    query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
+                    sliding_window: int = 0, soft_cap: float = 0.0) -> None:
+    """Causal GQA attention of a mixed decode/prefill batch over the paged KV cache, written into out."""
+    _C.paged_attention(out, query, _cache_view(key_cache), _cache_view(value_cache), query_start_loc, seq_lens,
+                       block_tables, float(scale), int(sliding_window), float(soft_cap))

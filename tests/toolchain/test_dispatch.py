@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import types
@@ -20,7 +21,10 @@ def run_py(code: str, **env: str) -> subprocess.CompletedProcess:
     """Run python code in a fresh interpreter with extra environment variables."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("CPUINFER_")}
     full_env.update(env)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=300)
+    # Under qemu-user (nox -s emulated_avx2) children must be started through the emulator too.
+    wrapper = shlex.split(os.environ.get("CPUINFER_TEST_PYTHON_WRAPPER", ""))
+    return subprocess.run([*wrapper, sys.executable, "-c", code], capture_output=True, text=True, env=full_env,
+                          timeout=900)
 
 
 def test_auto_selects_best_runnable_variant():

@@ -9,6 +9,10 @@ import sys
 # name -> module with add_arguments(parser) and run(args) -> int
 COMMANDS = {
     "info": ("cpuinfer.cli.info", "Show the detected CPU, the kernel variants and which one is used."),
+    "generate": ("cpuinfer.cli.generate", "Generate from one prompt, streaming the text."),
+    "chat": ("cpuinfer.cli.chat", "Chat with a model in the terminal."),
+    "bench": ("cpuinfer.cli.bench", "Offline latency / throughput benchmarks (as vLLM's)."),
+    "serve": ("cpuinfer.cli.serve", "Serve a model over an OpenAI-compatible HTTP API (like `vllm serve`)."),
 }
 
 
@@ -30,6 +34,11 @@ def main(argv: list[str] | None = None) -> int:
         return int(modules[args.command].run(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # e.g. `cpuinfer info | head`: the reader left, which is fine
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,141 @@
+"""Engine speed against transformers on SmolLM2 (bfloat16, same GGUF), measured in the same run; prints ratios.
+
+    python benchmarks/bench_engine.py [--input-len 128 --output-len 128 --batch 32]
+
+latency:    batch 1, input-len prompt, output-len new tokens; decode tokens/s (prefill excluded) and end to end.
+throughput: `batch` prompts x input-len in x output-len out; output tokens/s.
+memory:     peak RSS of the engine phase (run first, before transformers is loaded) against
+            weights + KV space + 600 MB.
+Targets (issue 4): decode >= 3x transformers at batch 1, throughput >= 3x, RSS within budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import resource
+import time
+
+import torch
+
+
+def rss_mb() -> float:
+    """Peak resident set size of this process so far, in MB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def prompts(n: int, length: int, vocab: int) -> list[list[int]]:
+    """Random token prompts (ids >= 1000 skip the special tokens)."""
+    rng = random.Random(0)
+    return [[rng.randrange(1000, vocab) for _ in range(length)] for _ in range(n)]
+
+
+def bench_engine(model: str, args) -> dict:
+    """Latency and throughput of cpuinfer's LLMEngine."""
+    from cpuinfer.config import EngineArgs
+    from cpuinfer.engine.llm_engine import LLMEngine
+    from cpuinfer.sampling_params import SamplingParams
+
+    t0 = time.perf_counter()
+    eng = LLMEngine.from_engine_args(EngineArgs(model=model, dtype="bfloat16", enable_prefix_caching=False))
+    load = time.perf_counter() - t0
+    runner = eng.core.runner
+    weights = sum(t.numel() * t.element_size() for t in _tensors(runner.model))
+    kv = sum(k.numel() * k.element_size() * 2 for k, _ in runner.kv_caches)
+    vocab = eng.config.spec.vocab_size
+    sp = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
+
+    def run(ps, record_first=False):
+        for p in ps:
+            eng.add_request(eng.next_request_id(), p, sp)
+        t = time.perf_counter()
+        first = None
+        while eng.has_unfinished_requests():
+            eng.step()
+            if first is None:
+                first = time.perf_counter() - t
+        return time.perf_counter() - t, first
+
+    run(prompts(1, 16, vocab))  # warm-up
+    total, prefill = run(prompts(1, args.input_len, vocab))
+    decode_tps = (args.output_len - 1) / (total - prefill)
+    ttotal, _ = run(prompts(args.batch, args.input_len, vocab))
+    return dict(load=load, latency=total, prefill=prefill, decode_tps=decode_tps,
+                throughput=args.batch * args.output_len / ttotal, weights_mb=weights / 2**20, kv_mb=kv / 2**20,
+                peak_rss_mb=rss_mb())
+
+
+def _tensors(model):
+    seen = {}
+    stack = [model]
+    while stack:
+        obj = stack.pop()
+        if isinstance(obj, torch.Tensor):
+            seen[obj.data_ptr()] = obj
+        elif isinstance(obj, (list, tuple)):
+            stack.extend(obj)
+        elif hasattr(obj, "__dict__") or hasattr(obj, "__slots__"):
+            for name in getattr(obj, "__slots__", ()) or ():
+                if hasattr(obj, name):
+                    stack.append(getattr(obj, name))
+            stack.extend(getattr(obj, "__dict__", {}).values())
+    return seen.values()
+
+
+def bench_transformers(model: str, args) -> dict:
+    """The same measurements with transformers' generate (bfloat16, greedy, KV cache on)."""
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(os.path.dirname(model), gguf_file=os.path.basename(model),
+                                             dtype=torch.bfloat16).eval()
+    vocab = m.config.vocab_size
+
+    def gen(ps, n):
+        ids = torch.tensor(ps)
+        t = time.perf_counter()
+        with torch.inference_mode():
+            m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                       do_sample=False, pad_token_id=0)
+        return time.perf_counter() - t
+
+    gen(prompts(1, 16, vocab), 2)  # warm-up
+    p1 = prompts(1, args.input_len, vocab)
+    prefill = gen(p1, 1)
+    total = gen(p1, args.output_len)
+    ttotal = gen(prompts(args.batch, args.input_len, vocab), args.output_len)
+    return dict(latency=total, prefill=prefill, decode_tps=(args.output_len - 1) / (total - prefill),
+                throughput=args.batch * args.output_len / ttotal)
+
+
+def main() -> None:
+    """Run both, print the numbers and the ratios."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="GGUF file (default: the bundled SmolLM2)")
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--kv-space", default="0.5", help="VLLM_CPU_KVCACHE_SPACE for the run (GiB)")
+    args = ap.parse_args()
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", args.kv_space)
+    from cpuinfer.config import default_model_path
+
+    model = args.model or default_model_path()
+    print(f"model {os.path.basename(model)}, bfloat16, {torch.get_num_threads()} threads, "
+          f"input {args.input_len}, output {args.output_len}, batch {args.batch}")
+    ours = bench_engine(model, args)
+    budget = ours["weights_mb"] + ours["kv_mb"] + 600
+    print(f"cpuinfer:     load {ours['load']:.1f}s  prefill {ours['prefill']:.3f}s  decode {ours['decode_tps']:.1f} "
+          f"tok/s  throughput {ours['throughput']:.1f} tok/s  peak RSS {ours['peak_rss_mb']:.0f} MB "
+          f"(budget {budget:.0f} = weights {ours['weights_mb']:.0f} + KV {ours['kv_mb']:.0f} + 600)")
+    ref = bench_transformers(model, args)
+    print(f"transformers: prefill {ref['prefill']:.3f}s  decode {ref['decode_tps']:.1f} tok/s  "
+          f"throughput {ref['throughput']:.1f} tok/s")
+    print(f"ratio decode (batch 1):   {ours['decode_tps'] / ref['decode_tps']:.2f}x  (target >= 3)")
+    print(f"ratio throughput:         {ours['throughput'] / ref['throughput']:.2f}x  (target >= 3)")
+    print(f"ratio end-to-end latency: {ref['latency'] / ours['latency']:.2f}x")
+    print(f"peak RSS within budget:   {ours['peak_rss_mb'] <= budget}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,235 @@
+"""Serving benchmark for `cpuinfer serve` (or any OpenAI-compatible server, e.g. `vllm serve`).
+
+Modelled on vLLM's benchmarks/benchmark_serving.py so numbers can be put side
+by side: random prompts of a fixed token length, Poisson arrivals at each
+request rate of a sweep, streaming completions with ignore_eos, and the same
+report (request/token throughput, TTFT, TPOT, ITL mean/median/p99).
+
+    # against a running server (vLLM or cpuinfer):
+    python benchmarks/bench_serving.py --base-url http://127.0.0.1:8000 --request-rate 1 4 inf
+    # or let it start `cpuinfer serve` on a free loopback port:
+    python benchmarks/bench_serving.py --launch --num-prompts 16 --request-rate 2 inf
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import httpx
+import numpy as np
+
+
+@dataclass
+class RequestResult:
+    """What one request measured."""
+
+    ok: bool = False
+    prompt_len: int = 0
+    output_tokens: int = 0
+    ttft: float = 0.0
+    latency: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    error: str = ""
+
+
+async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: list[int], output_len: int,
+                      api_key: str | None) -> RequestResult:
+    """Send one streaming completion and time every chunk."""
+    body = {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    res = RequestResult(prompt_len=len(prompt))
+    start = last = time.perf_counter()
+    try:
+        async with client.stream("POST", url, json=body, headers=headers) as r:
+            if r.status_code != 200:
+                res.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
+                return res
+            async for line in r.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[6:]
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if chunk.get("usage"):
+                    res.output_tokens = chunk["usage"]["completion_tokens"]
+                if not chunk.get("choices") or not chunk["choices"][0].get("text"):
+                    continue
+                now = time.perf_counter()
+                if res.ttft == 0.0:
+                    res.ttft = now - start
+                else:
+                    res.itl.append(now - last)
+                last = now
+        res.latency = time.perf_counter() - start
+        res.ok = True
+    except Exception as e:  # a failed request is reported, not fatal
+        res.error = repr(e)
+    return res
+
+
+async def run_rate(base_url: str, model: str, prompts: list[list[int]], output_len: int, rate: float,
+                   max_concurrency: int | None, api_key: str | None, seed: int) -> tuple[list[RequestResult], float]:
+    """Send every prompt with Poisson arrivals at `rate` req/s (inf = all at once)."""
+    rng = np.random.default_rng(seed)
+    sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    limits = httpx.Limits(max_connections=max(len(prompts), 1) + 4)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
+        url = base_url.rstrip("/") + "/v1/completions"
+
+        async def limited(p):
+            if sem is None:
+                return await one_request(client, url, model, p, output_len, api_key)
+            async with sem:
+                return await one_request(client, url, model, p, output_len, api_key)
+
+        tasks = []
+        start = time.perf_counter()
+        for p in prompts:
+            tasks.append(asyncio.create_task(limited(p)))
+            if rate != float("inf"):
+                await asyncio.sleep(float(rng.exponential(1.0 / rate)))
+        results = await asyncio.gather(*tasks)
+        return results, time.perf_counter() - start
+
+
+def summarize(results: list[RequestResult], duration: float, rate: float, percentiles: list[float]) -> dict:
+    """vLLM's metrics: throughput, TTFT, TPOT (excluding the first token), ITL."""
+    ok = [r for r in results if r.ok]
+    out_tokens = sum(r.output_tokens for r in ok)
+    in_tokens = sum(r.prompt_len for r in ok)
+    ttft = [r.ttft for r in ok]
+    tpot = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
+    itl = [x for r in ok for x in r.itl]
+    e2e = [r.latency for r in ok]
+
+    def stats(name: str, xs: list[float]) -> dict:
+        arr = np.asarray(xs or [0.0]) * 1000
+        d = {f"mean_{name}_ms": float(arr.mean()), f"median_{name}_ms": float(np.median(arr)),
+             f"std_{name}_ms": float(arr.std())}
+        for p in percentiles:
+            d[f"p{p:g}_{name}_ms"] = float(np.percentile(arr, p))
+        return d
+
+    summary = {"request_rate": rate, "duration": duration, "completed": len(ok), "failed": len(results) - len(ok),
+               "total_input_tokens": in_tokens, "total_output_tokens": out_tokens,
+               "request_throughput": len(ok) / duration, "output_throughput": out_tokens / duration,
+               "total_token_throughput": (in_tokens + out_tokens) / duration}
+    for name, xs in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2el", e2e)):
+        summary.update(stats(name, xs))
+    errors = [r.error for r in results if not r.ok]
+    if errors:
+        summary["errors"] = errors[:5]
+    return summary
+
+
+def print_report(s: dict, percentiles: list[float]) -> None:
+    """The same layout as vLLM's benchmark_serving."""
+    rate = "inf" if s["request_rate"] == float("inf") else f"{s['request_rate']:g}"
+    print("{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="="))
+    rows = [("Request rate (req/s):", rate), ("Successful requests:", s["completed"]),
+            ("Failed requests:", s["failed"]), ("Benchmark duration (s):", f"{s['duration']:.2f}"),
+            ("Total input tokens:", s["total_input_tokens"]), ("Total generated tokens:", s["total_output_tokens"]),
+            ("Request throughput (req/s):", f"{s['request_throughput']:.2f}"),
+            ("Output token throughput (tok/s):", f"{s['output_throughput']:.2f}"),
+            ("Total Token throughput (tok/s):", f"{s['total_token_throughput']:.2f}")]
+    for k, v in rows:
+        print(f"{k:<40} {v:<10}")
+    for name, title in (("ttft", "Time to First Token"), ("tpot", "Time per Output Token (excl. 1st token)"),
+                        ("itl", "Inter-token Latency")):
+        print("{s:{c}^{n}}".format(s=title, n=50, c="-"))
+        print(f"{'Mean ' + name.upper() + ' (ms):':<40} {s[f'mean_{name}_ms']:<10.2f}")
+        print(f"{'Median ' + name.upper() + ' (ms):':<40} {s[f'median_{name}_ms']:<10.2f}")
+        for p in percentiles:
+            print(f"{f'P{p:g} ' + name.upper() + ' (ms):':<40} {s[f'p{p:g}_{name}_ms']:<10.2f}")
+    print("=" * 50)
+
+
+def launch_server(extra: list[str]) -> tuple[subprocess.Popen, str]:
+    """Start `cpuinfer serve` on a free loopback port and wait until healthy."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "cpuinfer", "serve", "--host", "127.0.0.1", "--port", str(port),
+           "--disable-log-requests", *extra]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"cpuinfer serve exited with {proc.returncode}: {' '.join(cmd)}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise SystemExit("cpuinfer serve did not become healthy within 300 s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the sweep and print one report per request rate."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--base-url", default=None, help="server URL (default http://127.0.0.1:8000)")
+    ap.add_argument("--launch", action="store_true", help="start `cpuinfer serve` on a free loopback port")
+    ap.add_argument("--server-args", default="", help="extra flags for the launched server (one string)")
+    ap.add_argument("--model", default=None, help="model name to send (default: the server's first model)")
+    ap.add_argument("--num-prompts", type=int, default=32)
+    ap.add_argument("--random-input-len", type=int, default=128)
+    ap.add_argument("--random-output-len", type=int, default=32)
+    ap.add_argument("--request-rate", type=float, nargs="+", default=[float("inf")],
+                    help="request rates to sweep, req/s (inf = all at once)")
+    ap.add_argument("--max-concurrency", type=int, default=None)
+    ap.add_argument("--percentiles", type=float, nargs="+", default=[50, 90, 99])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"))
+    ap.add_argument("--result-file", default=None, help="write every summary as JSON here")
+    args = ap.parse_args(argv)
+
+    proc = None
+    base_url = args.base_url or "http://127.0.0.1:8000"
+    if args.launch:
+        proc, base_url = launch_server(args.server_args.split())
+    try:
+        headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+        model = args.model or httpx.get(base_url + "/v1/models", headers=headers, timeout=30).json()["data"][0]["id"]
+        rng = random.Random(args.seed)
+        # Random token ids (as vLLM's random dataset), sent as ids so the input length is exact.
+        prompts = [[rng.randrange(1000, 20000) for _ in range(args.random_input_len)]
+                   for _ in range(args.num_prompts)]
+        asyncio.run(run_rate(base_url, model, prompts[:2], 4, float("inf"), None, args.api_key, 0))  # warm-up
+        summaries = []
+        for rate in args.request_rate:
+            results, duration = asyncio.run(run_rate(base_url, model, prompts, args.random_output_len, rate,
+                                                     args.max_concurrency, args.api_key, args.seed))
+            s = summarize(results, duration, rate, args.percentiles)
+            print_report(s, args.percentiles)
+            summaries.append(s)
+        if args.result_file:
+            with open(args.result_file, "w") as f:
+                json.dump({"model": model, "base_url": base_url, "args": vars(args) | {"api_key": None},
+                           "results": summaries}, f, indent=2, default=str)
+        return 0 if all(s["failed"] == 0 for s in summaries) else 1
+    finally:
+        if proc is not None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+// Inner loops of paged attention on one tile: R query rows (R <= kTileRows,
+// a compile-time count so the row accumulators live in registers) against
+// consecutive keys of one KV-cache block. Written against vec.h, so every
+// variant has them; ISA folders add faster QK^T paths (attention_x86.h).
+//
+// Accumulators are separate named variables rather than an array because SVE
+// vectors are sizeless types that cannot be array elements.
+#pragma once
+#include <cstdint>
+#include <type_traits>
+
+#include "vec.h"
+
+namespace cpuinfer::attn {
+
+#if defined(CPUINFER_VEC_AVX512) || defined(CPUINFER_VEC_SVE) || defined(CPUINFER_VEC_VXE)
+constexpr int kTileRows = 16;  // 32 vector registers: 16 accumulators fit
+#else
+constexpr int kTileRows = 8;   // 16 registers (AVX2), or two per vf (NEON)
+#endif
+
+// Calls f(std::integral_constant<int, R>) for the runtime row count r.
+template <typename F>
+inline void with_rows(int r, F &&f) {
+    switch (r) {
+        case 1: f(std::integral_constant<int, 1>{}); break;
+        case 2: f(std::integral_constant<int, 2>{}); break;
+        case 3: f(std::integral_constant<int, 3>{}); break;
+        case 4: f(std::integral_constant<int, 4>{}); break;
+        case 5: f(std::integral_constant<int, 5>{}); break;
+        case 6: f(std::integral_constant<int, 6>{}); break;
+        case 7: f(std::integral_constant<int, 7>{}); break;
+        case 8: f(std::integral_constant<int, 8>{}); break;
+#if !(defined(CPUINFER_VEC_AVX2) || defined(CPUINFER_VEC_NEON) || defined(CPUINFER_VEC_SCALAR))
+        case 9: f(std::integral_constant<int, 9>{}); break;
+        case 10: f(std::integral_constant<int, 10>{}); break;
+        case 11: f(std::integral_constant<int, 11>{}); break;
+        case 12: f(std::integral_constant<int, 12>{}); break;
+        case 13: f(std::integral_constant<int, 13>{}); break;
+        case 14: f(std::integral_constant<int, 14>{}); break;
+        case 15: f(std::integral_constant<int, 15>{}); break;
+        case 16: f(std::integral_constant<int, 16>{}); break;
+#endif
+        default: break;
+    }
+}
+
+// Applies OP(i) for i in [0, R): the row loop, unrolled at compile time.
+#define CPUINFER_ROWS(OP) \
+    OP(0) OP(1) OP(2) OP(3) OP(4) OP(5) OP(6) OP(7) OP(8) OP(9) OP(10) OP(11) OP(12) OP(13) OP(14) OP(15)
+
+// How many keys (QK) or output chunks (PV) a tile of R rows works on at
+// once: FMA latency is ~4 cycles, so a loop needs about 8 independent
+// accumulator chains to keep both FMA pipes busy, within the register budget.
+template <int R>
+constexpr int unroll() {
+    return R == 1 ? 4 : R <= kTileRows / 2 ? 2 : 1;
+}
+
+// s[r * s_stride + j] = dot(q[r * D ..], k[j * D ..]) for j in [j0, j1).
+template <int R, typename C>
+inline void qk_tile(const float *q, int64_t D, const C *k, int64_t j0, int64_t j1, float *s, int64_t s_stride) {
+    using namespace vec;
+    constexpr int U = unroll<R>();
+    const int64_t W = width();
+    const int64_t Dv = D - D % W;
+    int64_t j = j0;
+    for (; j + U <= j1; j += U) {
+        const C *kj = k + j * D;
+#define DECL(i) vf a##i = zero(), b##i = zero(), c##i = zero(), d##i = zero();
+        CPUINFER_ROWS(DECL)
+#undef DECL
+        for (int64_t c = 0; c < Dv; c += W) {
+            vf k0 = load(kj + c), k1 = k0, k2 = k0, k3 = k0;
+            if constexpr (U >= 2) k1 = load(kj + D + c);
+            if constexpr (U >= 4) k2 = load(kj + 2 * D + c), k3 = load(kj + 3 * D + c);
+#define STEP(i)                                    \
+    if constexpr (i < R) {                         \
+        vf qv = load(q + i * D + c);               \
+        a##i = fma(qv, k0, a##i);                  \
+        if constexpr (U >= 2) b##i = fma(qv, k1, b##i); \
+        if constexpr (U >= 4) c##i = fma(qv, k2, c##i), d##i = fma(qv, k3, d##i); \
+    }
+            CPUINFER_ROWS(STEP)
+#undef STEP
+        }
+#define OUT(i)                                                               \
+    if constexpr (i < R) {                                                   \
+        s[i * s_stride + j] = reduce_add(a##i);                              \
+        if constexpr (U >= 2) s[i * s_stride + j + 1] = reduce_add(b##i);    \
+        if constexpr (U >= 4) s[i * s_stride + j + 2] = reduce_add(c##i), s[i * s_stride + j + 3] = reduce_add(d##i); \
+    }
+        CPUINFER_ROWS(OUT)
+#undef OUT
+    }
+    for (; j < j1; ++j) {  // keys left over from the unrolled loop
+        const C *kj = k + j * D;
+#define DECL(i) vf a##i = zero();
+        CPUINFER_ROWS(DECL)
+#undef DECL
+        for (int64_t c = 0; c < Dv; c += W) {
+            vf kv = load(kj + c);
+#define STEP(i) if constexpr (i < R) a##i = fma(load(q + i * D + c), kv, a##i);
+            CPUINFER_ROWS(STEP)
+#undef STEP
+        }
+#define OUT(i) if constexpr (i < R) s[i * s_stride + j] = reduce_add(a##i);
+        CPUINFER_ROWS(OUT)
+#undef OUT
+    }
+    if (Dv < D) {  // only when the vector width does not divide D (wide SVE)
+        for (int64_t jj = j0; jj < j1; ++jj)
+            for (int64_t c = Dv; c < D; ++c) {
+                float kc = to_f32(k[jj * D + c]);
+                for (int r = 0; r < R; ++r) s[r * s_stride + jj] += q[r * D + c] * kc;
+            }
+    }
+}
+
+// acc[r] = acc[r] * alpha[r] + sum_j p[r * p_stride + j] * v[j * D ..] for j in [j0, j1).
+template <int R, typename C>
+inline void pv_tile(float *acc, int64_t D, const float *alpha, const float *p, int64_t p_stride, const C *v,
+                    int64_t j0, int64_t j1) {
+    using namespace vec;
+    constexpr int U = unroll<R>();
+    const int64_t W = width();
+    const int64_t Dv = D - D % W;
+    int64_t c = 0;
+    for (; c + U * W <= Dv; c += U * W) {
+#define DECL(i)                                                                        \
+    vf a##i = zero(), b##i = zero(), c##i = zero(), d##i = zero();                     \
+    if constexpr (i < R) {                                                             \
+        vf al = splat(alpha[i]);                                                       \
+        a##i = mul(load(acc + i * D + c), al);                                         \
+        if constexpr (U >= 2) b##i = mul(load(acc + i * D + c + W), al);               \
+        if constexpr (U >= 4) c##i = mul(load(acc + i * D + c + 2 * W), al), d##i = mul(load(acc + i * D + c + 3 * W), al); \
+    }
+        CPUINFER_ROWS(DECL)
+#undef DECL
+        for (int64_t j = j0; j < j1; ++j) {
+            const C *vj = v + j * D + c;
+            vf v0 = load(vj), v1 = v0, v2 = v0, v3 = v0;
+            if constexpr (U >= 2) v1 = load(vj + W);
+            if constexpr (U >= 4) v2 = load(vj + 2 * W), v3 = load(vj + 3 * W);
+#define STEP(i)                                                    \
+    if constexpr (i < R) {                                         \
+        vf pj = splat(p[i * p_stride + j]);                        \
+        a##i = fma(pj, v0, a##i);                                  \
+        if constexpr (U >= 2) b##i = fma(pj, v1, b##i);            \
+        if constexpr (U >= 4) c##i = fma(pj, v2, c##i), d##i = fma(pj, v3, d##i); \
+    }
+            CPUINFER_ROWS(STEP)
+#undef STEP
+        }
+#define OUT(i)                                                                   \
+    if constexpr (i < R) {                                                       \
+        store(acc + i * D + c, a##i);                                            \
+        if constexpr (U >= 2) store(acc + i * D + c + W, b##i);                  \
+        if constexpr (U >= 4) store(acc + i * D + c + 2 * W, c##i), store(acc + i * D + c + 3 * W, d##i); \
+    }
+        CPUINFER_ROWS(OUT)
+#undef OUT
+    }
+    for (; c < Dv; c += W) {  // chunks left over from the unrolled loop
+#define DECL(i) vf a##i = zero(); if constexpr (i < R) a##i = mul(load(acc + i * D + c), splat(alpha[i]));
+        CPUINFER_ROWS(DECL)
+#undef DECL
+        for (int64_t j = j0; j < j1; ++j) {
+            vf vv = load(v + j * D + c);
+#define STEP(i) if constexpr (i < R) a##i = fma(splat(p[i * p_stride + j]), vv, a##i);
+            CPUINFER_ROWS(STEP)
+#undef STEP
+        }
+#define OUT(i) if constexpr (i < R) store(acc + i * D + c, a##i);
+        CPUINFER_ROWS(OUT)
+#undef OUT
+    }
+    for (c = Dv; c < D; ++c) {
+        for (int r = 0; r < R; ++r) {
+            float a = acc[r * D + c] * alpha[r];
+            for (int64_t j = j0; j < j1; ++j) a += p[r * p_stride + j] * to_f32(v[j * D + c]);
+            acc[r * D + c] = a;
+        }
+    }
+}
+
+#undef CPUINFER_ROWS
+
+}  // namespace cpuinfer::attn

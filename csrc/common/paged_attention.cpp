@@ -1,0 +1,333 @@
+// Paged attention over a mixed batch (decode tokens and prefill chunks).
+//
+// Work is cut into groups (sequence, KV head, up to kChunkRows query rows,
+// where a row is one (token, query head) pair of that KV head's GQA group),
+// and a group's key range may be split into partitions (flash-decoding) when
+// there are too few groups to keep every thread busy; split partitions leave
+// (max, sum, unnormalised output) behind and a second pass merges them.
+// Inside a unit every KV block is read once and used by all the unit's rows,
+// kTileRows rows at a time with register accumulators; softmax is online, in
+// f32.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "attention_tile.h"
+#include "dispatch_dtype.h"
+#include "kernels.h"
+#include "parallel.h"
+#include "vec.h"
+#if defined(__x86_64__)
+#include "../x86/attention_x86.h"
+#endif
+
+namespace cpuinfer {
+namespace {
+
+constexpr int64_t kChunkRows = 64;      // query rows that share one pass over the keys
+#ifndef CPUINFER_ATTN_PREFETCH
+#define CPUINFER_ATTN_PREFETCH 1
+#endif
+constexpr bool kPrefetch = CPUINFER_ATTN_PREFETCH;
+constexpr int64_t kMinPartKeys = 256;   // a flash-decoding partition is at least this long
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+struct Group {
+    int32_t seq, kv_head;
+    int64_t row0, rows;  // rows [row0, row0 + rows) of (token, head-in-group), token-major
+    int64_t k_lo, k_hi;  // keys any row of the group sees
+    int64_t part_len, parts;
+    int64_t scratch;  // float offset of the partial results when parts > 1
+};
+
+struct Unit {
+    int32_t group, part;
+    int64_t cost;
+};
+
+// Per-thread working memory, grown on demand and kept across calls.
+struct Scratch {
+    std::vector<float> q, acc, m, l, s, alpha;
+    std::vector<int64_t> pos;
+    void reserve(int64_t rows, int64_t D, int64_t bs) {
+        if (int64_t(q.size()) < rows * D) q.resize(rows * D), acc.resize(rows * D);
+        if (int64_t(m.size()) < rows) m.resize(rows), l.resize(rows), pos.resize(rows);
+        if (int64_t(s.size()) < attn::kTileRows * bs) s.resize(attn::kTileRows * bs);
+        if (int64_t(alpha.size()) < attn::kTileRows) alpha.resize(attn::kTileRows);
+    }
+};
+
+Scratch &thread_scratch() {
+    thread_local Scratch s;
+    return s;
+}
+
+inline void prefetch(const void *p, int64_t bytes) {
+    const char *c = static_cast<const char *>(p);
+    for (int64_t i = 0; i < bytes; i += tuning::kCacheLine) __builtin_prefetch(c + i);
+}
+
+// dst[i] = exp(src[i] - m) for i in [a, b), vectorised.
+inline float exp_sum(float *x, int64_t a, int64_t b, float m) {
+    const int64_t W = vec::width();
+    vec::vf vm = vec::splat(m), acc = vec::zero();
+    int64_t i = a;
+    for (; i + W <= b; i += W) {
+        vec::vf e = vec::exp(vec::sub(vec::load(x + i), vm));
+        vec::store(x + i, e);
+        acc = vec::add(acc, e);
+    }
+    float sum = vec::reduce_add(acc);
+    for (; i < b; ++i) {
+        x[i] = std::exp(x[i] - m);
+        sum += x[i];
+    }
+    return sum;
+}
+
+template <typename T, typename C>
+struct Runner {
+    const PagedAttentionArgs &a;
+    int64_t G, D, bs;
+    float qscale;  // applied to q.k: scale, or scale / soft_cap under a soft-cap
+    std::vector<Group> groups;
+    std::vector<Unit> units;
+    std::vector<float> partials;
+
+    explicit Runner(const PagedAttentionArgs &args)
+        : a(args), G(args.num_q_heads / args.num_kv_heads), D(args.head_size), bs(args.block_size) {
+        qscale = a.soft_cap > 0.f ? a.scale / a.soft_cap : a.scale;
+    }
+
+    int64_t q_len(int64_t s) const { return a.query_start_loc[s + 1] - a.query_start_loc[s]; }
+
+    void plan() {
+        const int64_t W = a.sliding_window;
+        int64_t total = 0;
+        for (int64_t s = 0; s < a.num_seqs; ++s) {
+            const int64_t L = q_len(s), ctx = a.seq_lens[s];
+            for (int64_t r0 = 0; r0 < L * G; r0 += kChunkRows) {
+                const int64_t rows = std::min(kChunkRows, L * G - r0);
+                const int64_t first_pos = ctx - L + r0 / G, last_pos = ctx - L + (r0 + rows - 1) / G;
+                const int64_t lo = W > 0 ? std::max<int64_t>(0, first_pos - W + 1) : 0;
+                for (int64_t h = 0; h < a.num_kv_heads; ++h) {
+                    groups.push_back({int32_t(s), int32_t(h), r0, rows, lo, last_pos + 1, 0, 1, -1});
+                    total += (last_pos + 1 - lo) * (rows + 4);
+                }
+            }
+        }
+        // Split long key ranges so that there are about 8 units per thread:
+        // dynamic hand-out then evens out ragged lengths and busy cores.
+        const int64_t threads = max_threads();
+        const int64_t target = threads > 1 ? std::max<int64_t>(1, total / (threads * 8)) : 0;
+        int64_t scratch = 0;
+        for (size_t gi = 0; gi < groups.size(); ++gi) {
+            Group &g = groups[gi];
+            const int64_t start = g.k_lo / bs * bs, keys = g.k_hi - start;
+            const int64_t cost = (g.k_hi - g.k_lo) * (g.rows + 4);
+            int64_t parts = target > 0 ? std::max<int64_t>(1, cost / target) : 1;
+            parts = std::min(parts, std::max<int64_t>(1, keys / kMinPartKeys));
+            g.part_len = ((keys + parts - 1) / parts + bs - 1) / bs * bs;
+            g.parts = (keys + g.part_len - 1) / g.part_len;
+            if (g.parts > 1) {
+                g.scratch = scratch;
+                scratch += g.parts * g.rows * (D + 2);
+            }
+            for (int64_t p = 0; p < g.parts; ++p) {
+                const int64_t k0 = std::max(g.k_lo, start + p * g.part_len), k1 = std::min(g.k_hi, start + (p + 1) * g.part_len);
+                units.push_back({int32_t(gi), int32_t(p), (k1 - k0) * (g.rows + 4)});
+            }
+        }
+        partials.resize(scratch);
+        // Longest first, then dynamic hand-out: balanced even for ragged batches.
+        std::stable_sort(units.begin(), units.end(), [](const Unit &x, const Unit &y) { return x.cost > y.cost; });
+    }
+
+    void run_unit(const Unit &u, Scratch &sc) {
+        const Group &g = groups[u.group];
+        const int64_t s = g.seq, h = g.kv_head, L = q_len(s), ctx = a.seq_lens[s], qs = a.query_start_loc[s];
+        const int64_t start = g.k_lo / bs * bs;
+        const int64_t k0 = std::max(g.k_lo, start + u.part * g.part_len);
+        const int64_t k1 = std::min(g.k_hi, start + (u.part + 1) * g.part_len);
+        const int64_t rows = g.rows, W = a.sliding_window;
+        sc.reserve(rows, D, bs);
+        float *qf = sc.q.data(), *acc = sc.acc.data(), *m = sc.m.data(), *l = sc.l.data(), *sbuf = sc.s.data();
+        int64_t *pos = sc.pos.data();
+        const T *query = static_cast<const T *>(a.query);
+        for (int64_t r = 0; r < rows; ++r) {
+            const int64_t t = (g.row0 + r) / G, qh = h * G + (g.row0 + r) % G;
+            pos[r] = ctx - L + t;
+            load_row(qf + r * D, query + (qs + t) * a.q_token_stride + qh * a.q_head_stride);
+            m[r] = kNegInf;
+            l[r] = 0.f;
+        }
+        std::memset(acc, 0, sizeof(float) * rows * D);
+
+        const C *kc = static_cast<const C *>(a.key_cache), *vc = static_cast<const C *>(a.value_cache);
+        const int32_t *table = a.block_tables + s * a.block_table_stride;
+        const bool cap = a.soft_cap > 0.f;
+        for (int64_t b = k0 / bs; b * bs < k1; ++b) {
+            const int64_t base = b * bs, off = (int64_t(table[b]) * a.num_kv_heads + h) * bs * D;
+            const C *kb = kc + off, *vb = vc + off;
+            // Blocks sit at random places in the cache, which defeats the
+            // hardware prefetcher at every block boundary: fetch the next
+            // block of this head while this one is computed.
+            if (kPrefetch && (b + 1) * bs < k1) {
+                const int64_t noff = (int64_t(table[b + 1]) * a.num_kv_heads + h) * bs * D;
+                prefetch(kc + noff, bs * D * int64_t(sizeof(C)));
+                prefetch(vc + noff, bs * D * int64_t(sizeof(C)));
+            }
+            for (int64_t r0 = 0; r0 < rows; r0 += attn::kTileRows) {
+                const int R = int(std::min<int64_t>(attn::kTileRows, rows - r0));
+                // Keys of this block that some row of the tile sees.
+                const int64_t lo = std::max({k0, base, W > 0 ? pos[r0] - W + 1 : int64_t(0)});
+                const int64_t hi = std::min({k1, base + bs, pos[r0 + R - 1] + 1});
+                if (lo >= hi) continue;
+                const int64_t j0 = lo - base, j1 = hi - base;
+                attn::with_rows(R, [&](auto rc) {
+                    constexpr int RR = decltype(rc)::value;
+                    qk<RR>(qf + r0 * D, kb, j0, j1, sbuf);
+                });
+                for (int r = 0; r < R; ++r) {
+                    // Row r sees keys [ra, rb) of this block: causal and windowed.
+                    float *sr = sbuf + r * bs;
+                    const int64_t p = pos[r0 + r];
+                    const int64_t ra = std::max(j0, (W > 0 ? p - W + 1 : int64_t(0)) - base);
+                    const int64_t rb = std::min(j1, p + 1 - base);
+                    float mx = kNegInf;
+                    for (int64_t j = ra; j < rb; ++j) {
+                        float x = sr[j] * qscale;
+                        if (cap) x = a.soft_cap * std::tanh(x);
+                        sr[j] = x;
+                        mx = std::max(mx, x);
+                    }
+                    if (ra >= rb) {
+                        sc.alpha[r] = 1.f;
+                        std::fill(sr + j0, sr + j1, 0.f);
+                        continue;
+                    }
+                    const float mn = std::max(m[r0 + r], mx);
+                    const float alpha = std::exp(m[r0 + r] - mn);  // 0 when m was -inf
+                    const float sum = exp_sum(sr, ra, rb, mn);
+                    std::fill(sr + j0, sr + ra, 0.f);
+                    std::fill(sr + rb, sr + j1, 0.f);
+                    l[r0 + r] = l[r0 + r] * alpha + sum;
+                    m[r0 + r] = mn;
+                    sc.alpha[r] = alpha;
+                }
+                attn::with_rows(R, [&](auto rc) {
+                    constexpr int RR = decltype(rc)::value;
+                    attn::pv_tile<RR>(acc + r0 * D, D, sc.alpha.data(), sbuf, bs, vb, j0, j1);
+                });
+            }
+        }
+
+        if (g.parts == 1) {
+            T *out = static_cast<T *>(a.out);
+            for (int64_t r = 0; r < rows; ++r) {
+                const int64_t t = (g.row0 + r) / G, qh = h * G + (g.row0 + r) % G;
+                store_row(out + (qs + t) * a.out_token_stride + qh * a.out_head_stride, acc + r * D,
+                          l[r] > 0.f ? 1.f / l[r] : 0.f);
+            }
+        } else {
+            float *dst = partials.data() + g.scratch + u.part * rows * (D + 2);
+            std::memcpy(dst, m, sizeof(float) * rows);
+            std::memcpy(dst + rows, l, sizeof(float) * rows);
+            std::memcpy(dst + 2 * rows, acc, sizeof(float) * rows * D);
+        }
+    }
+
+    template <int R>
+    void qk(const float *q, const C *kb, int64_t j0, int64_t j1, float *sbuf) {
+        attn::qk_tile<R>(q, D, kb, j0, j1, sbuf, bs);
+    }
+
+    void load_row(float *dst, const T *src) {
+        const int64_t W = vec::width();
+        int64_t i = 0;
+        for (; i + W <= D; i += W) vec::store(dst + i, vec::load(src + i));
+        for (; i < D; ++i) dst[i] = to_f32(src[i]);
+    }
+
+    void store_row(T *dst, const float *src, float mul) {
+        const int64_t W = vec::width();
+        vec::vf vm = vec::splat(mul);
+        int64_t i = 0;
+        for (; i + W <= D; i += W) vec::store(dst + i, vec::mul(vec::load(src + i), vm));
+        for (; i < D; ++i) dst[i] = from_f32<T>(src[i] * mul);
+    }
+
+    // Combines a split group's partitions: rescale each to the common max.
+    void merge(const Group &g) {
+        const int64_t rows = g.rows, h = g.kv_head, s = g.seq, qs = a.query_start_loc[s];
+        const float *base = partials.data() + g.scratch;
+        const int64_t stride = rows * (D + 2);
+        std::vector<float> acc(D);
+        T *out = static_cast<T *>(a.out);
+        for (int64_t r = 0; r < rows; ++r) {
+            float mx = kNegInf;
+            for (int64_t p = 0; p < g.parts; ++p) mx = std::max(mx, base[p * stride + r]);
+            std::fill(acc.begin(), acc.end(), 0.f);
+            float l = 0.f;
+            for (int64_t p = 0; p < g.parts; ++p) {
+                const float *part = base + p * stride;
+                if (part[r] == kNegInf) continue;  // this partition saw no key of row r
+                const float w = std::exp(part[r] - mx);
+                l += w * part[rows + r];
+                const float *pa = part + 2 * rows + r * D;
+                for (int64_t d = 0; d < D; ++d) acc[d] += w * pa[d];
+            }
+            const int64_t t = (g.row0 + r) / G, qh = h * G + (g.row0 + r) % G;
+            store_row(out + (qs + t) * a.out_token_stride + qh * a.out_head_stride, acc.data(), l > 0.f ? 1.f / l : 0.f);
+        }
+    }
+
+    void run() {
+        plan();
+        std::atomic<int64_t> next{0};
+        const int64_t n = int64_t(units.size());
+        parallel_for(std::min<int64_t>(n, max_threads()), 1, [&](int64_t, int64_t) {
+            Scratch &sc = thread_scratch();
+            for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) run_unit(units[i], sc);
+        });
+        std::vector<int32_t> split;
+        for (size_t gi = 0; gi < groups.size(); ++gi)
+            if (groups[gi].parts > 1) split.push_back(int32_t(gi));
+        parallel_for(int64_t(split.size()), 1, [&](int64_t b, int64_t e) {
+            for (int64_t i = b; i < e; ++i) merge(groups[split[i]]);
+        });
+    }
+};
+
+template <typename F>
+void with_cache_type(DType dt, F &&f) {
+    if (dt == DType::fp8_e5m2) {
+        f(fp8_e5m2_t{});
+    } else {
+        with_float_type(dt, f);
+    }
+}
+
+}  // namespace
+
+void paged_attention(const PagedAttentionArgs &args) {
+    if (args.num_seqs <= 0) return;
+    with_float_type(args.dt, [&](auto ttag) {
+        with_cache_type(args.cache_dt, [&](auto ctag) {
+            Runner<decltype(ttag), decltype(ctag)>(args).run();
+        });
+    });
+}
+
+const char *attention_impl() {
+#if defined(CPUINFER_ATTN_IMPL)
+    return CPUINFER_ATTN_IMPL;
+#else
+    return "vec";
+#endif
+}
+
+}  // namespace cpuinfer

@@ -1,0 +1,2 @@
+// x86 fast paths for paged attention (filled in below per ISA).
+#pragma once

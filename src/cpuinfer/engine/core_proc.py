@@ -1,0 +1,77 @@
+"""The engine core in its own process: a loop that takes messages, steps the core and sends results.
+
+The child binds its threads (VLLM_CPU_OMP_THREADS_BIND), loads the weights and
+allocates the KV cache; the parent keeps only the tokenizer. While requests
+are live the loop never blocks on the pipe; when idle it sleeps in recv().
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import traceback
+from dataclasses import dataclass
+
+from cpuinfer.engine.messages import AbortRequests, AddRequest, GetStats, Shutdown, StepResult
+
+
+@dataclass
+class Ready:
+    """Sent once the model is loaded."""
+
+    num_blocks: int
+
+
+@dataclass
+class CoreFailed:
+    """Sent when the core process dies of an exception."""
+
+    message: str
+
+
+def core_main(args, serving: bool, inbox, outbox) -> None:
+    """Entry point of the core process."""
+    try:
+        from cpuinfer.engine.core import EngineCore
+
+        config = args.create_engine_config(serving=serving)
+        core = EngineCore.from_config(config)
+        outbox.send(Ready(config.num_blocks))
+        while True:
+            errors: dict[str, str] = {}
+            while inbox.poll() or not core.has_unfinished():
+                msg = inbox.recv()
+                if isinstance(msg, AddRequest):
+                    try:
+                        core.add_request(msg)
+                    except ValueError as exc:
+                        errors[msg.request_id] = str(exc)
+                elif isinstance(msg, AbortRequests):
+                    core.abort(msg.request_ids)
+                elif isinstance(msg, GetStats):
+                    outbox.send(core.stats())
+                elif isinstance(msg, Shutdown):
+                    return
+            outputs = core.step()
+            if outputs or errors:
+                outbox.send(StepResult(outputs, errors))
+    except (KeyboardInterrupt, EOFError, BrokenPipeError):
+        return
+    except BaseException as exc:  # report, then die
+        try:
+            outbox.send(CoreFailed(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+        except Exception:
+            pass
+        raise
+
+
+def start_core_process(args, serving: bool):
+    """Spawn the core process; returns (process, send end to it, receive end from it)."""
+    ctx = mp.get_context("spawn")  # never fork a process that holds OpenMP threads
+    to_core_r, to_core_w = ctx.Pipe(duplex=False)
+    from_core_r, from_core_w = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=core_main, args=(args, serving, to_core_r, from_core_w), name="cpuinfer-engine-core",
+                       daemon=True)
+    proc.start()
+    to_core_r.close()
+    from_core_w.close()
+    return proc, to_core_w, from_core_r

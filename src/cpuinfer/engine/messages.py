@@ -1,0 +1,75 @@
+"""Typed messages between the front end (tokenization, detokenization, HTTP) and the engine core.
+
+They are plain picklable dataclasses, so the same objects cross a
+multiprocessing pipe when the core runs in its own process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cpuinfer.sampling_params import SamplingParams
+
+
+@dataclass
+class AddRequest:
+    """Start generating for one sequence (a request with n > 1 is sent as n of these)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass
+class AbortRequests:
+    """Stop these sequences now; their blocks are freed."""
+
+    request_ids: list[str]
+
+
+@dataclass
+class GetStats:
+    """Ask for an EngineStats."""
+
+
+@dataclass
+class Shutdown:
+    """Ask the core process to exit."""
+
+
+@dataclass
+class SeqOutput:
+    """What one sequence produced in one step."""
+
+    request_id: str
+    new_token_ids: list[int]
+    # Per new token: (sampled logprob, rank, top ids, top logprobs), or None when not requested.
+    new_logprobs: list | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    num_cached_tokens: int = 0
+
+
+@dataclass
+class EngineStats:
+    """Counters of the engine core (cumulative ones since start)."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0  # fraction of KV blocks held by requests
+    num_kv_blocks: int = 0
+    prefix_cache_hit_rate: float = 0.0  # cached prompt tokens / looked-up prompt tokens
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_preemptions: int = 0
+    prompt_tokens: int = 0  # tokens computed in prefill (recomputation included)
+    generation_tokens: int = 0
+    num_steps: int = 0
+
+
+@dataclass
+class StepResult:
+    """One engine step's outputs, plus a request's failure if one could not be accepted."""
+
+    outputs: list[SeqOutput] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)  # request_id -> message

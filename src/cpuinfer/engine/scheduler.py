@@ -1,0 +1,233 @@
+"""Continuous batching: which tokens of which requests run in the next model step.
+
+Each step fills a token budget (`max_num_batched_tokens`) in this order:
+1. one decode token for every running request that is generating,
+2. the next prefill chunk of running requests whose prompt is not fully in the cache,
+3. the first chunk of waiting requests (up to `max_num_seqs` running), after a prefix-cache lookup.
+So a decode is never stalled behind a long prefill. When the block pool runs
+dry, the newest running request is preempted: its blocks are freed and it
+goes back to the head of the queue to be recomputed later (its full blocks
+usually survive in the prefix cache). The oldest request is never preempted
+for a newer one, so every request finishes.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from cpuinfer.engine.block_pool import BlockPool
+from cpuinfer.engine.request import Request, Status
+
+try:  # the runner's input type (models helper's module)
+    from cpuinfer.worker.model_runner import ScheduledSeq
+except ImportError:  # pragma: no cover - only before the model runner exists
+
+    @dataclass
+    class ScheduledSeq:  # type: ignore[no-redef]
+        """Mirror of cpuinfer.worker.model_runner.ScheduledSeq."""
+
+        token_ids: list[int]
+        start_pos: int
+        block_table: list[int]
+        sample: bool
+
+
+@dataclass
+class SchedulerConfig:
+    """Limits of one step."""
+
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    max_model_len: int
+    long_prefill_token_threshold: int = 0  # 0 = no per-request cap on a prefill chunk
+
+
+@dataclass
+class SchedulerOutput:
+    """One step: the requests, how many tokens each computes, and the runner's view of it."""
+
+    requests: list[Request] = field(default_factory=list)
+    num_tokens: list[int] = field(default_factory=list)
+    seqs: list[ScheduledSeq] = field(default_factory=list)
+    sampled: list[Request] = field(default_factory=list)  # requests whose last chunk token is sampled
+    num_preempted: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        """Tokens computed in this step."""
+        return sum(self.num_tokens)
+
+
+class Scheduler:
+    """Owns the waiting and running queues and the block pool."""
+
+    def __init__(self, config: SchedulerConfig, pool: BlockPool):
+        self.config = config
+        self.pool = pool
+        self.block_size = pool.block_size
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    # ---- queue management ---------------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        """Queue a new request."""
+        req.update_hashes(self.block_size)
+        self.waiting.append(req)
+
+    def abort(self, req: Request) -> None:
+        """Drop a request wherever it is and free its blocks."""
+        if req.status == Status.FINISHED:
+            return
+        if req in self.running:
+            self.running.remove(req)
+        else:
+            try:
+                self.waiting.remove(req)
+            except ValueError:
+                pass
+        self._finish(req, "abort")
+
+    def has_unfinished(self) -> bool:
+        """True while any request waits or runs."""
+        return bool(self.waiting or self.running)
+
+    # ---- scheduling ---------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        """Pick the next step's work (may preempt)."""
+        cfg = self.config
+        out = SchedulerOutput()
+        budget = cfg.max_num_batched_tokens
+        chosen: dict[int, int] = {}  # id(req) -> tokens this step
+        preempted_now = False
+
+        decoding = [r for r in self.running if r.num_pending == 1]
+        prefilling = [r for r in self.running if r.num_pending > 1]
+        for req in decoding + prefilling:
+            if budget <= 0:
+                break
+            if req.status != Status.RUNNING:  # preempted earlier in this loop
+                continue
+            n = self._chunk(req, budget)
+            while not self._grow(req, n):
+                victim = max(self.running, key=lambda r: r.arrival)
+                budget += chosen.pop(id(victim), 0)
+                self._preempt(victim)
+                preempted_now = True
+                out.num_preempted += 1
+                if victim is req:
+                    break
+            if req.status == Status.RUNNING:
+                chosen[id(req)] = n
+                budget -= n
+
+        # New requests only when nothing had to be preempted (the pool is tight otherwise).
+        while (not preempted_now and self.waiting and budget > 0
+               and len(self.running) < cfg.max_num_seqs):
+            req = self.waiting[0]
+            hit_blocks: list[int] = []
+            fresh = not req.block_ids and req.num_computed_tokens == 0
+            if fresh and self.pool.enable_caching:
+                # At least the last token is computed, so its logits exist.
+                n_lookup = (req.num_tokens - 1) // self.block_size
+                hit_blocks = self.pool.lookup(req.block_hashes[:n_lookup], req.all_token_ids)
+                req.block_ids = list(hit_blocks)
+                req.num_computed_tokens = len(hit_blocks) * self.block_size
+                req.num_cached_blocks = len(hit_blocks)
+            n = self._chunk(req, budget)
+            if not self._grow(req, n):
+                if hit_blocks:  # give the shared prefix back; retry next step
+                    self.pool.free(hit_blocks[::-1])
+                    req.block_ids, req.num_computed_tokens, req.num_cached_blocks = [], 0, 0
+                break
+            if fresh:
+                if req.num_preemptions == 0:
+                    self.pool.record_lookup(req.num_tokens, len(hit_blocks) * self.block_size)
+                    req.num_prefix_hit_tokens = len(hit_blocks) * self.block_size
+            self.waiting.popleft()
+            req.status = Status.RUNNING
+            self.running.append(req)
+            chosen[id(req)] = n
+            budget -= n
+
+        for req in self.running:
+            n = chosen.get(id(req))
+            if n is None:
+                continue
+            start = req.num_computed_tokens
+            sample = start + n == req.num_tokens
+            out.requests.append(req)
+            out.num_tokens.append(n)
+            out.seqs.append(ScheduledSeq(req.all_token_ids[start:start + n], start, req.block_ids, sample))
+            if sample:
+                out.sampled.append(req)
+        return out
+
+    def _chunk(self, req: Request, budget: int) -> int:
+        n = min(req.num_pending, budget)
+        t = self.config.long_prefill_token_threshold
+        if t > 0 and n > 1:
+            n = min(n, t)
+        return n
+
+    def _grow(self, req: Request, n: int) -> bool:
+        """Make req's blocks cover n more tokens; False (nothing allocated) if the pool is short."""
+        need = -(-(req.num_computed_tokens + n) // self.block_size) - len(req.block_ids)
+        if need <= 0:
+            return True
+        if need > self.pool.num_free:
+            return False
+        req.block_ids.extend(self.pool.allocate(need))
+        return True
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self.pool.free(req.block_ids[::-1])
+        req.block_ids = []
+        req.num_computed_tokens = 0
+        req.num_cached_blocks = 0
+        req.num_preemptions += 1
+        req.status = Status.WAITING
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    # ---- after the model step -----------------------------------------------------------------
+    def update(self, out: SchedulerOutput, sampled_tokens: list[int]) -> list[Request]:
+        """Advance the scheduled requests by their computed tokens and sampled ids; returns those that finished."""
+        bs = self.block_size
+        caching = self.pool.enable_caching
+        tokens = iter(sampled_tokens)
+        finished = []
+        for req, n, seq in zip(out.requests, out.num_tokens, out.seqs, strict=False):
+            req.num_computed_tokens += n
+            if seq.sample:
+                req.append_token(next(tokens))
+                if len(req.all_token_ids) % bs == 0:
+                    req.update_hashes(bs)
+            if caching:
+                full = req.num_computed_tokens // bs
+                while req.num_cached_blocks < full:
+                    i = req.num_cached_blocks
+                    parent = req.block_hashes[i - 1] if i else None
+                    self.pool.cache_block(req.block_ids[i], req.block_hashes[i], parent,
+                                          req.all_token_ids[i * bs:(i + 1) * bs])
+                    req.num_cached_blocks += 1
+            if seq.sample and req.check_stop(self.config.max_model_len):
+                self.running.remove(req)
+                self._finish(req, req.finish_reason)
+                finished.append(req)
+        return finished
+
+    def finish_request(self, req: Request, reason: str, stop_reason: int | str | None = None) -> None:
+        """End a running or waiting request from outside (e.g. a stop string matched)."""
+        if req.status == Status.FINISHED:
+            return
+        self.abort(req)
+        req.finish_reason, req.stop_reason = reason, stop_reason
+
+    def _finish(self, req: Request, reason: str | None) -> None:
+        req.status = Status.FINISHED
+        req.finish_reason = reason
+        self.pool.free(req.block_ids[::-1])
+        req.block_ids = []

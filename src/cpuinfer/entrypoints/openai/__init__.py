@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP front end of `cpuinfer serve` (vLLM's API surface)."""

@@ -1,0 +1,281 @@
+"""The FastAPI app of `cpuinfer serve` and the uvicorn loop around it.
+
+HTTP parsing, validation and tokenization run here, in the front-end
+process; the engine core runs in its own process behind the engine client.
+The app starts answering at once: /health says 503 until the engine has
+loaded the model, then 200, and 503 again if the engine process dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Annotated
+
+import uvicorn
+from fastapi import Body, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from cpuinfer.entrypoints.openai.engine_adapter import EngineAdapter
+from cpuinfer.entrypoints.openai.errors import APIError, error_response, install_error_handlers
+from cpuinfer.entrypoints.openai.metrics import CONTENT_TYPE, EngineStats, ServerMetrics
+from cpuinfer.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ErrorResponse,
+    ModelList,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+    TokenizeResponse,
+    dump,
+)
+from cpuinfer.entrypoints.openai.serving import OpenAIServing
+
+logger = logging.getLogger("cpuinfer.server")
+
+ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 500, 503)}
+
+
+@dataclass
+class ServerConfig:
+    """Front-end settings (the engine's own settings live in the engine's args)."""
+
+    served_model_names: list[str]
+    api_key: str = ""
+    max_body_bytes: int = 8 * 1024 * 1024
+    log_requests: bool = True
+    log_stats_interval: float = 10.0  # seconds; 0 disables the periodic stats line
+
+
+@dataclass
+class ServerState:
+    """What the routes need; `serving` is None until the engine is up."""
+
+    config: ServerConfig
+    engine: EngineAdapter | None = None
+    serving: OpenAIServing | None = None
+    metrics: ServerMetrics | None = None
+    load_error: str | None = None
+    last_stats: EngineStats = field(default_factory=EngineStats)
+    background: list[asyncio.Task] = field(default_factory=list)
+
+    def require_serving(self) -> OpenAIServing:
+        """The serving object, or a 503 while loading / after a failure."""
+        if self.serving is None:
+            why = f"failed to load: {self.load_error}" if self.load_error else "the model is still loading"
+            raise APIError(f"Server not ready ({why}); retry shortly.", 503)
+        return self.serving
+
+
+class BodyLimitAndAuth:
+    """ASGI middleware: 413 for bodies over the limit, 401 for /v1 routes without the API key.
+
+    Pure ASGI (not BaseHTTPMiddleware) so streaming responses pass straight
+    through and chunked uploads are counted as they arrive.
+    """
+
+    def __init__(self, app, config: ServerConfig):
+        self.app = app
+        self.config = config
+        self.expected = f"Bearer {config.api_key}".encode() if config.api_key else None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        limit = self.config.max_body_bytes
+        if self.expected is not None and scope["path"].startswith("/v1") and scope["method"] != "OPTIONS":
+            got = headers.get(b"authorization", b"")
+            if not secrets.compare_digest(got, self.expected):
+                what = "missing" if not got else "invalid"
+                msg = (f"Unauthorized: {what} API key; send the header 'Authorization: Bearer <key>' with the "
+                       "key the server was started with (--api-key / VLLM_API_KEY).")
+                return await error_response(msg, 401)(scope, receive, send)
+        declared = headers.get(b"content-length")
+        too_big = f"Request body too large: the limit is {limit} bytes (--max-request-body-bytes)."
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            return await error_response(too_big, 413)(scope, receive, send)
+        seen = 0
+
+        async def limited_receive():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise APIError(too_big, 413)
+            return message
+
+        try:
+            await self.app(scope, limited_receive, send)
+        except APIError as e:  # raised while FastAPI was still reading the body
+            await error_response(e.message, e.status, e.param)(scope, receive, send)
+
+
+def build_app(state: ServerState,
+              start_engine: Callable[[], Awaitable[EngineAdapter]] | None = None) -> FastAPI:
+    """The app; `start_engine` runs in the background after startup and returns the ready engine."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if start_engine is not None:
+            state.background.append(asyncio.create_task(_load(state, start_engine)))
+        try:
+            yield
+        finally:
+            for task in state.background:
+                task.cancel()
+            if state.engine is not None:
+                await state.engine.shutdown()
+
+    app = FastAPI(title="cpuinfer OpenAI-compatible server", version=_version(), lifespan=lifespan)
+    app.state.server = state
+    install_error_handlers(app)
+    app.add_middleware(BodyLimitAndAuth, config=state.config)
+
+    @app.get("/health", responses={503: {"model": ErrorResponse}})
+    async def health() -> Response:
+        """200 when the engine serves requests; 503 while loading or when the engine has died."""
+        if state.serving is None or state.engine is None:
+            return error_response("not ready: " + (state.load_error or "loading the model"), 503)
+        if not state.engine.healthy:
+            return error_response(f"engine is not healthy: {state.engine.status_text()}", 503)
+        return Response(status_code=200)
+
+    @app.get("/ping", include_in_schema=False)
+    async def ping() -> Response:
+        """Alias of /health (SageMaker-style probes)."""
+        return await health()
+
+    @app.get("/version")
+    async def version() -> dict:
+        """The cpuinfer version."""
+        return {"version": _version()}
+
+    @app.get("/metrics", response_class=Response)
+    async def metrics() -> Response:
+        """Prometheus exposition of the server and engine metrics."""
+        if state.engine is not None and state.engine.healthy:
+            with contextlib.suppress(Exception):
+                state.last_stats = await asyncio.wait_for(state.engine.stats(), 5.0)
+        if state.metrics is None:
+            return Response(b"", media_type=CONTENT_TYPE)
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/v1/models", response_model=ModelList, responses=ERRORS)
+    async def list_models() -> JSONResponse:
+        """The served model(s)."""
+        return JSONResponse(dump(state.require_serving().models()))
+
+    @app.post("/v1/completions", response_model=CompletionResponse, responses=ERRORS)
+    async def completions(req: CompletionRequest, raw: Request):
+        """OpenAI completions; `stream: true` answers with server-sent events."""
+        return await state.require_serving().completions(req, raw)
+
+    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=ERRORS)
+    async def chat_completions(req: ChatCompletionRequest, raw: Request):
+        """OpenAI chat completions with the model's chat template; `stream: true` answers with SSE."""
+        return await state.require_serving().chat(req, raw)
+
+    @app.post("/tokenize", response_model=TokenizeResponse, responses=ERRORS)
+    async def tokenize(req: Annotated[TokenizeCompletionRequest | TokenizeChatRequest, Body()]):
+        """Token ids of a prompt or of chat messages after the chat template."""
+        return JSONResponse(dump(state.require_serving().tokenize(req)))
+
+    @app.post("/detokenize", response_model=DetokenizeResponse, responses=ERRORS)
+    async def detokenize(req: DetokenizeRequest):
+        """Text of token ids."""
+        return JSONResponse(dump(state.require_serving().detokenize(req)))
+
+    return app
+
+
+async def _load(state: ServerState, start_engine: Callable[[], Awaitable[EngineAdapter]]) -> None:
+    """Start the engine, then open the API and the stats logger."""
+    t0 = time.monotonic()
+    try:
+        engine = await start_engine()
+    except Exception as e:  # the server keeps answering /health with the reason
+        state.load_error = f"{type(e).__name__}: {e}"
+        logger.exception("engine failed to start")
+        signal.raise_signal(signal.SIGTERM)  # a server without a model is no use: shut down (exit code 1)
+        return
+    state.engine = engine
+    names = state.config.served_model_names
+    state.metrics = ServerMetrics(names[0], lambda: state.last_stats)
+    state.serving = OpenAIServing(engine, names, state.metrics, state.config.log_requests)
+    logger.info("engine ready in %.1fs: serving %s (max_model_len=%d)", time.monotonic() - t0, ", ".join(names),
+                engine.max_model_len)
+    if state.config.log_stats_interval > 0:
+        state.background.append(asyncio.create_task(_log_stats(state, state.config.log_stats_interval)))
+
+
+async def _log_stats(state: ServerState, interval: float) -> None:
+    """Every `interval` seconds, a vLLM-style throughput line (skipped while idle)."""
+    m = state.metrics
+    last_prompt = last_gen = 0.0
+    last_t = time.monotonic()
+    while True:
+        await asyncio.sleep(interval)
+        engine = state.engine
+        if engine is None or not engine.healthy:
+            continue
+        try:
+            s = await asyncio.wait_for(engine.stats(), 5.0)
+        except Exception:
+            continue
+        state.last_stats = s
+        now = time.monotonic()
+        prompt, gen = m.prompt_tokens._value.get(), m.generation_tokens._value.get()
+        dt = max(now - last_t, 1e-9)
+        if prompt != last_prompt or gen != last_gen or s.num_running or s.num_waiting:
+            logger.info("Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, "
+                        "Running: %d reqs, Waiting: %d reqs, KV cache usage: %.1f%%, Prefix cache hit rate: %.1f%%, "
+                        "Preemptions: %d", (prompt - last_prompt) / dt, (gen - last_gen) / dt, s.num_running,
+                        s.num_waiting, 100 * s.kv_usage, 100 * s.prefix_cache_hit_rate, s.num_preemptions)
+        last_prompt, last_gen, last_t = prompt, gen, now
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("cpuinfer")
+    except Exception:
+        return "0.0.0"
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, except that a SIGINT/SIGTERM after a clean shutdown exits 0 instead of re-raising."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        handled = (signal.SIGINT, signal.SIGTERM)
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
+
+
+def run_server(state: ServerState, start_engine: Callable[[], Awaitable[EngineAdapter]], host: str, port: int,
+               shutdown_timeout: float, log_level: str = "info", sock=None) -> int:
+    """Serve until SIGINT/SIGTERM; in-flight requests get `shutdown_timeout` seconds to finish, then are aborted."""
+    app = build_app(state, start_engine)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
+                            timeout_graceful_shutdown=max(1, round(shutdown_timeout)), lifespan="on",
+                            timeout_keep_alive=5)
+    server = _Server(config)
+    asyncio.run(server.serve(sockets=[sock] if sock is not None else None))
+    return 1 if state.load_error else 0

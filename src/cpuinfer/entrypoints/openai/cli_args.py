@@ -1,0 +1,59 @@
+"""Command-line flags of `cpuinfer serve`: the engine's flags (shared with the other commands)
+plus the HTTP front end's, spelled as vLLM spells them."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add every `serve` flag to `parser`."""
+    from cpuinfer.entrypoints.openai.engine_binding import add_engine_arguments
+
+    parser.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                        help="HF model directory or .gguf file (default: the bundled SmolLM2-135M-Instruct); "
+                             "same as --model")
+    add_engine_arguments(parser)
+    g = parser.add_argument_group("HTTP server")
+    g.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    g.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    g.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on /v1 routes (default: $CPUINFER_API_KEY/$VLLM_API_KEY)")
+    g.add_argument("--served-model-name", nargs="+", default=None,
+                   help="model name(s) the API answers to (default: the model argument)")
+    g.add_argument("--max-request-body-bytes", type=_positive_int, default=8 * 1024 * 1024,
+                   help="larger request bodies get 413 (default 8 MiB)")
+    g.add_argument("--shutdown-timeout", type=float, default=10.0,
+                   help="seconds in-flight requests may run after SIGINT/SIGTERM before they are aborted")
+    g.add_argument("--disable-log-requests", action="store_true", help="no per-request log line")
+    g.add_argument("--disable-log-stats", action="store_true", help="no periodic throughput log line")
+    g.add_argument("--log-stats-interval", type=float, default=10.0, help="seconds between throughput lines")
+    g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"],
+                   help="log level of the server and uvicorn")
+
+
+def resolve_model(args: argparse.Namespace) -> None:
+    """`serve MODEL` and `serve --model MODEL` mean the same (as in vLLM); giving two different ones is an error."""
+    tag = getattr(args, "model_tag", None)
+    if tag and getattr(args, "model", None) and args.model != tag:
+        raise SystemExit(f"cpuinfer serve: got MODEL {tag!r} and --model {args.model!r}; give only one")
+    if tag:
+        args.model = tag
+
+
+def served_names(args: argparse.Namespace) -> list[str]:
+    """The names the API answers to: --served-model-name, else the model argument as given."""
+    if args.served_model_name:
+        return list(args.served_model_name)
+    if args.model:
+        return [args.model]
+    return ["SmolLM2-135M-Instruct"]
+
+
+def _positive_int(value: str) -> int:
+    x = int(value)
+    if x < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return x
+
+

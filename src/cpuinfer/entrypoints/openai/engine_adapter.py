@@ -1,0 +1,76 @@
+"""The one place the HTTP front end touches the engine.
+
+The serving layer sees an :class:`EngineAdapter`: it streams per-choice
+:class:`ChoiceDelta` objects for a request, aborts requests, reports stats and
+health. The adapter turns that into calls on the engine's asyncio client
+(which runs the engine core in its own process) and turns the engine's
+outputs into deltas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from cpuinfer.entrypoints.openai.metrics import EngineStats
+
+
+class EngineDeadError(RuntimeError):
+    """The engine process is gone; the request cannot finish."""
+
+
+@dataclass
+class TokenLogprob:
+    """Logprob of one generated token and the best alternatives (best first)."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class ChoiceDelta:
+    """What one choice of a request produced since its last delta."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class EngineAdapter:
+    """The interface the serving layer uses (implemented by the real engine binding)."""
+
+    model_path: str
+    max_model_len: int
+    tokenization: Any  # cpuinfer.entrypoints.openai.tokenization.Tokenization
+    generation_defaults: dict
+
+    @property
+    def healthy(self) -> bool:
+        """True while the engine serves requests."""
+        raise NotImplementedError
+
+    def status_text(self) -> str:
+        """Why the engine is not healthy (or 'ready')."""
+        raise NotImplementedError
+
+    def generate(self, request_id: str, prompt_token_ids: list[int], sampling: dict
+                 ) -> AsyncIterator[list[ChoiceDelta]]:
+        """Run one request (all n choices); leaving the iterator early aborts it in the engine."""
+        raise NotImplementedError
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request without waiting (safe to call from cancellation paths)."""
+        raise NotImplementedError
+
+    async def stats(self) -> EngineStats:
+        """A fresh snapshot of the engine's state."""
+        raise NotImplementedError
+
+    async def shutdown(self) -> None:
+        """Abort what is left and stop the engine process."""
+        raise NotImplementedError

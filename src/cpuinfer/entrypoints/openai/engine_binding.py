@@ -1,0 +1,188 @@
+"""The engine adapter bound to the real engine: `cpuinfer.engine.async_llm.AsyncLLM`.
+
+AsyncLLM runs the engine core (scheduler, model, sampler) in its own
+process pinned to the inference cores; this process keeps HTTP and
+tokenization, pinned to the reserved cores (VLLM_CPU_NUM_OF_RESERVED_CPU)
+when there are any.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+from collections.abc import AsyncIterator
+
+from cpuinfer.entrypoints.openai.engine_adapter import ChoiceDelta, EngineAdapter, EngineDeadError, TokenLogprob
+from cpuinfer.entrypoints.openai.errors import APIError
+from cpuinfer.entrypoints.openai.metrics import EngineStats
+from cpuinfer.entrypoints.openai.tokenization import Tokenization
+
+logger = logging.getLogger("cpuinfer.server")
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """The engine's flags, exactly as the other commands define them (vLLM names)."""
+    from cpuinfer.config import EngineArgs
+
+    EngineArgs.add_cli_args(parser)
+
+
+def _logprobs(entries) -> list[TokenLogprob] | None:
+    """vLLM-style [{token_id: Logprob}] (sampled token included) -> TokenLogprob with ranked alternatives."""
+    if entries is None:
+        return None
+    out = []
+    for chosen_id, table in entries:
+        top = sorted(((tid, lp) for tid, lp in table.items() if lp.rank is not None), key=lambda x: x[1].rank)
+        out.append(TokenLogprob(chosen_id, table[chosen_id].logprob, [(tid, lp.logprob) for tid, lp in top]))
+    return out
+
+
+class AsyncLLMAdapter(EngineAdapter):
+    """EngineAdapter over AsyncLLM (engine core in a child process)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        spec = engine.config.spec
+        self.model_path = engine.config.model
+        self.max_model_len = engine.max_model_len
+        self.tokenization = Tokenization(spec)
+        self.generation_defaults = dict(getattr(spec, "generation_defaults", None) or {})
+        self.num_blocks = getattr(engine, "num_blocks", 0)
+        self._shut = False
+
+    @property
+    def pid(self) -> int | None:
+        """Process id of the engine core."""
+        proc = getattr(self.engine, "_proc", None)
+        return proc.pid if proc is not None else None
+
+    @property
+    def healthy(self) -> bool:
+        """The core process is alive and has not reported a failure."""
+        if self._shut or getattr(self.engine, "_dead", None) is not None:
+            return False
+        proc = getattr(self.engine, "_proc", None)
+        return proc is None or proc.is_alive()
+
+    def status_text(self) -> str:
+        """Why the engine is not healthy."""
+        if self._shut:
+            return "shutting down"
+        dead = getattr(self.engine, "_dead", None)
+        if dead:
+            return f"engine core died: {dead}"
+        proc = getattr(self.engine, "_proc", None)
+        if proc is not None and not proc.is_alive():
+            return f"engine core process exited (code {proc.exitcode})"
+        return "ready"
+
+    async def generate(self, request_id: str, prompt_token_ids: list[int], sampling: dict
+                       ) -> AsyncIterator[list[ChoiceDelta]]:
+        """Stream a request's choices as deltas; leaving early aborts it in the engine at once."""
+        from cpuinfer.engine.async_llm import EngineDeadError as CoreDead
+        from cpuinfer.sampling_params import RequestOutputKind, SamplingParams
+
+        if not self.healthy:
+            raise APIError(f"The engine is not running ({self.status_text()}); retry later.", 503)
+        try:
+            params = SamplingParams(**sampling, output_kind=RequestOutputKind.DELTA)
+        except (ValueError, TypeError) as e:
+            raise APIError(str(e), 400) from e
+        try:
+            stream = self.engine.add_request(request_id, prompt_token_ids, params)
+        except CoreDead as e:
+            raise APIError(f"The engine is not running ({e}); retry later.", 503) from e
+        except ValueError as e:
+            raise APIError(str(e), 400) from e
+        finished = False
+        done_choices: set[int] = set()
+        try:
+            async for out in stream:
+                deltas = []
+                for o in out.outputs:
+                    if o.index in done_choices:
+                        continue  # a finished choice is repeated while its siblings run; report it once
+                    if o.finish_reason is not None:
+                        done_choices.add(o.index)
+                    lps = None
+                    if o.logprobs is not None:
+                        lps = _logprobs(list(zip(o.token_ids, o.logprobs, strict=False)))
+                    deltas.append(ChoiceDelta(o.index, o.text, list(o.token_ids), lps, o.finish_reason,
+                                              o.stop_reason))
+                finished = out.finished
+                if deltas:
+                    yield deltas
+        except CoreDead as e:
+            raise EngineDeadError(str(e)) from e
+        finally:
+            if not finished:
+                # Synchronous on purpose: this runs inside a cancelled task, where awaiting is not possible.
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Abort now (frees the request's KV blocks in the core)."""
+        try:
+            self.engine._abort_nowait(request_id)
+        except Exception:  # the engine may already be gone
+            logger.debug("abort of %s failed", request_id, exc_info=True)
+
+    async def stats(self) -> EngineStats:
+        """The engine core's counters, in the server's terms."""
+        s = await self.engine.get_stats()
+        total = int(getattr(s, "num_kv_blocks", 0) or self.num_blocks)
+        used = getattr(s, "num_used_kv_blocks", None)
+        if used is None:
+            used = round(s.kv_cache_usage * total)
+        return EngineStats(num_running=s.num_running, num_waiting=s.num_waiting, kv_usage=s.kv_cache_usage,
+                           num_blocks_total=total, num_blocks_free=total - int(used),
+                           prefix_cache_queries=s.prefix_cache_queries, prefix_cache_hits=s.prefix_cache_hits,
+                           num_preemptions=s.num_preemptions, prompt_tokens=s.prompt_tokens,
+                           generation_tokens=s.generation_tokens)
+
+    async def shutdown(self) -> None:
+        """Abort what is left and stop the core process."""
+        self._shut = True
+        await asyncio.to_thread(self.engine.shutdown)
+
+
+def pin_front_end() -> None:
+    """Move this process's threads off the inference cores, onto the reserved ones (if any are left)."""
+    try:
+        from cpuinfer.platform.threads import resolve_binding
+
+        binding = resolve_binding()
+    except Exception:
+        return
+    if not binding.cpus:
+        return
+    front = set(os.sched_getaffinity(0)) - set(binding.cpus)
+    if not front:
+        return  # no reserved cores: share them (the OS schedules the light HTTP work in between)
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), front)
+        except OSError:
+            pass
+    logger.info("front end pinned to CPUs %s (inference cores: %s)", sorted(front), binding.cpus)
+
+
+def make_engine_starter(args: argparse.Namespace):
+    """A coroutine function that starts AsyncLLM from the parsed flags (off the event loop) and adapts it."""
+
+    async def start() -> EngineAdapter:
+        from cpuinfer.config import EngineArgs
+        from cpuinfer.engine.async_llm import AsyncLLM
+
+        engine_args = EngineArgs.from_cli_args(args)
+        # Loading takes seconds: keep the loop free so /health can answer 503 meanwhile.
+        engine = await asyncio.to_thread(AsyncLLM.from_engine_args, engine_args)
+        adapter = AsyncLLMAdapter(engine)
+        logger.info("engine core process pid %s: %d KV blocks of %d tokens", adapter.pid, adapter.num_blocks,
+                    engine.config.block_size)
+        pin_front_end()
+        return adapter
+
+    return start

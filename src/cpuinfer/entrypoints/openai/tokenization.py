@@ -1,0 +1,48 @@
+"""Front-end tokenization: prompts to token ids, ids to text, chat messages to a prompt.
+
+Runs in the HTTP process (off the inference cores). It wraps the model's
+tokenizer and chat template from the model loader's ModelSpec, so the server
+needs no weights to tokenize.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+
+class Tokenization:
+    """Encode, decode and chat-format for one model."""
+
+    def __init__(self, spec: Any):
+        self.spec = spec
+        self.tokenizer = spec.tokenizer  # a tokenizers.Tokenizer
+        self.vocab_size = int(spec.vocab_size)
+        self._token_text = lru_cache(maxsize=65536)(self._decode_one)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text`."""
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        """Text of `token_ids`."""
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    def _decode_one(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def token_text(self, token_id: int) -> str:
+        """The text of one token on its own (for logprobs)."""
+        return self._token_text(int(token_id))
+
+    def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True,
+                    continue_final_message: bool = False) -> str:
+        """The prompt text the model's chat template makes of `messages`."""
+        if continue_final_message:
+            # Render the whole conversation, then cut after the final (partial) assistant message so the
+            # model continues it instead of starting a new turn (what transformers does).
+            text = self.spec.apply_chat_template(messages, add_generation_prompt=False)
+            final = messages[-1]["content"]
+            cut = text.rfind(final) if final else -1
+            return text[: cut + len(final)] if cut >= 0 else text
+        return self.spec.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)

@@ -1,0 +1,151 @@
+"""paged_attention against a gather-then-softmax float32 torch reference, per variant."""
+
+import itertools
+import random
+
+import pytest
+import torch
+
+import cpuinfer
+from cpuinfer import ops
+
+from .paged_reference import CACHE_DTYPES, make_batch, ref_paged_attention
+
+# The kernel computes in f32 and rounds once to the output dtype.
+TOL = {
+    torch.float32: dict(atol=2e-5, rtol=1e-4),
+    torch.bfloat16: dict(atol=1.6e-2, rtol=1.6e-2),
+    torch.float16: dict(atol=2e-3, rtol=2e-3),
+}
+MODEL_DTYPES = list(TOL)
+HEAD_SIZES = [64, 80, 96, 128, 256]
+
+
+def run_kernel(kernels, b, **kw):
+    out = torch.full_like(b.query, float("nan"))
+    kernels.paged_attention(out, *b.args(), **kw)
+    return out
+
+
+def random_seqs(rng: random.Random, n: int, max_ctx: int) -> list[tuple[int, int]]:
+    """Mixed decode (q_len 1) and prefill chunks (q_len > 1, with or without a cached prefix)."""
+    seqs = []
+    for _ in range(n):
+        ctx = rng.randint(1, max_ctx)
+        kind = rng.random()
+        q = 1 if kind < 0.5 else (ctx if kind < 0.7 else rng.randint(1, ctx))
+        seqs.append((q, ctx))
+    return seqs
+
+
+# Every head size x cache dtype, with model dtype, GQA shape, block size,
+# window and soft-cap varying across the cases.
+CASES = list(itertools.product(HEAD_SIZES, CACHE_DTYPES))
+
+
+@pytest.mark.parametrize("head_size,cache_dtype", CASES, ids=[f"D{d}-{str(c)[6:]}" for d, c in CASES])
+def test_mixed_batch_matrix(kernels, head_size, cache_dtype):
+    rng = random.Random(head_size * 7 + CACHE_DTYPES.index(cache_dtype))
+    for i, (window, cap) in enumerate([(0, 0.0), (0, 30.0), (37, 0.0), (21, 5.0)]):
+        dtype = MODEL_DTYPES[(i + head_size) % 3]
+        kv_heads, group = rng.choice([(1, 1), (2, 2), (2, 4), (1, 8), (1, 12)])
+        block_size = rng.choice([16, 32, 48])
+        b = make_batch(random_seqs(rng, 5, 90), kv_heads * group, kv_heads, head_size, block_size, dtype,
+                       cache_dtype)
+        out = run_kernel(kernels, b, sliding_window=window, soft_cap=cap)
+        torch.testing.assert_close(out.float(), ref_paged_attention(b, window, cap), **TOL[dtype],
+                                   msg=lambda m, w=window, c=cap, t=dtype: f"window={w} cap={c} {t}: {m}")
+
+
+@pytest.mark.parametrize("dtype", MODEL_DTYPES)
+def test_large_batches(kernels, dtype):
+    """Shapes where work is split across threads: long single sequences (flash-decoding) and a prefill."""
+    for seqs, hq, hkv in [([(1, 3000)], 8, 1), ([(1, 1500), (1, 700)], 4, 2), ([(200, 600), (1, 900)], 8, 2)]:
+        b = make_batch(seqs, hq, hkv, 128, 16, dtype, torch.bfloat16)
+        torch.testing.assert_close(run_kernel(kernels, b).float(), ref_paged_attention(b), **TOL[dtype])
+
+
+def test_single_thread_matches_threaded(kernels):
+    b = make_batch([(1, 2000), (3, 300)], 4, 1, 64, 16, torch.float32, torch.float32)
+    threaded = run_kernel(kernels, b)
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        single = run_kernel(kernels, b)
+    finally:
+        torch.set_num_threads(prev)
+    torch.testing.assert_close(threaded, single, atol=1e-6, rtol=1e-5)
+
+
+def test_strided_query_and_out(kernels):
+    """query as a slice of a fused qkv tensor, out as a slice of a wider buffer."""
+    b = make_batch([(3, 40), (1, 17)], 4, 2, 64, 16, torch.bfloat16, torch.bfloat16)
+    qkv = torch.randn(4, 8 * 64).bfloat16()
+    b.query = qkv[:, :4 * 64].view(4, 4, 64)
+    wide = torch.zeros(4, 6, 64, dtype=torch.bfloat16)
+    kernels.paged_attention(wide[:, 1:5], *b.args())
+    torch.testing.assert_close(wide[:, 1:5].float(), ref_paged_attention(b), **TOL[torch.bfloat16])
+    assert torch.all(wide[:, 0] == 0) and torch.all(wide[:, 5] == 0)
+
+
+def test_ops_wrapper_takes_float8_cache():
+    b = make_batch([(2, 33), (1, 5)], 2, 1, 64, 16, torch.float16, torch.float8_e5m2)
+    out = torch.empty_like(b.query)
+    ops.paged_attention(out, b.query, b.key_cache, b.value_cache, b.query_start_loc, b.seq_lens, b.block_tables,
+                        b.scale, sliding_window=8, soft_cap=10.0)
+    torch.testing.assert_close(out.float(), ref_paged_attention(b, 8, 10.0), **TOL[torch.float16])
+
+
+def test_variant_reports_its_inner_loops():
+    assert isinstance(cpuinfer._C.ATTENTION_IMPL, str) and cpuinfer._C.ATTENTION_IMPL
+
+
+def test_bad_input(kernels):
+    b = make_batch([(2, 40), (1, 20)], 4, 2, 64, 16, torch.float32, torch.bfloat16)
+    out = torch.empty_like(b.query)
+    q, kc, vc, qsl, lens, tables, scale = b.args()
+
+    def call(**over):
+        a = dict(out=out, query=q, key_cache=kc, value_cache=vc, query_start_loc=qsl, seq_lens=lens,
+                 block_tables=tables, scale=scale)
+        a.update(over)
+        kernels.paged_attention(**a)
+
+    bad_tables = tables.clone()
+    bad_tables[1, 1] = kc.shape[0]
+    with pytest.raises(IndexError, match=r"block_tables\[1, 1\] = 8 is not a block of the cache"):
+        call(block_tables=bad_tables)
+    bad_tables[1, 1] = -1
+    with pytest.raises(IndexError, match="not a block of the cache"):
+        call(block_tables=bad_tables)
+    with pytest.raises(ValueError, match="beyond its block table"):
+        call(seq_lens=torch.tensor([40, 20 + 16 * tables.shape[1]], dtype=torch.int32))
+    with pytest.raises(ValueError, match="less than the sequence's 2 query tokens"):
+        call(seq_lens=torch.tensor([1, 20], dtype=torch.int32))
+    with pytest.raises(ValueError, match="query has 3 heads, not a multiple"):
+        call(query=q[:, :3], out=out[:, :3])
+    with pytest.raises(ValueError, match="head_size 32 is not supported"):
+        call(query=q[..., :32].contiguous(), out=out[..., :32].contiguous())
+    with pytest.raises(ValueError, match="KV cache has head_size 64"):
+        q2 = torch.randn(3, 4, 128)
+        call(query=q2, out=torch.empty_like(q2))
+    with pytest.raises(TypeError, match="out has dtype bfloat16 but query is float32"):
+        call(out=out.bfloat16())
+    with pytest.raises(TypeError, match="KV-cache dtypes"):
+        call(key_cache=kc.to(torch.int16), value_cache=vc.to(torch.int16))
+    with pytest.raises(TypeError, match="value_cache has dtype float16 but key_cache is bfloat16"):
+        call(value_cache=vc.half())
+    with pytest.raises(TypeError, match="seq_lens must be an int32 tensor"):
+        call(seq_lens=lens.long())
+    with pytest.raises(ValueError, match=r"query_start_loc\[-1\] = 3 but query has 2 tokens"):
+        call(query=q[:2], out=out[:2])
+    with pytest.raises(ValueError, match="block_size 8 is not supported"):
+        call(key_cache=kc[:, :, :8].contiguous(), value_cache=vc[:, :, :8].contiguous())
+    with pytest.raises(ValueError, match="out and query overlap"):
+        call(out=q)
+    with pytest.raises(ValueError, match="sliding_window"):
+        call(sliding_window=-1)
+    with pytest.raises(ValueError, match="soft_cap"):
+        call(soft_cap=float("nan"))
+    with pytest.raises(TypeError, match="not uint8"):
+        ops.paged_attention(out, q, kc.view(torch.uint8), vc.view(torch.uint8), qsl, lens, tables, scale)

@@ -1,0 +1,122 @@
+"""Start-up (503 while loading), graceful shutdown on SIGTERM/SIGINT, and an engine process that dies.
+
+Two servers in all (start-up is the slow part on CI's 2 cores), each
+exercising several stages of a server's life in order.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from .conftest import running_server, wait_healthy
+
+SHUTDOWN_BOUND = 8.0
+
+
+def _model(server) -> str:
+    r = httpx.get(server.v1 + "/models", headers=server.headers(), timeout=10)
+    return r.json()["data"][0]["id"]
+
+
+def stream_in_background(server, results: list, max_tokens: int) -> threading.Thread:
+    """One streaming completion in a thread; ("ok", chunks) or ("error", repr) lands in `results`."""
+    model = _model(server)
+
+    def run():
+        try:
+            client = openai.OpenAI(base_url=server.v1, api_key=server.api_key, max_retries=0, timeout=120)
+            chunks = list(client.completions.create(model=model, prompt="Tell me a long story about a dragon.",
+                                                    max_tokens=max_tokens, temperature=0, stream=True,
+                                                    extra_body={"ignore_eos": True}))
+            results.append(("ok", sum(1 for c in chunks if c.choices and c.choices[0].text),
+                            [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]))
+        except Exception as e:  # recorded for the assertions
+            results.append(("error", repr(e)))
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def wait_running(server, n: int, timeout: float = 60) -> None:
+    """Until the engine reports `n` running requests."""
+    from .conftest import metric
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if metric(httpx.get(server.url + "/metrics", timeout=10).text, "vllm:num_requests_running") >= n:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"never saw {n} running requests")
+
+
+def test_loading_then_graceful_sigterm_with_a_bound():
+    with running_server("--shutdown-timeout", str(SHUTDOWN_BOUND), "--max-model-len", "4096", wait=False) as server:
+        # /health answers 503 (OpenAI-shaped body) while the model loads, then 200.
+        saw_503 = False
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and server.proc.poll() is None:
+            try:
+                r = httpx.get(server.url + "/health", timeout=2)
+            except httpx.HTTPError:
+                time.sleep(0.05)
+                continue
+            if r.status_code == 200:
+                break
+            assert r.status_code == 503 and "error" in r.json()
+            saw_503 = True
+            r = httpx.get(server.v1 + "/models", headers=server.headers(), timeout=5)
+            assert r.status_code in (200, 503)
+            time.sleep(0.1)
+        assert saw_503, "never saw /health answer 503 while the model loaded"
+        wait_healthy(server)
+
+        short: list = []
+        long: list = []
+        t_short = stream_in_background(server, short, max_tokens=8)
+        t_long = stream_in_background(server, long, max_tokens=3000)  # far more than the bound allows
+        wait_running(server, 2)
+        start = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        code = server.proc.wait(SHUTDOWN_BOUND + 40)
+        elapsed = time.monotonic() - start
+        t_short.join(30)
+        t_long.join(30)
+        assert code == 0, server.log()[-3000:]
+        assert elapsed < SHUTDOWN_BOUND + 30, f"shutdown took {elapsed:.1f}s with a {SHUTDOWN_BOUND}s bound"
+        # The short request finished normally during the grace period; the long one was cut off.
+        assert short and short[0][0] == "ok" and short[0][1] > 0 and short[0][2] == ["length"], short
+        assert long and (long[0][0] == "error" or long[0][2] != ["length"]), long
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(server.url + "/health", timeout=2)
+        assert "Shutting down" in server.log()
+
+
+def test_engine_death_is_reported_fast_then_sigint_exits_0():
+    with running_server() as server:
+        results: list = []
+        t = stream_in_background(server, results, max_tokens=400)
+        wait_running(server, 1)
+        os.kill(server.engine_pid(), signal.SIGKILL)
+        t.join(30)
+        # The stream in flight ends with an error event instead of hanging.
+        assert results and results[0][0] == "error", results
+        deadline = time.monotonic() + 10
+        while httpx.get(server.url + "/health", timeout=5).status_code != 503:
+            assert time.monotonic() < deadline, "/health still 200 after the engine died"
+            time.sleep(0.1)
+        start = time.monotonic()
+        r = httpx.post(server.v1 + "/completions", headers=server.headers(), timeout=30,
+                       json={"model": _model(server), "prompt": "hi", "max_tokens": 4})
+        assert 500 <= r.status_code < 600 and "error" in r.json(), r.text
+        assert time.monotonic() - start < 5
+        assert httpx.get(server.url + "/metrics", timeout=5).status_code == 200  # scrapes still work
+        server.proc.send_signal(signal.SIGINT)
+        assert server.proc.wait(60) == 0, server.log()[-3000:]
