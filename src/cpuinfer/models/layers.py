@@ -52,7 +52,7 @@ class Attention:
     """Fused-QKV self-attention over the paged KV cache, with optional q/k RMS norm, bias, window and soft-cap."""
 
     def __init__(self, bag: WeightBag, prefix: str, num_heads: int, num_kv_heads: int, head_dim: int,
-                 cos_sin: torch.Tensor, scale: float, *, bias: bool = False, o_bias: bool = False,
+                 cos_sin: torch.Tensor | None, scale: float, *, bias: bool = False, o_bias: bool = False,
                  qk_norm: bool = False, norm_eps: float = 1e-6, norm_offset: float = 0.0,
                  sliding_window: int = 0, soft_cap: float = 0.0, names: tuple[str, ...] = ("q_proj", "k_proj",
                  "v_proj", "o_proj")):
@@ -86,7 +86,8 @@ class Attention:
         if self.q_norm is not None:
             q = ops.rms_norm(q.reshape(t * self.num_heads, hs), self.q_norm, self.norm_eps).view(t, self.q_size)
             k = ops.rms_norm(k.reshape(t * self.num_kv_heads, hs), self.k_norm, self.norm_eps).view(t, self.kv_size)
-        ops.rotary_embedding(positions, q, k, hs, self.cos_sin, True)
+        if self.cos_sin is not None:
+            ops.rotary_embedding(positions, q, k, hs, self.cos_sin, True)
         key_cache, value_cache = kv_cache
         reshape_and_cache(k.view(t, self.num_kv_heads, hs), v.view(t, self.num_kv_heads, hs), key_cache, value_cache,
                           meta)

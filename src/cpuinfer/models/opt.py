@@ -1,0 +1,89 @@
+"""OPT (facebook/opt-*, vLLM's example model): learned positions (offset 2), LayerNorm, ReLU MLP, biases."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..attention import AttentionMetadata
+from ..model_loader.errors import ModelLoadError
+from .layers import Attention, WeightBag, select_rows
+
+_ACTS = {"relu": F.relu, "gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh")}
+POSITION_OFFSET = 2  # OPT's learned position table starts at index 2 (a fairseq padding leftover)
+
+
+class OPTForCausalLM:
+    """OPT decoder (pre- or post-LayerNorm variants, optional project_in/out)."""
+
+    def __init__(self, config: dict, bag: WeightBag, max_positions: int, rope_freq_factors=None):
+        # Some checkpoints (facebook/opt-*) name tensors "decoder.*" instead of "model.decoder.*".
+        for name in [n for n in bag.tensors if n.startswith("decoder.")]:
+            bag.tensors["model." + name] = bag.tensors.pop(name)
+        hidden, heads = config["hidden_size"], config["num_attention_heads"]
+        hs = hidden // heads
+        bias = bool(config.get("enable_bias", True))
+        affine = bool(config.get("layer_norm_elementwise_affine", True))
+        self.pre_norm = bool(config.get("do_layer_norm_before", True))
+        act = config.get("activation_function", "relu")
+        if act not in _ACTS:
+            raise ModelLoadError(f"OPT activation {act!r} is not supported; supported: {', '.join(_ACTS)}")
+        self.act = _ACTS[act]
+        self.hidden = hidden
+        p = "model.decoder"
+        self.embed = bag.take(f"{p}.embed_tokens.weight")
+        self.pos_embed = bag.take(f"{p}.embed_positions.weight")
+        self.project_in = bag.take_opt(f"{p}.project_in.weight")
+        self.project_out = bag.take_opt(f"{p}.project_out.weight")
+
+        def ln(prefix):
+            return (bag.take(f"{prefix}.weight") if affine else None,
+                    bag.take(f"{prefix}.bias") if affine else None)
+
+        self.layers = []
+        for i in range(config["num_hidden_layers"]):
+            lp = f"{p}.layers.{i}"
+            layer = _OPTLayer()
+            layer.attn_ln = ln(f"{lp}.self_attn_layer_norm")
+            layer.ff_ln = ln(f"{lp}.final_layer_norm")
+            layer.attn = Attention(bag, f"{lp}.self_attn", heads, heads, hs, None, hs ** -0.5, bias=bias,
+                                   o_bias=bias, names=("q_proj", "k_proj", "v_proj", "out_proj"))
+            layer.fc1_w, layer.fc1_b = bag.take(f"{lp}.fc1.weight"), bag.take_opt(f"{lp}.fc1.bias")
+            layer.fc2_w, layer.fc2_b = bag.take(f"{lp}.fc2.weight"), bag.take_opt(f"{lp}.fc2.bias")
+            self.layers.append(layer)
+        has_final = self.pre_norm and not config.get("_remove_final_layer_norm", False)
+        self.final_ln = ln(f"{p}.final_layer_norm") if has_final else None
+        tied = config.get("tie_word_embeddings", True) or not bag.has("lm_head.weight")
+        self.lm_head = self.embed if tied else bag.take("lm_head.weight")
+        bag.tensors.pop("lm_head.weight", None)
+
+    def _ln(self, x: torch.Tensor, wb) -> torch.Tensor:
+        return F.layer_norm(x, (self.hidden,), wb[0], wb[1], 1e-5)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], sample_idx: torch.Tensor | None) -> torch.Tensor:
+        """float32 logits for the tokens at sample_idx (all tokens when None)."""
+        h = F.embedding(input_ids, self.embed)
+        if self.project_in is not None:
+            h = F.linear(h, self.project_in)
+        h = h + F.embedding(positions + POSITION_OFFSET, self.pos_embed)
+        for layer, kv in zip(self.layers, kv_caches, strict=True):
+            x = self._ln(h, layer.attn_ln) if self.pre_norm else h
+            h = h + layer.attn(x, positions, meta, kv)
+            if not self.pre_norm:
+                h = self._ln(h, layer.attn_ln)
+            x = self._ln(h, layer.ff_ln) if self.pre_norm else h
+            h = h + F.linear(self.act(F.linear(x, layer.fc1_w, layer.fc1_b)), layer.fc2_w, layer.fc2_b)
+            if not self.pre_norm:
+                h = self._ln(h, layer.ff_ln)
+        h = select_rows(h, sample_idx)
+        if self.final_ln is not None:
+            h = self._ln(h, self.final_ln)
+        if self.project_out is not None:
+            h = F.linear(h, self.project_out)
+        return F.linear(h, self.lm_head).float()
+
+
+class _OPTLayer:
+    __slots__ = ("attn_ln", "ff_ln", "attn", "fc1_w", "fc1_b", "fc2_w", "fc2_b")

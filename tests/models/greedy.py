@@ -1,0 +1,77 @@
+"""Drive a ModelRunner the way an engine would, with a trivial block allocation, and the HF reference loop."""
+
+from __future__ import annotations
+
+import torch
+
+from cpuinfer.worker import ModelRunner, ScheduledSeq
+
+
+def greedy(runner: ModelRunner, prompts: list[list[int]], new_tokens: int, chunk: int | None = None,
+           batched: bool = False) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """Greedy tokens per prompt, plus the logits of the first sampled token of each.
+
+    Each sequence owns a disjoint run of blocks. chunk: prefill in pieces of that many tokens.
+    batched: all sequences in one step each time, started one step apart so prefills mix with decodes.
+    """
+    bs = runner.block_size
+    per_seq = -(-(max(len(p) for p in prompts) + new_tokens) // bs)
+    assert per_seq * len(prompts) <= runner.num_blocks, "test runner has too few blocks"
+    tables = [list(range(i * per_seq, (i + 1) * per_seq))[::-1] for i in range(len(prompts))]  # non-identity order
+    state = [{"todo": list(p), "pos": 0, "out": [], "first": None} for p in prompts]
+
+    def work(i):
+        s = state[i]
+        n = len(s["todo"]) if chunk is None else min(chunk, len(s["todo"]))
+        toks, s["todo"] = s["todo"][:n], s["todo"][n:]
+        sample = not s["todo"]
+        return ScheduledSeq(toks, s["pos"], tables[i], sample), n, sample
+
+    def consume(i, n, logits_row):
+        s = state[i]
+        s["pos"] += n
+        if logits_row is not None:
+            if s["first"] is None:
+                s["first"] = logits_row.clone()
+            tok = int(logits_row.argmax())
+            s["out"].append(tok)
+            if len(s["out"]) < new_tokens:
+                s["todo"] = [tok]
+
+    def active(i):
+        return bool(state[i]["todo"])
+
+    if not batched:
+        for i in range(len(prompts)):
+            while active(i):
+                seq, n, sample = work(i)
+                logits = runner.execute([seq])
+                assert logits.shape == ((1, runner.spec.vocab_size) if sample else (0, runner.spec.vocab_size))
+                consume(i, n, logits[0] if sample else None)
+    else:
+        step = 0
+        while any(active(i) for i in range(len(prompts))):
+            idx = [i for i in range(min(step + 1, len(prompts))) if active(i)]
+            items = [work(i) for i in idx]
+            logits = runner.execute([it[0] for it in items])
+            assert logits.dtype == torch.float32 and logits.shape[0] == sum(it[2] for it in items)
+            row = 0
+            for i, (_, n, sample) in zip(idx, items, strict=True):
+                consume(i, n, logits[row] if sample else None)
+                row += sample
+            step += 1
+    return [s["out"] for s in state], [s["first"] for s in state]
+
+
+@torch.inference_mode()
+def hf_greedy(model, prompt: list[int], new_tokens: int) -> tuple[list[int], torch.Tensor]:
+    """transformers' greedy continuation (no EOS stop) and the logits of the first generated token."""
+    out = model(input_ids=torch.tensor([prompt]), use_cache=True)
+    first = out.logits[0, -1].float().clone()
+    toks = [int(first.argmax())]
+    past = out.past_key_values
+    while len(toks) < new_tokens:
+        out = model(input_ids=torch.tensor([[toks[-1]]]), past_key_values=past, use_cache=True)
+        past = out.past_key_values
+        toks.append(int(out.logits[0, -1].argmax()))
+    return toks, first

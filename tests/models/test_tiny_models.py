@@ -1,0 +1,102 @@
+"""Every architecture, as a tiny random-weight checkpoint written by transformers, against transformers itself."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cpuinfer.model_loader import load_model_spec
+from cpuinfer.worker import ModelRunner
+
+from .greedy import greedy, hf_greedy
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 256
+# head size 64 runs on the compiled paged-attention kernels; Qwen2's 32 exercises the torch fallback.
+COMMON = dict(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+              num_key_value_heads=1, max_position_embeddings=512, initializer_range=0.1)
+
+# name -> (config class, kwargs); each exercises the family's own features.
+CASES = {
+    "llama": ("LlamaConfig", dict(COMMON, tie_word_embeddings=True,
+                                  rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                                                   "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                   "original_max_position_embeddings": 64})),
+    "llama_bias_linear_rope": ("LlamaConfig", dict(COMMON, attention_bias=True, mlp_bias=True,
+                                                   rope_parameters={"rope_type": "linear", "rope_theta": 500.0,
+                                                                    "factor": 2.0})),
+    "mistral": ("MistralConfig", dict(COMMON, sliding_window=16)),
+    "qwen2": ("Qwen2Config", dict(COMMON, num_attention_heads=4, num_key_value_heads=2, head_dim=32)),
+    "qwen3": ("Qwen3Config", dict(COMMON, num_attention_heads=4, head_dim=64)),
+    # transformers ignores attn_logit_softcapping for Gemma 3 (its checkpoints set none), so it is left out here.
+    "gemma3": ("Gemma3TextConfig", dict(COMMON, head_dim=64, sliding_window=16, query_pre_attn_scalar=24,
+                                        layer_types=["sliding_attention", "full_attention"],
+                                        final_logit_softcapping=20.0)),
+    "opt": ("OPTConfig", dict(vocab_size=VOCAB, hidden_size=128, ffn_dim=256, num_hidden_layers=2,
+                              num_attention_heads=2, max_position_embeddings=512, word_embed_proj_dim=128,
+                              init_std=0.1)),
+}
+PROMPTS = [[5, 17, 99, 3, 250, 41, 7, 7, 8, 120, 33, 2, 64, 91, 11, 200, 19, 45, 61, 72],
+           list(range(30, 67)),
+           [9, 8, 7]]
+NEW_TOKENS = 64
+
+
+def _checkpoint(tmp_path_factory, name: str, shard: bool = False):
+    cls_name, kwargs = CASES[name]
+    config = getattr(transformers, cls_name)(**kwargs)
+    torch.manual_seed(1234)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().eval()
+    path = tmp_path_factory.mktemp(name)
+    model.save_pretrained(path, **({"max_shard_size": "100KB"} if shard else {}))
+    return path, model
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def case(request, tmp_path_factory):
+    path, model = _checkpoint(tmp_path_factory, request.param, shard=request.param == "qwen2")
+    spec = load_model_spec(str(path), "float32")
+    runner = ModelRunner(spec, block_size=16, num_blocks=64, cache_dtype=torch.float32)
+    return request.param, path, model, runner
+
+
+def test_greedy_matches_transformers(case):
+    """Prefill + decode, chunked prefill and a mixed batch all reproduce transformers' greedy tokens."""
+    name, _, model, runner = case
+    ref = [hf_greedy(model, p, NEW_TOKENS) for p in PROMPTS]
+    for mode in (dict(), dict(chunk=16), dict(batched=True, chunk=7)):
+        out, first = greedy(runner, PROMPTS, NEW_TOKENS, **mode)
+        for i, (toks, logits) in enumerate(zip(out, first, strict=True)):
+            assert toks == ref[i][0], f"{name} {mode} prompt {i}: tokens differ from transformers"
+            torch.testing.assert_close(logits, ref[i][1], atol=1e-4, rtol=1e-4)
+
+
+def test_spec_describes_the_checkpoint(case):
+    name, path, model, runner = case
+    spec = runner.spec
+    cfg = model.config
+    assert spec.num_layers == cfg.num_hidden_layers and spec.vocab_size == VOCAB
+    assert spec.max_model_len == cfg.max_position_embeddings
+    assert spec.dtype == torch.float32  # float32 checkpoint, auto -> float32 too
+    assert load_model_spec(str(path)).dtype == torch.float32
+    assert load_model_spec(str(path), "bfloat16").dtype == torch.bfloat16
+    assert spec.kv_bytes_per_token(torch.bfloat16) == spec.num_layers * 2 * spec.num_kv_heads * spec.head_size * 2
+    if name == "mistral":
+        assert spec.sliding_window_layers == [16, 16]
+    if name == "gemma3":
+        assert spec.sliding_window_layers == [16, 0]
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float8_e5m2])
+def test_low_precision_runs_stay_close(tmp_path_factory, cache_dtype):
+    """bfloat16 weights/activations (and an fp8 KV cache) keep first-token logits near the float32 reference."""
+    path, model = _checkpoint(tmp_path_factory, "llama")
+    spec = load_model_spec(str(path), "bfloat16")
+    runner = ModelRunner(spec, block_size=16, num_blocks=16, cache_dtype=cache_dtype)
+    _, first = greedy(runner, PROMPTS[:2], 1)
+    for prompt, logits in zip(PROMPTS[:2], first, strict=True):
+        _, ref = hf_greedy(model, prompt, 1)
+        # bf16 has ~3 significant digits; fp8-e5m2 keys/values ~2.
+        tol = 0.05 if cache_dtype == torch.bfloat16 else 0.15
+        assert (logits - ref).abs().max() <= tol * ref.abs().max()
