@@ -13,8 +13,9 @@ from .greedy import greedy, hf_greedy
 transformers = pytest.importorskip("transformers")
 
 VOCAB = 256
-COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.1)
+# head size 64 runs on the compiled paged-attention kernels; Qwen2's 32 exercises the torch fallback.
+COMMON = dict(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+              num_key_value_heads=1, max_position_embeddings=512, initializer_range=0.1)
 
 # name -> (config class, kwargs); each exercises the family's own features.
 CASES = {
@@ -26,14 +27,14 @@ CASES = {
                                                    rope_parameters={"rope_type": "linear", "rope_theta": 500.0,
                                                                     "factor": 2.0})),
     "mistral": ("MistralConfig", dict(COMMON, sliding_window=16)),
-    "qwen2": ("Qwen2Config", dict(COMMON, num_key_value_heads=1)),
-    "qwen3": ("Qwen3Config", dict(COMMON, head_dim=32)),
+    "qwen2": ("Qwen2Config", dict(COMMON, num_attention_heads=4, num_key_value_heads=2, head_dim=32)),
+    "qwen3": ("Qwen3Config", dict(COMMON, num_attention_heads=4, head_dim=64)),
     # transformers ignores attn_logit_softcapping for Gemma 3 (its checkpoints set none), so it is left out here.
-    "gemma3": ("Gemma3TextConfig", dict(COMMON, head_dim=32, sliding_window=16, query_pre_attn_scalar=24,
+    "gemma3": ("Gemma3TextConfig", dict(COMMON, head_dim=64, sliding_window=16, query_pre_attn_scalar=24,
                                         layer_types=["sliding_attention", "full_attention"],
                                         final_logit_softcapping=20.0)),
-    "opt": ("OPTConfig", dict(vocab_size=VOCAB, hidden_size=64, ffn_dim=128, num_hidden_layers=2,
-                              num_attention_heads=4, max_position_embeddings=512, word_embed_proj_dim=64,
+    "opt": ("OPTConfig", dict(vocab_size=VOCAB, hidden_size=128, ffn_dim=256, num_hidden_layers=2,
+                              num_attention_heads=2, max_position_embeddings=512, word_embed_proj_dim=128,
                               init_std=0.1)),
 }
 PROMPTS = [[5, 17, 99, 3, 250, 41, 7, 7, 8, 120, 33, 2, 64, 91, 11, 200, 19, 45, 61, 72],
