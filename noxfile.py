@@ -264,6 +264,7 @@ def bench(session: nox.Session) -> None:
     """Run every script in benchmarks/ against an installed build (each prints ratios against a baseline)."""
     install_torch(session)
     install_cpuinfer(session)
+    session.install("httpx")  # bench_serving.py's HTTP client
     scripts = sorted(glob.glob(os.path.join(session.invoked_from, "benchmarks", "*.py")))
     session.chdir(tempfile.mkdtemp(prefix="cpuinfer-bench-"))  # import the installed package, not src/
     failed = []

@@ -7,8 +7,8 @@ report (request/token throughput, TTFT, TPOT, ITL mean/median/p99).
 
     # against a running server (vLLM or cpuinfer):
     python benchmarks/bench_serving.py --base-url http://127.0.0.1:8000 --request-rate 1 4 inf
-    # or let it start `cpuinfer serve` on a free loopback port:
-    python benchmarks/bench_serving.py --launch --num-prompts 16 --request-rate 2 inf
+    # without --base-url it starts `cpuinfer serve` (bundled SmolLM2) on a free loopback port itself:
+    python benchmarks/bench_serving.py --num-prompts 16 --request-rate 2 inf
 """
 
 from __future__ import annotations
@@ -182,13 +182,13 @@ def launch_server(extra: list[str]) -> tuple[subprocess.Popen, str]:
 def main(argv: list[str] | None = None) -> int:
     """Run the sweep and print one report per request rate."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--base-url", default=None, help="server URL (default http://127.0.0.1:8000)")
-    ap.add_argument("--launch", action="store_true", help="start `cpuinfer serve` on a free loopback port")
+    ap.add_argument("--base-url", default=None,
+                    help="URL of a running server; without it, `cpuinfer serve` is started on a free loopback port")
     ap.add_argument("--server-args", default="", help="extra flags for the launched server (one string)")
     ap.add_argument("--model", default=None, help="model name to send (default: the server's first model)")
-    ap.add_argument("--num-prompts", type=int, default=32)
-    ap.add_argument("--random-input-len", type=int, default=128)
-    ap.add_argument("--random-output-len", type=int, default=32)
+    ap.add_argument("--num-prompts", type=int, default=16)
+    ap.add_argument("--random-input-len", type=int, default=64)
+    ap.add_argument("--random-output-len", type=int, default=16)
     ap.add_argument("--request-rate", type=float, nargs="+", default=[float("inf")],
                     help="request rates to sweep, req/s (inf = all at once)")
     ap.add_argument("--max-concurrency", type=int, default=None)
@@ -199,8 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     proc = None
-    base_url = args.base_url or "http://127.0.0.1:8000"
-    if args.launch:
+    base_url = args.base_url
+    if base_url is None:
         proc, base_url = launch_server(args.server_args.split())
     try:
         headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
