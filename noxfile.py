@@ -174,9 +174,10 @@ def precompiled(session: nox.Session) -> None:
     root = session.invoked_from
     with tempfile.TemporaryDirectory(prefix="cpuinfer-precompiled-") as tmp:
         python = fresh_venv(session, os.path.join(tmp, "venv"))
-        # Build deps into the pip cache first, so the timed install below is what users repeat.
+        # Build deps into the pip cache and runtime deps installed first: the timed install below is
+        # what a developer repeats.
         session.run(python, "-m", "pip", "install", "-q", "scikit-build-core>=0.11", "nanobind>=2.4",
-                    "setuptools-scm>=8", external=True)
+                    "setuptools-scm>=8", "numpy>=1.24", "py-cpuinfo>=9", external=True)
         # Compilers and build tools that fail loudly: the install must not touch them.
         nobin = os.path.join(tmp, "nobin")
         os.makedirs(nobin)
@@ -197,6 +198,7 @@ def precompiled(session: nox.Session) -> None:
             session.error(f"precompiled editable install took {took:.1f} s (> 20 s)")
         session.chdir(tmp)
         session.run(python, os.path.join(root, "ci", "smoke_test.py"), "--editable", external=True)
+        session.run(python, "-m", "pip", "install", "-q", "pytest", external=True)
         session.run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                     os.path.join(root, "tests", "toolchain", "test_precompiled.py"), external=True,
                     env={"CPUINFER_PRECOMPILED_WHEEL_LOCATION": wheel_path, "CPUINFER_TEST_PRECOMPILED": "1"})
@@ -218,6 +220,12 @@ def index(session: nox.Session) -> None:
                         "--extra-index-url", "https://pypi.org/simple", "cpuinfer", external=True)
             session.chdir(tmp)
             session.run(python, os.path.join(session.invoked_from, "ci", "smoke_test.py"), external=True)
+            # A precompiled editable install with no wheel location: the wheel comes from the index.
+            env = {"CPUINFER_USE_PRECOMPILED": "1", "CPUINFER_WHEEL_INDEX": f"http://127.0.0.1:{port}/simple"}
+            session.run(python, "-m", "pip", "install", "-q", "--no-deps", "-e", session.invoked_from, env=env,
+                        external=True)
+            session.run(python, os.path.join(session.invoked_from, "ci", "smoke_test.py"), "--editable",
+                        external=True)
         finally:
             server.terminate()
             server.wait(timeout=10)
@@ -244,8 +252,11 @@ def emulated_avx2(session: nox.Session) -> None:
     python = shutil.which("python", path=os.path.join(session.virtualenv.location, "bin"))
     session.chdir(tempfile.mkdtemp(prefix="cpuinfer-qemu-"))
     env = {"CPUINFER_TEST_PYTHON_WRAPPER": " ".join(QEMU_X86), "CPUINFER_TEST_EXPECT_VARIANT": "avx2"}
-    session.run(*QEMU_X86, python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                os.path.join(session.invoked_from, "tests", "toolchain", "test_emulated.py"), env=env, external=True)
+    # Default: the short emulated check. Any test file can run here too, e.g.
+    # `nox -s emulated_avx2 -- tests/toolchain/test_dispatch.py` (slow: every child imports torch under qemu).
+    tests = [os.path.join(session.invoked_from, t) for t in session.posargs] or [
+        os.path.join(session.invoked_from, "tests", "toolchain", "test_emulated.py")]
+    session.run(*QEMU_X86, python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests, env=env, external=True)
 
 
 @nox.session

@@ -23,6 +23,7 @@ import hashlib
 import importlib.util
 import io
 import json
+import os
 import platform
 import shutil
 import subprocess
@@ -72,8 +73,48 @@ def get_requires_for_build_editable(config_settings=None):
 
 
 def prepare_metadata_for_build_editable(metadata_directory, config_settings=None):
-    """Metadata as scikit-build-core makes it (version from git), no compiler either way."""
+    """scikit-build-core's metadata; when precompiled, the same made without looking for CMake."""
+    if _use_precompiled():
+        return _write_metadata(Path(metadata_directory))
     return _skbuild.prepare_metadata_for_build_editable(metadata_directory, config_settings)
+
+
+def _write_metadata(dest: Path) -> str:
+    """The .dist-info (METADATA, entry_points.txt) from pyproject.toml, version from git (setuptools-scm).
+
+    scikit-build-core searches for CMake even to write metadata, which a
+    precompiled install must not need; it uses the same pyproject-metadata
+    library underneath, so the result is the same.
+    """
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:
+        import tomli as tomllib
+    from packaging.version import Version
+    try:  # scikit-build-core vendors it
+        from scikit_build_core._vendor.pyproject_metadata import StandardMetadata
+    except ImportError:
+        from pyproject_metadata import StandardMetadata
+    from setuptools_scm import get_version
+
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    project = pyproject["project"]
+    project["version"] = str(Version(get_version(root=str(ROOT), fallback_version="0.0.0")))
+    project["dynamic"] = [d for d in project.get("dynamic", []) if d != "version"]
+    meta = StandardMetadata.from_pyproject(pyproject, project_dir=ROOT)
+    dist_info = dest / f"{meta.canonical_name.replace('-', '_')}-{meta.version}.dist-info"
+    dist_info.mkdir(parents=True, exist_ok=True)
+    (dist_info / "METADATA").write_bytes(bytes(meta.as_rfc822()))
+    groups = {"console_scripts": meta.scripts, "gui_scripts": meta.gui_scripts, **meta.entrypoints}
+    lines = []
+    for group, entries in groups.items():
+        if entries:
+            lines.append(f"[{group}]")
+            lines += [f"{name} = {target}" for name, target in entries.items()]
+            lines.append("")
+    if lines:
+        (dist_info / "entry_points.txt").write_text("\n".join(lines))
+    return dist_info.name
 
 
 def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
@@ -120,7 +161,10 @@ def _download_from_index(dest: Path, version: str | None) -> Path:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--dest", str(dest), req]
     if index:
         cmd += ["--index-url", index]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    # pip runs this backend in an isolated environment whose PYTHONPATH hides the
+    # interpreter's own site-packages (and so pip itself): give the child the plain one.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONNOUSERSITE", "PIP_BUILD_TRACKER")}
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     wheels = sorted(dest.glob("cpuinfer-*.whl"))
     if r.returncode != 0 or not wheels:
         raise PrecompiledError(
@@ -204,13 +248,16 @@ def _compiled_members(zf: zipfile.ZipFile) -> list[str]:
     """The wheel's files under cpuinfer/ that the source tree does not have: the compiled part."""
     out = []
     for name in zf.namelist():
+        if name.startswith("cpuinfer.libs/") and not name.endswith("/"):
+            out.append(name)  # libraries auditwheel grafted in (found via RPATH $ORIGIN/../cpuinfer.libs)
+            continue
         if not name.startswith("cpuinfer/") or name.endswith("/") or "__pycache__" in name:
             continue
         rel = name[len("cpuinfer/") :]
         if not (PACKAGE / rel).exists() or _was_extracted(rel):
             out.append(name)
     required = {"_isa_table.json", "_build_info.json"}
-    names = {m[len("cpuinfer/") :] for m in out}
+    names = {m[len("cpuinfer/") :] for m in out if m.startswith("cpuinfer/")}
     missing = sorted(required - names)
     if not any(n.startswith("_cpu_probe") for n in names):
         missing.append("_cpu_probe.*")
@@ -256,7 +303,7 @@ def _build_precompiled_editable(wheel_directory: Path, config_settings) -> str:
                 (PACKAGE / rel).unlink(missing_ok=True)
             files = []
             for name in members:
-                rel = name[len("cpuinfer/") :]
+                rel = name[len("cpuinfer/") :] if name.startswith("cpuinfer/") else f"../{name}"
                 target = PACKAGE / rel
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(zf.read(name))
@@ -275,8 +322,7 @@ def _build_precompiled_editable(wheel_directory: Path, config_settings) -> str:
         print(f"cpuinfer: unpacked {len(files)} compiled files from {wheel.name} into {PACKAGE}", file=sys.stderr)
 
         meta_dir = tmp / "meta"
-        meta_dir.mkdir()
-        dist_info_name = _skbuild.prepare_metadata_for_build_editable(str(meta_dir), config_settings)
+        dist_info_name = _write_metadata(meta_dir)
         return _write_editable_wheel(wheel_directory, meta_dir / dist_info_name)
 
 

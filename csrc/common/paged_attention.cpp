@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "attention_tile.h"
@@ -52,6 +53,9 @@ struct Unit {
 struct Scratch {
     std::vector<float> q, acc, m, l, s, alpha;
     std::vector<int64_t> pos;
+    std::vector<bf16_t> qb;   // raw bf16 query rows, for the bf16 x bf16 fast paths
+    std::vector<uint32_t> qv;  // AMX: Q^T tiles in VNNI layout
+    std::vector<uint16_t> vv;  // AMX: one V chunk in VNNI layout
     void reserve(int64_t rows, int64_t D, int64_t bs) {
         if (int64_t(q.size()) < rows * D) q.resize(rows * D), acc.resize(rows * D);
         if (int64_t(m.size()) < rows) m.resize(rows), l.resize(rows), pos.resize(rows);
@@ -90,6 +94,9 @@ inline float exp_sum(float *x, int64_t a, int64_t b, float m) {
 
 template <typename T, typename C>
 struct Runner {
+    // Query and cache both bf16: the ISA's bf16 dot-product paths apply.
+    static constexpr bool kBf16 = std::is_same_v<T, bf16_t> && std::is_same_v<C, bf16_t>;
+
     const PagedAttentionArgs &a;
     int64_t G, D, bs;
     float qscale;  // applied to q.k: scale, or scale / soft_cap under a soft-cap
@@ -160,15 +167,32 @@ struct Runner {
         for (int64_t r = 0; r < rows; ++r) {
             const int64_t t = (g.row0 + r) / G, qh = h * G + (g.row0 + r) % G;
             pos[r] = ctx - L + t;
-            load_row(qf + r * D, query + (qs + t) * a.q_token_stride + qh * a.q_head_stride);
+            const T *src = query + (qs + t) * a.q_token_stride + qh * a.q_head_stride;
+            load_row(qf + r * D, src);
+            if constexpr (kBf16) {
+                if (sc.qb.size() < size_t(rows * D)) sc.qb.resize(rows * D);
+                std::memcpy(sc.qb.data() + r * D, src, sizeof(T) * D);
+            }
             m[r] = kNegInf;
             l[r] = 0.f;
         }
         std::memset(acc, 0, sizeof(float) * rows * D);
+#if defined(CPUINFER_ATTN_AMX)
+        const bool amx = kBf16 && rows >= attn::kAmxMinRows;
+        if (amx) {
+            // Q^T of every 16-row tile, packed once for all the unit's blocks.
+            const int64_t tiles = (rows + 15) / 16, per = D / 2 * 16;
+            if (sc.qv.size() < size_t(tiles * per)) sc.qv.resize(tiles * per);
+            if (sc.vv.size() < size_t(D * 16)) sc.vv.resize(D * 16);
+            for (int64_t t = 0; t < tiles; ++t)
+                attn::amx_pack_q(sc.qv.data() + t * per, sc.qb.data() + t * 16 * D, D,
+                                 int(std::min<int64_t>(16, rows - t * 16)));
+            attn::amx_begin();
+        }
+#endif
 
         const C *kc = static_cast<const C *>(a.key_cache), *vc = static_cast<const C *>(a.value_cache);
         const int32_t *table = a.block_tables + s * a.block_table_stride;
-        const bool cap = a.soft_cap > 0.f;
         for (int64_t b = k0 / bs; b * bs < k1; ++b) {
             const int64_t base = b * bs, off = (int64_t(table[b]) * a.num_kv_heads + h) * bs * D;
             const C *kb = kc + off, *vb = vc + off;
@@ -187,43 +211,30 @@ struct Runner {
                 const int64_t hi = std::min({k1, base + bs, pos[r0 + R - 1] + 1});
                 if (lo >= hi) continue;
                 const int64_t j0 = lo - base, j1 = hi - base;
+#if defined(CPUINFER_ATTN_AMX)
+                if (amx && R >= attn::kAmxMinRows) {
+                    attn::qk_tile_amx(sc.qv.data() + r0 / 16 * (D / 2 * 16), R, D,
+                                      reinterpret_cast<const bf16_t *>(kb), j0, j1, sbuf, bs);
+                    softmax_tile(R, r0, base, j0, j1, sc);
+                    attn::pv_tile_amx(acc + r0 * D, R, D, sc.alpha.data(), sbuf, bs,
+                                      reinterpret_cast<const bf16_t *>(vb), j0, j1, sc.vv.data());
+                    continue;
+                }
+#endif
                 attn::with_rows(R, [&](auto rc) {
                     constexpr int RR = decltype(rc)::value;
-                    qk<RR>(qf + r0 * D, kb, j0, j1, sbuf);
+                    qk<RR>(qf + r0 * D, kBf16 ? sc.qb.data() + r0 * D : nullptr, kb, j0, j1, sbuf);
                 });
-                for (int r = 0; r < R; ++r) {
-                    // Row r sees keys [ra, rb) of this block: causal and windowed.
-                    float *sr = sbuf + r * bs;
-                    const int64_t p = pos[r0 + r];
-                    const int64_t ra = std::max(j0, (W > 0 ? p - W + 1 : int64_t(0)) - base);
-                    const int64_t rb = std::min(j1, p + 1 - base);
-                    float mx = kNegInf;
-                    for (int64_t j = ra; j < rb; ++j) {
-                        float x = sr[j] * qscale;
-                        if (cap) x = a.soft_cap * std::tanh(x);
-                        sr[j] = x;
-                        mx = std::max(mx, x);
-                    }
-                    if (ra >= rb) {
-                        sc.alpha[r] = 1.f;
-                        std::fill(sr + j0, sr + j1, 0.f);
-                        continue;
-                    }
-                    const float mn = std::max(m[r0 + r], mx);
-                    const float alpha = std::exp(m[r0 + r] - mn);  // 0 when m was -inf
-                    const float sum = exp_sum(sr, ra, rb, mn);
-                    std::fill(sr + j0, sr + ra, 0.f);
-                    std::fill(sr + rb, sr + j1, 0.f);
-                    l[r0 + r] = l[r0 + r] * alpha + sum;
-                    m[r0 + r] = mn;
-                    sc.alpha[r] = alpha;
-                }
+                softmax_tile(R, r0, base, j0, j1, sc);
                 attn::with_rows(R, [&](auto rc) {
                     constexpr int RR = decltype(rc)::value;
                     attn::pv_tile<RR>(acc + r0 * D, D, sc.alpha.data(), sbuf, bs, vb, j0, j1);
                 });
             }
         }
+#if defined(CPUINFER_ATTN_AMX)
+        if (amx) attn::amx_end();
+#endif
 
         if (g.parts == 1) {
             T *out = static_cast<T *>(a.out);
@@ -241,8 +252,51 @@ struct Runner {
     }
 
     template <int R>
-    void qk(const float *q, const C *kb, int64_t j0, int64_t j1, float *sbuf) {
+    void qk(const float *q, const bf16_t *qb, const C *kb, int64_t j0, int64_t j1, float *sbuf) {
+#if defined(CPUINFER_ATTN_DPBF16)
+        if constexpr (kBf16) {
+            attn::qk_tile_dpbf16<R>(qb, D, kb, j0, j1, sbuf, bs);
+            return;
+        }
+#endif
+        (void)qb;
         attn::qk_tile<R>(q, D, kb, j0, j1, sbuf, bs);
+    }
+
+    // Scales, caps and masks the tile's scores (rows r0..r0+R, keys [j0, j1)
+    // of the block starting at key `base`), updates each row's running max and
+    // sum, and leaves softmax weights in s and the rescale factors in alpha.
+    void softmax_tile(int R, int64_t r0, int64_t base, int64_t j0, int64_t j1, Scratch &sc) {
+        const int64_t W = a.sliding_window;
+        const bool cap = a.soft_cap > 0.f;
+        float *m = sc.m.data(), *l = sc.l.data();
+        for (int r = 0; r < R; ++r) {
+            // Row r sees keys [ra, rb) of this block: causal and windowed.
+            float *sr = sc.s.data() + r * bs;
+            const int64_t p = sc.pos[r0 + r];
+            const int64_t ra = std::max(j0, (W > 0 ? p - W + 1 : int64_t(0)) - base);
+            const int64_t rb = std::min(j1, p + 1 - base);
+            if (ra >= rb) {
+                sc.alpha[r] = 1.f;
+                std::fill(sr + j0, sr + j1, 0.f);
+                continue;
+            }
+            float mx = kNegInf;
+            for (int64_t j = ra; j < rb; ++j) {
+                float x = sr[j] * qscale;
+                if (cap) x = a.soft_cap * std::tanh(x);
+                sr[j] = x;
+                mx = std::max(mx, x);
+            }
+            const float mn = std::max(m[r0 + r], mx);
+            const float alpha = std::exp(m[r0 + r] - mn);  // 0 when m was -inf
+            const float sum = exp_sum(sr, ra, rb, mn);
+            std::fill(sr + j0, sr + ra, 0.f);
+            std::fill(sr + rb, sr + j1, 0.f);
+            l[r0 + r] = l[r0 + r] * alpha + sum;
+            m[r0 + r] = mn;
+            sc.alpha[r] = alpha;
+        }
     }
 
     void load_row(float *dst, const T *src) {

@@ -9,6 +9,7 @@ serving gets 2048 / 128. The KV pool is `VLLM_CPU_KVCACHE_SPACE` GiB
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -96,8 +97,6 @@ class EngineArgs:
 
     def create_engine_config(self, serving: bool = False) -> EngineConfig:
         """Check every option, read the model's config, size the KV pool; raises ValueError on bad input."""
-        from cpuinfer.model_loader import load_model_spec
-
         def positive(name: str, value: int | None) -> None:
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"--{name.replace('_', '-')}={value!r} must be a positive integer")
@@ -122,7 +121,7 @@ class EngineArgs:
                              ".gguf file)")
         space_gib = envs.KVCACHE_SPACE.get()  # parse errors name the variable
 
-        spec = load_model_spec(model, self.dtype)
+        spec = _load_spec(model, self.dtype, os.path.getmtime(model))
         cache_dtype = spec.dtype if self.kv_cache_dtype == "auto" else CACHE_DTYPES[self.kv_cache_dtype]
         per_token = spec.kv_bytes_per_token(cache_dtype)
         if self.num_gpu_blocks_override:
@@ -146,6 +145,14 @@ class EngineArgs:
         return EngineConfig(args=self, model=model, spec=spec, cache_dtype=cache_dtype, num_blocks=num_blocks,
                             max_model_len=max_model_len, max_num_batched_tokens=batched, max_num_seqs=seqs,
                             kv_bytes_per_token=per_token)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_spec(path: str, dtype: str, mtime: float):
+    """load_model_spec, remembered per file version (building a GGUF tokenizer takes seconds)."""
+    from cpuinfer.model_loader import load_model_spec
+
+    return load_model_spec(path, dtype)
 
 
 @dataclass

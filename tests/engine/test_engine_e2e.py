@@ -15,12 +15,10 @@ from .conftest import BLOCK, NUM_BLOCKS
 PROMPTS = [
     "The capital of France is",
     "def fibonacci(n):",
-    "Once upon a time, in a small village,",
-    "List three colors:",
+    "Once upon a time, in a small village, there lived an old clockmaker who",  # > 1 block
     "The capital of France is a city where",  # shares a prefix with the first
-    "Water boils at",
 ]
-NEW = 8
+NEW = 6
 
 
 def engine_on(runner, spec, num_blocks=NUM_BLOCKS, batched=4096, seqs=256, caching=True, threshold=0):
@@ -64,18 +62,26 @@ def test_batch_of_32_mixed(smol_runner, smol_spec, alone):
     dict(batched=16),  # chunked prefill in tiny chunks
     dict(threshold=5),  # long-prefill threshold
     dict(caching=False),
-    dict(num_blocks=6, seqs=8),  # 96-token pool: preemption by recompute
 ])
 def test_same_greedy_tokens(smol_runner, smol_spec, alone, kw):
     eng = engine_on(smol_runner, smol_spec, **kw)
     got = run(eng, PROMPTS)
     assert got == alone
     stats = eng.get_stats()
-    if "num_blocks" in kw:
-        assert stats.num_preemptions > 0
     if kw.get("caching", True):
         assert stats.prefix_cache_queries > 0
     assert stats.kv_cache_usage == 0.0
+
+
+def test_preemption_gives_same_tokens(smol_runner, smol_spec):
+    # 14-token prompts fill one block each; at token 16 every request needs a second one: a 4-block pool
+    # must preempt (recompute) the newest requests, and the oldest must never starve.
+    prompts = [smol_spec.tokenizer.encode(long_prompt(i)).ids[:14] for i in range(4)]
+    ref = [run(engine_on(smol_runner, smol_spec, caching=False), [p])[0] for p in prompts]
+    for caching in (False, True):
+        eng = engine_on(smol_runner, smol_spec, num_blocks=4, caching=caching)
+        assert run(eng, prompts) == ref
+        assert eng.get_stats().num_preemptions > 0
 
 
 def test_prefix_cache_hit_gives_same_tokens(smol_runner, smol_spec):
@@ -89,12 +95,13 @@ def test_prefix_cache_hit_gives_same_tokens(smol_runner, smol_spec):
 
 
 def test_fp8_cache_consistent(smol_runner_fp8, smol_spec):
-    alone8 = [run(engine_on(smol_runner_fp8, smol_spec), [p])[0] for p in PROMPTS[:4]]
-    mixed = run(engine_on(smol_runner_fp8, smol_spec, batched=16), PROMPTS[:4] + [long_prompt(i) for i in range(6)])
-    assert mixed[:4] == alone8
+    ps = [PROMPTS[2], long_prompt(0)]
+    alone8 = [run(engine_on(smol_runner_fp8, smol_spec, caching=False), [p])[0] for p in ps]
+    mixed = run(engine_on(smol_runner_fp8, smol_spec, batched=16), ps + [long_prompt(i) for i in range(1, 3)])
+    assert mixed[:2] == alone8
     cached = engine_on(smol_runner_fp8, smol_spec)
-    run(cached, PROMPTS[:4])
-    assert run(cached, PROMPTS[:4]) == alone8  # served from fp8 prefix-cache blocks
+    run(cached, ps[1:])
+    assert run(cached, ps[1:]) == alone8[1:]  # served from fp8 prefix-cache blocks
     assert cached.get_stats().prefix_cache_hits > 0
 
 

@@ -91,7 +91,10 @@ def running_server(*args: str, api_key: str | None = API_KEY, env: dict | None =
     if api_key:
         cmd += ["--api-key", api_key]
     log = tempfile.NamedTemporaryFile("w", prefix="cpuinfer-serve-", suffix=".log", delete=False)
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env or server_env())
+    # Its own process group, like a server started from a shell: a Ctrl-C (SIGINT to the group) reaches the
+    # front end and the engine core alike.
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env or server_env(),
+                            start_new_session=True)
     server = Server(f"http://{HOST}:{port}", proc, log.name, api_key)
     try:
         if wait:

@@ -118,5 +118,17 @@ def test_engine_death_is_reported_fast_then_sigint_exits_0():
         assert 500 <= r.status_code < 600 and "error" in r.json(), r.text
         assert time.monotonic() - start < 5
         assert httpx.get(server.url + "/metrics", timeout=5).status_code == 200  # scrapes still work
-        server.proc.send_signal(signal.SIGINT)
+        os.killpg(server.proc.pid, signal.SIGINT)  # Ctrl-C in the shell that started it
         assert server.proc.wait(60) == 0, server.log()[-3000:]
+
+
+def test_bad_engine_flag_exits_1_naming_it():
+    import subprocess
+    import sys
+
+    from .conftest import free_port, server_env
+
+    r = subprocess.run([sys.executable, "-m", "cpuinfer", "serve", "--port", str(free_port()), "--block-size", "7"],
+                       capture_output=True, text=True, timeout=180, env=server_env())
+    assert r.returncode == 1
+    assert "--block-size=7" in r.stdout + r.stderr

@@ -15,9 +15,9 @@ import openai
 from .conftest import metric
 
 CLIENTS = 64
-MAX_TOKENS = 24
+MAX_TOKENS = 8
 PROMPTS = [f"Write a short note about the number {i}:" for i in range(8)]
-DEADLINE = 240.0  # seconds for the whole blast; the test fails rather than hang
+DEADLINE = 600.0  # seconds for the whole blast; the test fails rather than hang
 
 
 def test_concurrent_streams_with_disconnects(server, model_name):
@@ -36,7 +36,7 @@ def test_concurrent_streams_with_disconnects(server, model_name):
         async for chunk in stream:
             chunks += 1
             text += chunk.choices[0].text if chunk.choices else ""
-            if leave_early and chunks == 3:
+            if leave_early and chunks == 2:
                 await stream.close()  # hang up mid-stream
                 return prompt, None
         return prompt, text

@@ -96,6 +96,7 @@ class AsyncLLM:
         self._stats_waiters: list[asyncio.Future] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._dead: str | None = None
+        self._closing = False
         self._proc, self._to_core, self._from_core = start_core_process(args, serving)
         first = self._from_core.recv()
         if isinstance(first, CoreFailed):
@@ -175,6 +176,7 @@ class AsyncLLM:
 
     def shutdown(self) -> None:
         """Stop the core process."""
+        self._closing = True
         if self._proc.is_alive():
             try:
                 self._send(Shutdown())
@@ -199,13 +201,18 @@ class AsyncLLM:
             try:
                 msg = self._from_core.recv()
             except (EOFError, OSError):
+                if self._closing:
+                    return
                 msg = CoreFailed("the engine core process exited")
             if self._loop is None:
                 if isinstance(msg, CoreFailed):
                     self._dead = msg.message
                     return
                 continue  # nothing can be waiting yet
-            self._loop.call_soon_threadsafe(self._dispatch, msg)
+            try:
+                self._loop.call_soon_threadsafe(self._dispatch, msg)
+            except RuntimeError:  # the caller's event loop is closed: nobody is listening any more
+                return
             if isinstance(msg, CoreFailed):
                 return
 

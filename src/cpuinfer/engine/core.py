@@ -109,6 +109,11 @@ class EngineCore:
         t0 = time.perf_counter()
         sched = self.scheduler.schedule()
         if not sched.requests:
+            if self.scheduler.waiting and not self.scheduler.running:
+                # Cannot happen when max_model_len fits the pool (checked at startup); never spin silently.
+                req = self.scheduler.waiting[0]
+                raise RuntimeError(f"request {req.request_id!r} ({req.num_tokens} tokens) cannot fit the KV cache "
+                                   f"({self.pool.num_blocks} blocks of {self.pool.block_size})")
             return []
         sampled = sched.sampled
         tokens: list[int] = []

@@ -8,6 +8,7 @@ are live the loop never blocks on the pipe; when idle it sleeps in recv().
 from __future__ import annotations
 
 import multiprocessing as mp
+import signal
 import traceback
 from dataclasses import dataclass
 
@@ -30,6 +31,9 @@ class CoreFailed:
 
 def core_main(args, serving: bool, inbox, outbox) -> None:
     """Entry point of the core process."""
+    # The parent owns the core's lifetime: a Ctrl-C reaches the whole process group, and a server must be able
+    # to drain its in-flight requests before it sends Shutdown. If the parent dies, the pipe closes and we exit.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         from cpuinfer.engine.core import EngineCore
 

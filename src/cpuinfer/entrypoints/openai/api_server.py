@@ -166,8 +166,9 @@ def build_app(state: ServerState,
     async def metrics() -> Response:
         """Prometheus exposition of the server and engine metrics."""
         if state.engine is not None and state.engine.healthy:
+            # shield: a timed-out scrape must not cancel the engine's pending stats reply (it answers between steps).
             with contextlib.suppress(Exception):
-                state.last_stats = await asyncio.wait_for(state.engine.stats(), 5.0)
+                state.last_stats = await asyncio.wait_for(asyncio.shield(state.engine.stats()), 5.0)
         if state.metrics is None:
             return Response(b"", media_type=CONTENT_TYPE)
         return Response(state.metrics.render(), media_type=CONTENT_TYPE)
@@ -207,7 +208,10 @@ async def _load(state: ServerState, start_engine: Callable[[], Awaitable[EngineA
         engine = await start_engine()
     except Exception as e:  # the server keeps answering /health with the reason
         state.load_error = f"{type(e).__name__}: {e}"
-        logger.exception("engine failed to start")
+        if isinstance(e, ValueError):  # bad flags / variables / model path: the message says what to fix
+            logger.error("engine failed to start: %s", e)
+        else:
+            logger.exception("engine failed to start")
         signal.raise_signal(signal.SIGTERM)  # a server without a model is no use: shut down (exit code 1)
         return
     state.engine = engine
@@ -231,7 +235,7 @@ async def _log_stats(state: ServerState, interval: float) -> None:
         if engine is None or not engine.healthy:
             continue
         try:
-            s = await asyncio.wait_for(engine.stats(), 5.0)
+            s = await asyncio.wait_for(asyncio.shield(engine.stats()), 5.0)
         except Exception:
             continue
         state.last_stats = s

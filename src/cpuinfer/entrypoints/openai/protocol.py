@@ -140,7 +140,6 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     add_special_tokens: bool = False
-    echo: bool = False
 
     @model_validator(mode="after")
     def _check_chat(self):

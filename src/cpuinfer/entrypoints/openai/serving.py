@@ -300,7 +300,7 @@ class OpenAIServing:
             outcome = "failed"
             raise APIError(f"The engine failed while running the request: {e}", 500) from e
         finally:
-            self._finish_log(request_id, sum(len(p.token_ids) for p in prompts) , states, timer, outcome)
+            self._finish_log(request_id, sum(len(p.token_ids) for p in prompts), states, timer, outcome)
 
     # ---- logprobs shaping ----------------------------------------------------------------------
 

@@ -1,0 +1,67 @@
+// Test-only software model of the AMX-BF16 instructions paged attention uses
+// (tile config, load, store, zero, TDPBF16PS), so that the C++ test program
+// checks the amx variant's tile code on CPUs without AMX. Written from
+// Intel's pseudo-code; included only under CPUINFER_SIMDE_EMULATION.
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+namespace cpuinfer::amx_emu {
+
+struct State {
+    uint8_t rows[8];
+    uint16_t colsb[8];
+    alignas(64) uint8_t data[8][16][64];
+};
+inline State &state() {
+    thread_local State s;
+    return s;
+}
+
+inline void load_config(const void *cfg, size_t) {
+    const uint8_t *c = static_cast<const uint8_t *>(cfg);
+    State &s = state();
+    for (int t = 0; t < 8; ++t) {
+        std::memcpy(&s.colsb[t], c + 16 + 2 * t, 2);
+        s.rows[t] = c[48 + t];
+    }
+}
+inline void zero(int t) { std::memset(state().data[t], 0, sizeof state().data[t]); }
+inline void load(int t, const void *base, int64_t stride) {
+    State &s = state();
+    zero(t);
+    for (int r = 0; r < s.rows[t]; ++r)
+        std::memcpy(s.data[t][r], static_cast<const uint8_t *>(base) + r * stride, s.colsb[t]);
+}
+inline void store(int t, void *base, int64_t stride) {
+    State &s = state();
+    for (int r = 0; r < s.rows[t]; ++r) std::memcpy(static_cast<uint8_t *>(base) + r * stride, s.data[t][r], s.colsb[t]);
+}
+inline float bf(const uint8_t *p) {
+    uint16_t b;
+    std::memcpy(&b, p, 2);
+    uint32_t u = uint32_t(b) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+// C[m][n] += sum_k A[m][2k] B[k][2n] + A[m][2k+1] B[k][2n+1]  (f32 C, bf16 A, B).
+inline void dpbf16ps(int c, int a, int b) {
+    State &s = state();
+    for (int m = 0; m < s.rows[c]; ++m)
+        for (int n = 0; n < s.colsb[c] / 4; ++n) {
+            float acc;
+            std::memcpy(&acc, &s.data[c][m][4 * n], 4);
+            for (int k = 0; k < s.colsb[a] / 4; ++k)
+                acc += bf(&s.data[a][m][4 * k]) * bf(&s.data[b][k][4 * n]) +
+                       bf(&s.data[a][m][4 * k + 2]) * bf(&s.data[b][k][4 * n + 2]);
+            std::memcpy(&s.data[c][m][4 * n], &acc, 4);
+        }
+}
+
+}  // namespace cpuinfer::amx_emu
+
+#define _tile_zero(t) ::cpuinfer::amx_emu::zero(t)
+#define _tile_loadd(t, base, stride) ::cpuinfer::amx_emu::load(t, base, stride)
+#define _tile_stored(t, base, stride) ::cpuinfer::amx_emu::store(t, base, stride)
+#define _tile_dpbf16ps(c, a, b) ::cpuinfer::amx_emu::dpbf16ps(c, a, b)

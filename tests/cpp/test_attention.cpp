@@ -1,0 +1,238 @@
+// reshape_and_cache and paged_attention against double-precision references:
+// every cache dtype (fp8_e5m2 included), every head size, mixed decode and
+// prefill batches with shuffled block tables, GQA, sliding window, soft-cap.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <string>
+
+#include "common/kernels.h"
+#include "harness.h"
+
+using namespace cpuinfer;
+using namespace cpuinfer::test;
+
+namespace {
+
+constexpr DType kCacheTypes[] = {DType::f32, DType::bf16, DType::f16, DType::fp8_e5m2};
+
+const char *cache_name(DType dt) { return dt == DType::fp8_e5m2 ? "fp8_e5m2" : dtype_name(dt); }
+
+// Raw storage of any cache dtype, written and read through the exact scalar conversions.
+struct CacheBuf {
+    DType dt;
+    std::vector<uint8_t> bytes;
+    static size_t item(DType dt) { return dt == DType::f32 ? 4 : dt == DType::fp8_e5m2 ? 1 : 2; }
+    CacheBuf(DType dt, int64_t n) : dt(dt), bytes(size_t(n) * item(dt), 0) {}
+    void *data() { return bytes.data(); }
+    uint32_t bits(int64_t i) const {
+        uint32_t b = 0;
+        std::memcpy(&b, bytes.data() + size_t(i) * item(dt), item(dt));
+        return b;
+    }
+    float get(int64_t i) const {
+        uint32_t b = bits(i);
+        switch (dt) {
+            case DType::f32: return bits_f32(b);
+            case DType::bf16: return to_f32(bf16_t{uint16_t(b)});
+            case DType::f16: return to_f32(f16_t{uint16_t(b)});
+            default: return to_f32(fp8_e5m2_t{uint8_t(b)});
+        }
+    }
+    static uint32_t encode(DType dt, float x) {
+        switch (dt) {
+            case DType::f32: return f32_bits(x);
+            case DType::bf16: return f32_to_bf16_bits(x);
+            case DType::f16: return f32_to_half_bits(x);
+            default: return f32_to_e5m2_bits(x);
+        }
+    }
+    void set(int64_t i, float x) {
+        uint32_t b = encode(dt, x);
+        std::memcpy(bytes.data() + size_t(i) * item(dt), &b, item(dt));
+    }
+    void fill_normal() {
+        std::normal_distribution<float> d(0.f, 1.f);
+        for (int64_t i = 0; i < int64_t(bytes.size() / item(dt)); ++i) set(i, d(rng()));
+    }
+};
+
+}  // namespace
+
+// fp8_e5m2 rounding matches torch: these pairs are tensor.to(torch.float8_e5m2)
+// results (RNE, overflow to inf, NaN -> 0x7f, subnormals, ties to even).
+CPUINFER_TEST(fp8_e5m2_rounding_matches_torch) {
+    const struct { float x; uint8_t want; } cases[] = {
+        {1e6f, 124}, {-1e6f, 252}, {57344.f, 123}, {60000.f, 123}, {61439.f, 123}, {61440.f, 124}, {65535.f, 124},
+        {65536.f, 124}, {std::numeric_limits<float>::infinity(), 124}, {std::nanf(""), 127}, {1e-8f, 0},
+        {std::ldexp(1.f, -17), 0}, {3 * std::ldexp(1.f, -17), 2}, {1.5f * std::ldexp(1.f, -16), 2}, {1.f, 0x3c},
+        {1.125f, 0x3c}, {1.375f, 0x3e}, {-2.5f, 0xc1}, {0.f, 0}, {-0.f, 0x80}};
+    for (auto c : cases) {
+        expect_true("fp8(" + std::to_string(c.x) + ") = " + std::to_string(f32_to_e5m2_bits(c.x)) + ", want " +
+                        std::to_string(c.want),
+                    f32_to_e5m2_bits(c.x) == c.want);
+    }
+    // Widening is exact: every byte round-trips (NaNs stay NaN).
+    for (int b = 0; b < 256; ++b) {
+        float x = to_f32(fp8_e5m2_t{uint8_t(b)});
+        expect_true("fp8 byte " + std::to_string(b) + " round-trips",
+                    std::isnan(x) ? (b & 0x7f) > 0x7c : f32_to_e5m2_bits(x) == b);
+    }
+}
+
+CPUINFER_TEST(reshape_and_cache_every_dtype) {
+    const int64_t tokens = 13, heads = 3, D = 80, bs = 16, blocks = 4;
+    for (DType dt : kFloatTypes) {
+        for (DType cdt : kCacheTypes) {
+            // key rows are 2 heads wider than needed, as slices of a fused qkv output.
+            const int64_t tstride = (heads + 2) * D;
+            Buffer key(dt, tokens * tstride), value(dt, tokens * tstride);
+            key.fill_normal(300.f);  // large enough to reach fp8's overflow to inf
+            value.fill_normal();
+            CacheBuf kc(cdt, blocks * heads * bs * D), vc(cdt, blocks * heads * bs * D);
+            std::vector<int64_t> slots(blocks * bs);
+            std::iota(slots.begin(), slots.end(), 0);
+            std::shuffle(slots.begin(), slots.end(), rng());
+            slots.resize(tokens);
+            slots[4] = -1;  // padding: skipped
+            reshape_and_cache(dt, cdt, key.data(), tstride, D, value.data(), tstride, D, kc.data(), vc.data(),
+                              slots.data(), tokens, heads, D, bs);
+            int64_t bad = 0, written = 0;
+            for (int64_t s = 0; s < blocks * bs; ++s) {
+                auto it = std::find(slots.begin(), slots.end(), s);
+                for (int64_t h = 0; h < heads; ++h)
+                    for (int64_t d = 0; d < D; ++d) {
+                        int64_t at = ((s / bs * heads + h) * bs + s % bs) * D + d;
+                        uint32_t wk = 0, wv = 0;
+                        if (it != slots.end()) {
+                            int64_t t = it - slots.begin();
+                            wk = CacheBuf::encode(cdt, key.get(t * tstride + h * D + d));
+                            wv = CacheBuf::encode(cdt, value.get(t * tstride + h * D + d));
+                            ++written;
+                        }
+                        bad += kc.bits(at) != wk || vc.bits(at) != wv;
+                    }
+            }
+            expect_true(std::string("reshape_and_cache ") + dtype_name(dt) + " -> " + cache_name(cdt) + ": " +
+                            std::to_string(bad) + " wrong elements",
+                        bad == 0 && written == (tokens - 1) * heads * D);
+        }
+    }
+}
+
+namespace {
+
+struct Seq {
+    int q_len, ctx;
+};
+
+// One randomized batch checked against a double reference.
+void check_attention(DType dt, DType cdt, int64_t D, int64_t hkv, int64_t group, int64_t bs,
+                     const std::vector<Seq> &seqs, int64_t window, float cap) {
+    const int64_t hq = hkv * group, S = int64_t(seqs.size());
+    std::vector<int32_t> qsl(S + 1, 0), lens(S);
+    int64_t max_blocks = 0, total_blocks = 0;
+    for (int64_t s = 0; s < S; ++s) {
+        qsl[s + 1] = qsl[s] + seqs[s].q_len;
+        lens[s] = seqs[s].ctx;
+        int64_t n = (seqs[s].ctx + bs - 1) / bs;
+        max_blocks = std::max(max_blocks, n + 1);
+        total_blocks += n;
+    }
+    const int64_t nb = total_blocks + 2, T = qsl[S];
+    std::vector<int32_t> perm(nb), tables(S * max_blocks, -1);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng());
+    for (int64_t s = 0, used = 0; s < S; ++s)
+        for (int64_t b = 0; b < (seqs[s].ctx + bs - 1) / bs; ++b) tables[s * max_blocks + b] = perm[used++];
+    CacheBuf kc(cdt, nb * hkv * bs * D), vc(cdt, nb * hkv * bs * D);
+    kc.fill_normal();
+    vc.fill_normal();
+    Buffer q(dt, T * hq * D), out(dt, T * hq * D);
+    q.fill_normal();
+    const float scale = 1.f / std::sqrt(float(D));
+    PagedAttentionArgs a{dt, cdt, out.data(), hq * D, D, q.data(), hq * D, D, kc.data(), vc.data(), hq, hkv, D, bs,
+                         qsl.data(), lens.data(), tables.data(), S, max_blocks, scale, window, cap};
+    paged_attention(a);
+
+    std::vector<double> want(size_t(T * hq * D));
+    for (int64_t s = 0; s < S; ++s) {
+        const int64_t L = seqs[s].q_len, ctx = seqs[s].ctx;
+        for (int64_t t = 0; t < L; ++t)
+            for (int64_t h = 0; h < hq; ++h) {
+                const int64_t pos = ctx - L + t, kh = h / group, row = (qsl[s] + t) * hq + h;
+                std::vector<double> logit(size_t(ctx), -INFINITY);
+                double mx = -INFINITY;
+                for (int64_t p = 0; p <= pos; ++p) {
+                    if (window > 0 && pos - p >= window) continue;
+                    int64_t base = ((tables[s * max_blocks + p / bs] * hkv + kh) * bs + p % bs) * D;
+                    double dot = 0;
+                    for (int64_t d = 0; d < D; ++d) dot += double(q.get(row * D + d)) * kc.get(base + d);
+                    dot *= scale;
+                    if (cap > 0) dot = cap * std::tanh(dot / cap);
+                    logit[p] = dot;
+                    mx = std::max(mx, dot);
+                }
+                double sum = 0;
+                for (int64_t p = 0; p < ctx; ++p) sum += logit[p] == -INFINITY ? 0 : std::exp(logit[p] - mx);
+                for (int64_t p = 0; p < ctx; ++p) {
+                    if (logit[p] == -INFINITY) continue;
+                    double w = std::exp(logit[p] - mx) / sum;
+                    int64_t base = ((tables[s * max_blocks + p / bs] * hkv + kh) * bs + p % bs) * D;
+                    for (int64_t d = 0; d < D; ++d) want[row * D + d] += w * vc.get(base + d);
+                }
+            }
+    }
+    Tol t = dt == DType::f32 ? Tol{2e-5, 1e-4} : dt == DType::bf16 ? Tol{1.6e-2, 1.6e-2} : Tol{2e-3, 2e-3};
+    expect_close(std::string("paged_attention ") + dtype_name(dt) + " cache " + cache_name(cdt) + " D=" +
+                     std::to_string(D) + " kv=" + std::to_string(hkv) + "x" + std::to_string(group) + " bs=" +
+                     std::to_string(bs) + " window=" + std::to_string(window) + " cap=" + std::to_string(cap),
+                 out.to_floats().data(), want.data(), T * hq * D, t.atol, t.rtol);
+}
+
+std::vector<Seq> random_seqs(int n, int max_ctx) {
+    std::vector<Seq> seqs;
+    std::uniform_int_distribution<int> ctxd(1, max_ctx);
+    std::uniform_real_distribution<float> u(0, 1);
+    for (int i = 0; i < n; ++i) {
+        int ctx = ctxd(rng());
+        float k = u(rng());
+        int q = k < 0.5f ? 1 : k < 0.7f ? ctx : std::uniform_int_distribution<int>(1, ctx)(rng());
+        seqs.push_back({q, ctx});
+    }
+    return seqs;
+}
+
+}  // namespace
+
+CPUINFER_TEST(paged_attention_matrix) {
+    const int64_t heads[][2] = {{1, 1}, {2, 2}, {2, 4}, {1, 8}, {1, 12}};
+    const int64_t windows[] = {0, 0, 29, 13};
+    const float caps[] = {0.f, 20.f, 0.f, 4.f};
+    int i = 0;
+    for (int64_t D : {64, 80, 96, 128, 256})
+        for (DType cdt : kCacheTypes)
+            for (int v = 0; v < 2; ++v, ++i) {
+                const int64_t *hg = heads[i % 5];
+                check_attention(kFloatTypes[i % 3], cdt, D, hg[0], hg[1], 16 * (1 + i % 3), random_seqs(3, 60),
+                                windows[i % 4], caps[i % 4]);
+            }
+}
+
+CPUINFER_TEST(paged_attention_long_context) {
+    // Long enough that, with threads, the key range is split and merged.
+    check_attention(DType::bf16, DType::bf16, 128, 1, 4, 16, {{1, 1200}, {5, 300}}, 0, 0.f);
+    check_attention(DType::f32, DType::fp8_e5m2, 64, 2, 1, 32, {{2, 900}}, 100, 0.f);
+}
+
+CPUINFER_TEST(paged_attention_bf16_tile_paths) {
+    // bf16 query x bf16 cache takes the ISA's bf16 paths (VDPBF16PS; AMX for
+    // tiles of >= 8 rows: prefill chunks and decode with >= 8 heads per KV head).
+    for (int64_t D : {64, 80, 96, 128, 256}) {
+        check_attention(DType::bf16, DType::bf16, D, 2, 8, 32, {{1, 77}, {20, 50}, {3, 33}}, 0, 0.f);
+        check_attention(DType::bf16, DType::bf16, D, 1, 4, 16, {{37, 37}, {1, 90}}, 24, 0.f);
+        check_attention(DType::bf16, DType::bf16, D, 1, 16, 16, {{2, 40}}, 0, 15.f);
+    }
+}

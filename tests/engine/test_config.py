@@ -1,0 +1,72 @@
+"""EngineArgs resolution: vLLM flag names, defaults, and clear errors before anything is loaded."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from cpuinfer.cli.main import main
+from cpuinfer.config import EngineArgs
+from cpuinfer.envs import EnvError
+
+
+def parse(*argv):
+    return EngineArgs.from_cli_args(EngineArgs.add_cli_args(argparse.ArgumentParser()).parse_args(list(argv)))
+
+
+def test_cli_flags_like_vllm():
+    a = parse("--dtype", "bfloat16", "--max-model-len", "512", "--block-size", "32", "--kv-cache-dtype", "fp8_e5m2",
+              "--max-num-seqs", "4", "--max-num-batched-tokens", "64", "--no-enable-prefix-caching", "--seed", "3",
+              "-tp", "1")
+    assert (a.dtype, a.max_model_len, a.block_size, a.kv_cache_dtype, a.max_num_seqs, a.max_num_batched_tokens,
+            a.enable_prefix_caching, a.seed, a.tensor_parallel_size) == ("bfloat16", 512, 32, "fp8_e5m2", 4, 64,
+                                                                         False, 3, 1)
+    assert parse().enable_prefix_caching is True and parse().block_size == 128
+
+
+def test_defaults_by_use(smol_path, monkeypatch):
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.25")
+    offline = EngineArgs(model=smol_path).create_engine_config()
+    serving = EngineArgs(model=smol_path).create_engine_config(serving=True)
+    assert (offline.max_num_batched_tokens, offline.max_num_seqs) == (4096, 256)
+    assert (serving.max_num_batched_tokens, serving.max_num_seqs) == (2048, 128)
+    assert offline.max_model_len == offline.spec.max_model_len
+    per_token = offline.spec.kv_bytes_per_token(offline.cache_dtype)
+    assert offline.num_blocks == int(0.25 * 2**30) // (per_token * 128)
+    fp8 = EngineArgs(model=smol_path, kv_cache_dtype="fp8_e5m2").create_engine_config()
+    assert fp8.num_blocks == 2 * offline.num_blocks or fp8.num_blocks == 2 * offline.num_blocks + 1
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(tensor_parallel_size=2), "tensor-parallel-size=2"),
+    (dict(block_size=20), "block-size=20.*multiple of 16"),
+    (dict(max_num_seqs=0), "max-num-seqs=0"),
+    (dict(max_model_len=10**6), "max-model-len=1000000 exceeds.*8192"),
+    (dict(kv_cache_dtype="fp8_e4m3"), "kv-cache-dtype='fp8_e4m3'"),
+    (dict(model="/nonexistent/model.gguf"), "no such file"),
+])
+def test_bad_args(smol_path, kw, match):
+    with pytest.raises(ValueError, match=match):
+        EngineArgs(**{"model": smol_path, **kw}).create_engine_config()
+
+
+def test_max_model_len_must_fit_kv(smol_path, monkeypatch):
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.01")
+    with pytest.raises(ValueError, match=r"max_model_len=8192.*VLLM_CPU_KVCACHE_SPACE=0.01 GiB holds \d+ tokens"):
+        EngineArgs(model=smol_path).create_engine_config()
+    assert EngineArgs(model=smol_path, max_model_len=256).create_engine_config().max_model_len == 256
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "0"])
+def test_malformed_kv_space(smol_path, monkeypatch, value):
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", value)
+    with pytest.raises(EnvError, match="VLLM_CPU_KVCACHE_SPACE"):
+        EngineArgs(model=smol_path).create_engine_config()
+
+
+def test_cli_bad_flag_is_one_clear_line(smol_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "hi", "--model", smol_path, "-tp", "2"])
+    assert e.value.code == 2
+    assert "tensor-parallel-size=2 is not supported" in capsys.readouterr().err
