@@ -47,14 +47,16 @@ def tokenizer_from_gguf(get, path: str) -> Tokenizer:
         tok = _byte_level(tokens, get("tokenizer.ggml.merges") or [], get("tokenizer.ggml.pre"))
         spelled = set(_bytes_to_unicode().values())
     elif model == "llama":
-        tok = _sentencepiece(get, tokens)
+        tok, tokens = _sentencepiece(get, tokens)
         spelled = None
     else:
         raise ModelLoadError(f"{path}: GGUF tokenizer model {model!r} is not supported; supported: gpt2, llama")
+    # Only tokens the vocabulary has (as spelled there): anything else would get a new id past the model's vocab.
+    vocab = tok.get_vocab()
     control = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types, strict=False)
-               if ty == CONTROL and (spelled is None or set(t) <= spelled)]
+               if ty == CONTROL and t in vocab and (spelled is None or set(t) <= spelled)]
     user = [AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types, strict=False)
-            if ty == USER_DEFINED]
+            if ty == USER_DEFINED and t in vocab]
     tok.add_special_tokens(control)
     if user:
         tok.add_tokens(user)
@@ -84,7 +86,7 @@ def _byte_level(tokens: list[str], merges: list[str], pre: str | None) -> Tokeni
     return tok
 
 
-def _sentencepiece(get, tokens: list[str]) -> Tokenizer:
+def _sentencepiece(get, tokens: list[str]) -> tuple[Tokenizer, list[str]]:
     arch = get("general.architecture")
     gemma = str(arch).startswith("gemma")
     if gemma:
@@ -105,7 +107,7 @@ def _sentencepiece(get, tokens: list[str]) -> Tokenizer:
     else:
         tok.normalizer = normalizers.Replace(" ", "\u2581")
     tok.decoder = decoders.Sequence(steps)
-    return tok
+    return tok, tokens
 
 
 def _merges_from_vocab(vocab: dict[str, int], scores: dict[str, float]) -> list[tuple[str, str]]:
