@@ -27,10 +27,12 @@ struct CacheBuf {
     static size_t item(DType dt) { return dt == DType::f32 ? 4 : dt == DType::fp8_e5m2 ? 1 : 2; }
     CacheBuf(DType dt, int64_t n) : dt(dt), bytes(size_t(n) * item(dt), 0) {}
     void *data() { return bytes.data(); }
+    // Typed copies, so the code is right on big-endian hosts (s390x) too.
     uint32_t bits(int64_t i) const {
-        uint32_t b = 0;
-        std::memcpy(&b, bytes.data() + size_t(i) * item(dt), item(dt));
-        return b;
+        const uint8_t *p = bytes.data() + size_t(i) * item(dt);
+        if (item(dt) == 1) return *p;
+        if (item(dt) == 2) { uint16_t h; std::memcpy(&h, p, 2); return h; }
+        uint32_t w; std::memcpy(&w, p, 4); return w;
     }
     float get(int64_t i) const {
         uint32_t b = bits(i);
@@ -51,7 +53,10 @@ struct CacheBuf {
     }
     void set(int64_t i, float x) {
         uint32_t b = encode(dt, x);
-        std::memcpy(bytes.data() + size_t(i) * item(dt), &b, item(dt));
+        uint8_t *p = bytes.data() + size_t(i) * item(dt);
+        if (item(dt) == 1) { *p = uint8_t(b); return; }
+        if (item(dt) == 2) { uint16_t h = uint16_t(b); std::memcpy(p, &h, 2); return; }
+        std::memcpy(p, &b, 4);
     }
     void fill_normal() {
         std::normal_distribution<float> d(0.f, 1.f);
