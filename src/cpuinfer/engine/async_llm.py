@@ -153,9 +153,10 @@ class AsyncLLM:
 
     async def abort(self, request_id: str) -> None:
         """Stop a request; its stream ends with finish_reason 'abort'."""
-        self._abort_nowait(request_id)
+        self.abort_nowait(request_id)
 
-    def _abort_nowait(self, request_id: str) -> None:
+    def abort_nowait(self, request_id: str) -> None:
+        """Abort without awaiting (usable from a cancelled task or a finally block)."""
         ids = self.processor.child_ids(request_id)
         if ids and self._dead is None:
             self._send(AbortRequests(ids))
@@ -173,6 +174,18 @@ class AsyncLLM:
         self._stats_waiters.append(fut)
         self._send(GetStats())
         return await fut
+
+    @property
+    def pid(self) -> int | None:
+        """Process id of the engine core."""
+        return self._proc.pid
+
+    @property
+    def dead_reason(self) -> str | None:
+        """Why the engine core failed, or None while it is healthy."""
+        if self._dead is None and not self._closing and not self._proc.is_alive():
+            return f"engine core process exited (code {self._proc.exitcode})"
+        return self._dead
 
     def shutdown(self) -> None:
         """Stop the core process."""
@@ -230,10 +243,14 @@ class AsyncLLM:
             for rid, _message in msg.errors.items():  # a child the core refused (rare: checked here first)
                 parent = next((s for s in self._streams if rid == s or rid.endswith("_" + s)), None)
                 if parent is not None:
-                    self._abort_nowait(parent)
+                    self.abort_nowait(parent)
         elif isinstance(msg, EngineStats):
-            if self._stats_waiters:
-                self._stats_waiters.pop(0).set_result(msg)
+            # A waiter whose caller gave up (cancelled by a timeout) is skipped, not answered.
+            while self._stats_waiters:
+                fut = self._stats_waiters.pop(0)
+                if not fut.done():
+                    fut.set_result(msg)
+                    break
         elif isinstance(msg, CoreFailed):
             self._dead = msg.message
             err = EngineDeadError(msg.message)
@@ -241,5 +258,6 @@ class AsyncLLM:
                 stream.queue.put_nowait(err)
             self._streams.clear()
             for fut in self._stats_waiters:
-                fut.set_exception(err)
+                if not fut.done():
+                    fut.set_exception(err)
             self._stats_waiters.clear()

@@ -56,28 +56,19 @@ class AsyncLLMAdapter(EngineAdapter):
     @property
     def pid(self) -> int | None:
         """Process id of the engine core."""
-        proc = getattr(self.engine, "_proc", None)
-        return proc.pid if proc is not None else None
+        return self.engine.pid
 
     @property
     def healthy(self) -> bool:
         """The core process is alive and has not reported a failure."""
-        if self._shut or getattr(self.engine, "_dead", None) is not None:
-            return False
-        proc = getattr(self.engine, "_proc", None)
-        return proc is None or proc.is_alive()
+        return not self._shut and self.engine.dead_reason is None
 
     def status_text(self) -> str:
         """Why the engine is not healthy."""
         if self._shut:
             return "shutting down"
-        dead = getattr(self.engine, "_dead", None)
-        if dead:
-            return f"engine core died: {dead}"
-        proc = getattr(self.engine, "_proc", None)
-        if proc is not None and not proc.is_alive():
-            return f"engine core process exited (code {proc.exitcode})"
-        return "ready"
+        dead = self.engine.dead_reason
+        return f"engine core died: {dead}" if dead else "ready"
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], sampling: dict
                        ) -> AsyncIterator[list[ChoiceDelta]]:
@@ -125,7 +116,7 @@ class AsyncLLMAdapter(EngineAdapter):
     def abort(self, request_id: str) -> None:
         """Abort now (frees the request's KV blocks in the core)."""
         try:
-            self.engine._abort_nowait(request_id)
+            self.engine.abort_nowait(request_id)
         except Exception:  # the engine may already be gone
             logger.debug("abort of %s failed", request_id, exc_info=True)
 
