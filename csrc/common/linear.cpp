@@ -1,4 +1,4 @@
-// Small-M linear layer (decode GEMV): out = x · Wᵀ (+ bias).
+// Linear layer tuned for decode (small M, a GEMV): out = x · Wᵀ (+ bias).
 //
 // Decode multiplies a handful of activation rows by a large weight, so the
 // cost is reading W once. Each task owns a block of output features; per
@@ -6,6 +6,7 @@
 // against up to kMR rows of x, keeping kNR * kMR f32 accumulators in
 // registers. With more than kMR rows of x the same weight tile is reused from
 // L1 for the next group. Accumulation is f32; the result is rounded once.
+// Large M works too (prefill), chunked over rows; it is compute-bound there.
 #include <algorithm>
 
 #include "dispatch_dtype.h"
@@ -126,12 +127,21 @@ void run(T *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, 
     const int64_t blocks = N / kNR;
     // A task of 8 tiles reads 32 weight rows: enough work to amortise a
     // thread hand-off, small enough to balance 576-wide layers over threads.
+    // Many rows (prefill): take x in chunks so that a chunk stays in cache
+    // while the task's weight rows stream past it. Each output element is
+    // computed the same way whatever M is, so results do not depend on batching.
+    const int64_t m_chunk = 64;
     parallel_for(blocks + (N % kNR ? 1 : 0), 8, [&](int64_t b, int64_t e) {
-        for (int64_t t = b; t < e; ++t) {
-            if (t < blocks) {
-                rows_block<T, kNR>(out, os, x, xs, w, bias, M, K, t * kNR);
-            } else {
-                for (int64_t n = blocks * kNR; n < N; ++n) rows_block<T, 1>(out, os, x, xs, w, bias, M, K, n);
+        for (int64_t m0 = 0; m0 < M; m0 += m_chunk) {
+            const T *xm = x + m0 * xs;
+            T *om = out + m0 * os;
+            int64_t mc = std::min(m_chunk, M - m0);
+            for (int64_t t = b; t < e; ++t) {
+                if (t < blocks) {
+                    rows_block<T, kNR>(om, os, xm, xs, w, bias, mc, K, t * kNR);
+                } else {
+                    for (int64_t n = blocks * kNR; n < N; ++n) rows_block<T, 1>(om, os, xm, xs, w, bias, mc, K, n);
+                }
             }
         }
     });

@@ -1,4 +1,4 @@
-"""linear (small-M GEMV) against a float32 torch reference, per variant, and ops.linear's routing."""
+"""linear (decode GEMV, any M) against a float32 torch reference, per variant, and ops.linear's routing."""
 
 import pytest
 import torch
@@ -21,7 +21,7 @@ def _check(out, x, w, b, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 16])
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 16, 70])
 @pytest.mark.parametrize("n,k", [(64, 64), (37, 72), (130, 100), (9, 15), (3, 1)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_linear(kernels, dtype, m, n, k, bias):
@@ -89,11 +89,15 @@ def test_linear_bad_input(kernels):
 def test_ops_linear_leading_dims_and_fallback(dtype):
     w = (torch.randn(48, 40) / 40**0.5).to(dtype)
     b = torch.randn(48, dtype=dtype)
-    for shape in [(3, 40), (2, 3, 40), (40,), (17, 40)]:  # 17 rows goes to torch
+    for shape in [(3, 40), (2, 3, 40), (40,), (70, 40), (0, 40)]:
         x = torch.randn(shape, dtype=dtype)
         out = ops.linear(x, w, b)
         assert out.shape == shape[:-1] + (48,) and out.dtype == dtype
         torch.testing.assert_close(out.float(), (x.float() @ w.float().T + b.float()), **LINEAR_TOL[dtype])
+    # Each row's result does not depend on how many rows are computed together.
+    x = torch.randn(70, 40, dtype=dtype)
+    full = ops.linear(x, w, b)
+    assert all(torch.equal(ops.linear(x[i:j], w, b), full[i:j]) for i, j in [(0, 1), (3, 8), (5, 21), (64, 70)])
     # Non-contiguous weight and strided-last-dim x take torch's path, still correct.
     wt = w.T.contiguous().T
     x = torch.randn(4, 80, dtype=dtype)[:, ::2]
