@@ -125,13 +125,16 @@ inline void rows_block(T *out, int64_t os, const T *x, int64_t xs, const T *w, c
 template <typename T>
 void run(T *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, int64_t M, int64_t N, int64_t K) {
     const int64_t blocks = N / kNR;
-    // A task of 8 tiles reads 32 weight rows: enough work to amortise a
-    // thread hand-off, small enough to balance 576-wide layers over threads.
+    // Each task gets at least ~512K multiply-adds (tens of microseconds):
+    // waking a team costs microseconds on an idle machine but a whole
+    // scheduler slice when cores are oversubscribed, so small decode
+    // projections stay on one thread and big ones (LM head, prefill) split.
+    const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 19) / (kNR * K * std::min<int64_t>(M, 64)));
     // Many rows (prefill): take x in chunks so that a chunk stays in cache
     // while the task's weight rows stream past it. Each output element is
     // computed the same way whatever M is, so results do not depend on batching.
     const int64_t m_chunk = 64;
-    parallel_for(blocks + (N % kNR ? 1 : 0), 8, [&](int64_t b, int64_t e) {
+    parallel_for(blocks + (N % kNR ? 1 : 0), grain, [&](int64_t b, int64_t e) {
         for (int64_t m0 = 0; m0 < M; m0 += m_chunk) {
             const T *xm = x + m0 * xs;
             T *om = out + m0 * os;
