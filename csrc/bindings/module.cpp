@@ -159,6 +159,35 @@ void py_act_and_mul(Activation act, Out out, In input) {
     act_and_mul(dt, act, out.data(), o.stride, input.data(), x.stride, x.rows, o.cols);
 }
 
+void py_linear(Out out, In input, In weight, std::optional<In> bias) {
+    DType dt = float_dtype(input, "input");
+    check_same_dtype(float_dtype(weight, "weight"), dt, "weight", "input");
+    check_same_dtype(float_dtype(out, "out"), dt, "out", "input");
+    if (weight.ndim() != 2)
+        fail_value("weight must be 2-D [out_features, in_features], got " + std::to_string(weight.ndim()) + " dimensions");
+    Rows x = as_rows(input, "input"), o = as_rows(out, "out"), w = as_rows(weight, "weight");
+    if (w.rows > 1 && w.stride != w.cols) fail_value("weight must be contiguous; call .contiguous() first");
+    if (x.cols != w.cols)
+        fail_value("input has " + std::to_string(x.cols) + " features but weight is [" + std::to_string(w.rows) + ", " +
+                   std::to_string(w.cols) + "] (in_features " + std::to_string(w.cols) + ")");
+    if (o.rows != x.rows || o.cols != w.rows)
+        fail_value("out must be [" + std::to_string(x.rows) + " rows, " + std::to_string(w.rows) + "], got " +
+                   std::to_string(o.rows) + " rows of " + std::to_string(o.cols));
+    check_no_overlap(o, "out", x, "input");
+    check_no_overlap(o, "out", w, "weight");
+    const void *b = nullptr;
+    if (bias) {
+        check_same_dtype(float_dtype(*bias, "bias"), dt, "bias", "input");
+        if (bias->ndim() != 1 || int64_t(bias->shape(0)) != w.rows)
+            fail_value("bias must be 1-D with out_features (" + std::to_string(w.rows) + ") elements");
+        Rows br = as_rows(*bias, "bias");
+        check_no_overlap(o, "out", br, "bias");
+        b = bias->data();
+    }
+    nb::gil_scoped_release nogil;
+    linear(dt, out.data(), o.stride, input.data(), x.stride, weight.data(), b, x.rows, w.rows, w.cols);
+}
+
 void py_bind_threads(const std::vector<int> &cpus) {
     if (cpus.empty()) fail_value("bind_threads needs at least one CPU id");
     for (int c : cpus)
@@ -191,6 +220,8 @@ NB_MODULE(CPUINFER_MODULE(CPUINFER_VARIANT), m) {
     m.def("gelu_tanh_and_mul", [](Out out, In input) { py_act_and_mul(Activation::gelu_tanh, out, input); },
           nb::arg("out"), nb::arg("input"), "out = gelu_tanh(x[..., :d]) * x[..., d:].");
     bind_attention(m);
+    m.def("linear", &py_linear, nb::arg("out"), nb::arg("input"), nb::arg("weight"), nb::arg("bias").none(),
+          "out = input @ weight.T (+ bias), f32 accumulation; fast for few rows (decode).");
     m.def("threading_runtime", &threading_runtime, "Path of the OpenMP runtime kernels run on ('' = serial).");
     m.def("max_threads", &max_threads, "Threads a parallel kernel uses.");
     m.def("bind_threads", &py_bind_threads, nb::arg("cpus"),

@@ -66,6 +66,12 @@ struct PagedAttentionArgs {
 };
 void paged_attention(const PagedAttentionArgs &args);
 
+// out[m, n] = sum_k x[m, k] * weight[n, k] (+ bias[n]) for m < M, n < N, in f32,
+// rounded once to dt. weight is contiguous [N, K]; bias is [N] or null; x and
+// out are row-strided. Tuned for small M (decode batches): W is read once.
+void linear(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_stride, const void *weight,
+            const void *bias, int64_t M, int64_t N, int64_t K);
+
 // Which attention inner loops this build uses (e.g. "amx", "avx512bf16", "vec").
 const char *attention_impl();
 

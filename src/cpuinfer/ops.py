@@ -75,3 +75,25 @@ def paged_attention(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Ten
     """Causal GQA attention of a mixed decode/prefill batch over the paged KV cache, written into out."""
     _C.paged_attention(out, query, _cache_view(key_cache), _cache_view(value_cache), query_start_loc, seq_lens,
                        block_tables, float(scale), int(sliding_window), float(soft_cap))
+
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight.T (+ bias): our kernel for bf16/f16, torch.nn.functional.linear otherwise."""
+    # Decode steps (a few rows) are memory-bound mat-vecs: our kernel reads the
+    # bf16/f16 weight once, at half the bytes of f32, while torch's bf16 GEMM
+    # on CPUs without native bf16 dot products (AVX2, AVX-512 without BF16) is
+    # ~5x slower than even its f32 path. Measured on AVX2 it is also 4-5x
+    # slower than our kernel at 64-256 rows, so prefill uses the kernel too;
+    # one kernel for every row count also makes each row's result independent
+    # of how tokens were batched (the engine's greedy outputs rely on that).
+    # f32 stays on torch (its f32 GEMM is fast and bandwidth is the same).
+    if (x.dtype in (torch.bfloat16, torch.float16) and x.ndim >= 1 and weight.dtype == x.dtype
+            and weight.ndim == 2 and weight.is_contiguous() and (bias is None or bias.dtype == x.dtype)):
+        x2 = x.reshape(-1, x.shape[-1])
+        if x2.stride(-1) != 1:
+            x2 = x2.contiguous()
+        out = torch.empty(x2.shape[0], weight.shape[0], dtype=x.dtype)
+        _C.linear(out, x2, weight, bias)
+        return out.view(*x.shape[:-1], weight.shape[0])
+    return torch.nn.functional.linear(x, weight, bias)

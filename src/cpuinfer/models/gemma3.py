@@ -71,7 +71,7 @@ class Gemma3ForCausalLM:
             h = ops.rms_norm(h, layer.post_ff_norm, self.eps, out=h)
         h, residual = select_rows(h, sample_idx), select_rows(residual, sample_idx)
         ops.fused_add_rms_norm(h, residual, self.norm, self.eps)
-        logits = F.linear(h, self.lm_head).float()
+        logits = ops.linear(h, self.lm_head).float()
         if self.final_soft_cap > 0.0:
             logits = torch.tanh(logits / self.final_soft_cap) * self.final_soft_cap
         return logits

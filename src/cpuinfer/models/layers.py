@@ -1,13 +1,13 @@
 """Building blocks shared by the decoder models: weight intake, fused attention and gated MLP.
 
 Weights are plain contiguous tensors in the run dtype (no nn.Module): the forward is a fixed
-sequence of torch GEMMs (F.linear) and our kernels, with Q/K/V and gate/up fused into one GEMM each.
+sequence of GEMMs (ops.linear: our GEMV for decode, torch otherwise) and our kernels, with Q/K/V and
+gate/up fused into one GEMM each.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from .. import ops
 from ..attention import AttentionMetadata, paged_attention, reshape_and_cache
@@ -79,7 +79,7 @@ class Attention:
         """Attention output [T, hidden] for hidden states x [T, hidden] at the given positions."""
         t = x.shape[0]
         hs = self.head_dim
-        qkv = F.linear(x, self.qkv_w, self.qkv_b)
+        qkv = ops.linear(x, self.qkv_w, self.qkv_b)
         q = qkv[:, : self.q_size]
         k = qkv[:, self.q_size : self.q_size + self.kv_size]
         v = qkv[:, self.q_size + self.kv_size :]
@@ -94,7 +94,7 @@ class Attention:
         out = torch.empty(t, self.num_heads, hs, dtype=x.dtype)
         paged_attention(out, q.view(t, self.num_heads, hs), key_cache, value_cache, meta, self.scale,
                         self.sliding_window, self.soft_cap)
-        return F.linear(out.view(t, self.q_size), self.o_w, self.o_b)
+        return ops.linear(out.view(t, self.q_size), self.o_w, self.o_b)
 
 
 class GatedMLP:
@@ -116,7 +116,7 @@ class GatedMLP:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """MLP output for x [T, hidden]."""
-        return F.linear(self.act(F.linear(x, self.gate_up_w, self.gate_up_b)), self.down_w, self.down_b)
+        return ops.linear(self.act(ops.linear(x, self.gate_up_w, self.gate_up_b)), self.down_w, self.down_b)
 
 
 def norm_weight(bag: WeightBag, name: str, offset: float = 0.0) -> torch.Tensor:

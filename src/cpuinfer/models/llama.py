@@ -62,7 +62,7 @@ class LlamaForCausalLM:
             h = layer.mlp(h)
         h, residual = select_rows(h, sample_idx), select_rows(residual, sample_idx)
         ops.fused_add_rms_norm(h, residual, self.norm, self.eps)
-        return F.linear(h, self.lm_head).float()
+        return ops.linear(h, self.lm_head).float()
 
 
 class _Layer:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .. import ops
 from ..attention import AttentionMetadata
 from ..model_loader.errors import ModelLoadError
 from .layers import Attention, WeightBag, select_rows
@@ -66,7 +67,7 @@ class OPTForCausalLM:
         """float32 logits for the tokens at sample_idx (all tokens when None)."""
         h = F.embedding(input_ids, self.embed)
         if self.project_in is not None:
-            h = F.linear(h, self.project_in)
+            h = ops.linear(h, self.project_in)
         h = h + F.embedding(positions + POSITION_OFFSET, self.pos_embed)
         for layer, kv in zip(self.layers, kv_caches, strict=True):
             x = self._ln(h, layer.attn_ln) if self.pre_norm else h
@@ -74,15 +75,15 @@ class OPTForCausalLM:
             if not self.pre_norm:
                 h = self._ln(h, layer.attn_ln)
             x = self._ln(h, layer.ff_ln) if self.pre_norm else h
-            h = h + F.linear(self.act(F.linear(x, layer.fc1_w, layer.fc1_b)), layer.fc2_w, layer.fc2_b)
+            h = h + ops.linear(self.act(ops.linear(x, layer.fc1_w, layer.fc1_b)), layer.fc2_w, layer.fc2_b)
             if not self.pre_norm:
                 h = self._ln(h, layer.ff_ln)
         h = select_rows(h, sample_idx)
         if self.final_ln is not None:
             h = self._ln(h, self.final_ln)
         if self.project_out is not None:
-            h = F.linear(h, self.project_out)
-        return F.linear(h, self.lm_head).float()
+            h = ops.linear(h, self.project_out)
+        return ops.linear(h, self.lm_head).float()
 
 
 class _OPTLayer:

@@ -1,0 +1,165 @@
+// Linear layer tuned for decode (small M, a GEMV): out = x · Wᵀ (+ bias).
+//
+// Decode multiplies a handful of activation rows by a large weight, so the
+// cost is reading W once. Each task owns a block of output features; per
+// tile it streams kNR weight rows through the vector unit once and FMAs them
+// against up to kMR rows of x, keeping kNR * kMR f32 accumulators in
+// registers. With more than kMR rows of x the same weight tile is reused from
+// L1 for the next group. Accumulation is f32; the result is rounded once.
+// Large M works too (prefill), chunked over rows; it is compute-bound there.
+#include <algorithm>
+
+#include "dispatch_dtype.h"
+#include "kernels.h"
+#include "parallel.h"
+#include "vec.h"
+
+namespace cpuinfer {
+namespace {
+
+constexpr int kNR = 4;  // weight rows per tile
+constexpr int kMR = 4;  // x rows per tile (4 x 4 accumulators fill AVX2's 16 registers with some spill)
+
+// acc[m * NR + j] = dot(x row m, W row j) over K, for m < MR, j < NR.
+// Accumulators are named variables, not arrays: SVE vectors are sizeless.
+template <typename T, int NR, int MR>
+inline void tile(const T *x, int64_t xs, const T *w, int64_t K, float *acc) {
+    using namespace vec;
+    const int W = width();
+    const T *w0 = w, *w1 = w + (NR > 1 ? K : 0), *w2 = w + (NR > 2 ? 2 * K : 0), *w3 = w + (NR > 3 ? 3 * K : 0);
+    const T *x0 = x, *x1 = x + (MR > 1 ? xs : 0), *x2 = x + (MR > 2 ? 2 * xs : 0), *x3 = x + (MR > 3 ? 3 * xs : 0);
+    vf c00 = zero(), c01 = zero(), c02 = zero(), c03 = zero();
+    vf c10 = zero(), c11 = zero(), c12 = zero(), c13 = zero();
+    vf c20 = zero(), c21 = zero(), c22 = zero(), c23 = zero();
+    vf c30 = zero(), c31 = zero(), c32 = zero(), c33 = zero();
+    int64_t k = 0;
+    for (; k + W <= K; k += W) {
+        vf b0 = load(w0 + k), b1 = b0, b2 = b0, b3 = b0;
+        if constexpr (NR > 1) b1 = load(w1 + k);
+        if constexpr (NR > 2) b2 = load(w2 + k);
+        if constexpr (NR > 3) b3 = load(w3 + k);
+        vf a = load(x0 + k);
+        c00 = fma(a, b0, c00);
+        if constexpr (NR > 1) c01 = fma(a, b1, c01);
+        if constexpr (NR > 2) c02 = fma(a, b2, c02);
+        if constexpr (NR > 3) c03 = fma(a, b3, c03);
+        if constexpr (MR > 1) {
+            a = load(x1 + k);
+            c10 = fma(a, b0, c10);
+            if constexpr (NR > 1) c11 = fma(a, b1, c11);
+            if constexpr (NR > 2) c12 = fma(a, b2, c12);
+            if constexpr (NR > 3) c13 = fma(a, b3, c13);
+        }
+        if constexpr (MR > 2) {
+            a = load(x2 + k);
+            c20 = fma(a, b0, c20);
+            if constexpr (NR > 1) c21 = fma(a, b1, c21);
+            if constexpr (NR > 2) c22 = fma(a, b2, c22);
+            if constexpr (NR > 3) c23 = fma(a, b3, c23);
+        }
+        if constexpr (MR > 3) {
+            a = load(x3 + k);
+            c30 = fma(a, b0, c30);
+            if constexpr (NR > 1) c31 = fma(a, b1, c31);
+            if constexpr (NR > 2) c32 = fma(a, b2, c32);
+            if constexpr (NR > 3) c33 = fma(a, b3, c33);
+        }
+    }
+    acc[0] = reduce_add(c00);
+    if constexpr (NR > 1) acc[1] = reduce_add(c01);
+    if constexpr (NR > 2) acc[2] = reduce_add(c02);
+    if constexpr (NR > 3) acc[3] = reduce_add(c03);
+    if constexpr (MR > 1) {
+        acc[NR + 0] = reduce_add(c10);
+        if constexpr (NR > 1) acc[NR + 1] = reduce_add(c11);
+        if constexpr (NR > 2) acc[NR + 2] = reduce_add(c12);
+        if constexpr (NR > 3) acc[NR + 3] = reduce_add(c13);
+    }
+    if constexpr (MR > 2) {
+        acc[2 * NR + 0] = reduce_add(c20);
+        if constexpr (NR > 1) acc[2 * NR + 1] = reduce_add(c21);
+        if constexpr (NR > 2) acc[2 * NR + 2] = reduce_add(c22);
+        if constexpr (NR > 3) acc[2 * NR + 3] = reduce_add(c23);
+    }
+    if constexpr (MR > 3) {
+        acc[3 * NR + 0] = reduce_add(c30);
+        if constexpr (NR > 1) acc[3 * NR + 1] = reduce_add(c31);
+        if constexpr (NR > 2) acc[3 * NR + 2] = reduce_add(c32);
+        if constexpr (NR > 3) acc[3 * NR + 3] = reduce_add(c33);
+    }
+    // K tail, scalar.
+    for (; k < K; ++k) {
+        for (int m = 0; m < MR; ++m) {
+            float xv = to_f32(x[m * xs + k]);
+            for (int j = 0; j < NR; ++j) acc[m * NR + j] += xv * to_f32(w[j * K + k]);
+        }
+    }
+}
+
+// Output features [n0, n0 + NR) for every row of x.
+template <typename T, int NR>
+inline void rows_block(T *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, int64_t M,
+                       int64_t K, int64_t n0) {
+    float acc[kMR * NR];
+    const T *wn = w + n0 * K;
+    for (int64_t m0 = 0; m0 < M; m0 += kMR) {
+        const T *xm = x + m0 * xs;
+        int64_t mr = std::min<int64_t>(kMR, M - m0);
+        switch (mr) {
+            case 1: tile<T, NR, 1>(xm, xs, wn, K, acc); break;
+            case 2: tile<T, NR, 2>(xm, xs, wn, K, acc); break;
+            case 3: tile<T, NR, 3>(xm, xs, wn, K, acc); break;
+            default: tile<T, NR, 4>(xm, xs, wn, K, acc); break;
+        }
+        for (int64_t m = 0; m < mr; ++m) {
+            T *o = out + (m0 + m) * os + n0;
+            for (int j = 0; j < NR; ++j) {
+                float v = acc[m * NR + j];
+                if (bias) v += to_f32(bias[n0 + j]);
+                o[j] = from_f32<T>(v);
+            }
+        }
+    }
+}
+
+template <typename T>
+void run(T *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, int64_t M, int64_t N, int64_t K) {
+    const int64_t blocks = N / kNR;
+    // Each task gets at least ~512K multiply-adds (tens of microseconds):
+    // waking a team costs microseconds on an idle machine but a whole
+    // scheduler slice when cores are oversubscribed, so small decode
+    // projections stay on one thread and big ones (LM head, prefill) split.
+    const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 19) / (kNR * K * std::min<int64_t>(M, 64)));
+    // Many rows (prefill): take x in chunks so that a chunk stays in cache
+    // while the task's weight rows stream past it. Each output element is
+    // computed the same way whatever M is, so results do not depend on batching.
+    const int64_t m_chunk = 64;
+    parallel_for(blocks + (N % kNR ? 1 : 0), grain, [&](int64_t b, int64_t e) {
+        for (int64_t m0 = 0; m0 < M; m0 += m_chunk) {
+            const T *xm = x + m0 * xs;
+            T *om = out + m0 * os;
+            int64_t mc = std::min(m_chunk, M - m0);
+            for (int64_t t = b; t < e; ++t) {
+                if (t < blocks) {
+                    rows_block<T, kNR>(om, os, xm, xs, w, bias, mc, K, t * kNR);
+                } else {
+                    for (int64_t n = blocks * kNR; n < N; ++n) rows_block<T, 1>(om, os, xm, xs, w, bias, mc, K, n);
+                }
+            }
+        }
+    });
+}
+
+}  // namespace
+
+void linear(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_stride, const void *weight,
+            const void *bias, int64_t M, int64_t N, int64_t K) {
+    if (M <= 0 || N <= 0) return;
+    with_float_type(dt, [&](auto tag) {
+        using T = decltype(tag);
+        run<T>(static_cast<T *>(out), out_stride, static_cast<const T *>(x), x_stride, static_cast<const T *>(weight),
+               static_cast<const T *>(bias), M, N, K);
+    });
+}
+
+}  // namespace cpuinfer

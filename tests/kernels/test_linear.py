@@ -1,0 +1,104 @@
+"""linear (decode GEMV, any M) against a float32 torch reference, per variant, and ops.linear's routing."""
+
+import pytest
+import torch
+
+from cpuinfer import ops
+
+from .tolerances import DTYPES, TOL
+
+# f32 outputs carry accumulation-order differences over K terms, not just one rounding.
+LINEAR_TOL = {**TOL, torch.float32: dict(atol=1e-4, rtol=1e-4)}
+
+
+def _reference(x, w, b):
+    out = x.float() @ w.float().T
+    return out + b.float() if b is not None else out
+
+
+def _check(out, x, w, b, dtype):
+    torch.testing.assert_close(out.float(), _reference(x, w, b), **LINEAR_TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 16, 70])
+@pytest.mark.parametrize("n,k", [(64, 64), (37, 72), (130, 100), (9, 15), (3, 1)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear(kernels, dtype, m, n, k, bias):
+    x = torch.randn(m, k, dtype=dtype)
+    w = (torch.randn(n, k) / k**0.5).to(dtype)
+    b = torch.randn(n, dtype=dtype) if bias else None
+    out = torch.empty(m, n, dtype=dtype)
+    kernels.linear(out, x, w, b)
+    _check(out, x, w, b, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_strided_rows(kernels, dtype):
+    # x rows are a column slice of a wider tensor and out is a slice too: only the last dim is contiguous.
+    big = torch.randn(5, 200, dtype=dtype)
+    x = big[:, 7:7 + 131]
+    w = (torch.randn(70, 131) / 131**0.5).to(dtype)
+    out_big = torch.full((5, 90), 7.0, dtype=dtype)
+    out = out_big[:, 10:80]
+    kernels.linear(out, x, w, None)
+    _check(out, x, w, None, dtype)
+    assert (out_big[:, :10] == 7).all() and (out_big[:, 80:] == 7).all()
+
+
+def test_linear_decode_shape(kernels):
+    # A SmolLM2-sized projection: K and N large enough to split over threads.
+    x = torch.randn(2, 576, dtype=torch.bfloat16)
+    w = (torch.randn(1536, 576) / 24).to(torch.bfloat16)
+    out = torch.empty(2, 1536, dtype=torch.bfloat16)
+    kernels.linear(out, x, w, None)
+    _check(out, x, w, None, torch.bfloat16)
+
+
+def test_linear_bad_input(kernels):
+    x, w, out = torch.randn(2, 8), torch.randn(4, 8), torch.empty(2, 4)
+    with pytest.raises(TypeError, match="weight has dtype bfloat16 but input is float32"):
+        kernels.linear(out, x, w.bfloat16(), None)
+    with pytest.raises(TypeError, match="out has dtype float16 but input is float32"):
+        kernels.linear(out.half(), x, w, None)
+    with pytest.raises(TypeError, match="bias has dtype"):
+        kernels.linear(out, x, w, torch.zeros(4, dtype=torch.float16))
+    with pytest.raises(TypeError, match="supported dtypes"):
+        kernels.linear(out, x.int(), w, None)
+    with pytest.raises(ValueError, match="in_features"):
+        kernels.linear(out, torch.randn(2, 9), w, None)
+    with pytest.raises(ValueError, match="out must be"):
+        kernels.linear(torch.empty(2, 5), x, w, None)
+    with pytest.raises(ValueError, match="bias must be 1-D"):
+        kernels.linear(out, x, w, torch.zeros(5))
+    with pytest.raises(ValueError, match="weight must be 2-D"):
+        kernels.linear(out, x, torch.randn(4, 8, 1), None)
+    with pytest.raises(ValueError, match="weight must be contiguous"):
+        kernels.linear(out, x, torch.randn(8, 8)[:, :4].T.contiguous().T[:4], None)
+    with pytest.raises(ValueError, match="contiguous in its last dimension"):
+        kernels.linear(out, torch.randn(8, 2).T, w, None)
+    with pytest.raises(ValueError, match="overlap"):
+        buf = torch.randn(2, 8)
+        kernels.linear(buf[:, :4], buf, w, None)
+    with pytest.raises(ValueError, match="overlap"):
+        w8 = torch.randn(8, 8)
+        kernels.linear(w8[:2], x, w8, None)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_ops_linear_leading_dims_and_fallback(dtype):
+    w = (torch.randn(48, 40) / 40**0.5).to(dtype)
+    b = torch.randn(48, dtype=dtype)
+    for shape in [(3, 40), (2, 3, 40), (40,), (70, 40), (0, 40)]:
+        x = torch.randn(shape, dtype=dtype)
+        out = ops.linear(x, w, b)
+        assert out.shape == shape[:-1] + (48,) and out.dtype == dtype
+        torch.testing.assert_close(out.float(), (x.float() @ w.float().T + b.float()), **LINEAR_TOL[dtype])
+    # Each row's result does not depend on how many rows are computed together.
+    x = torch.randn(70, 40, dtype=dtype)
+    full = ops.linear(x, w, b)
+    assert all(torch.equal(ops.linear(x[i:j], w, b), full[i:j]) for i, j in [(0, 1), (3, 8), (5, 21), (64, 70)])
+    # Non-contiguous weight and strided-last-dim x take torch's path, still correct.
+    wt = w.T.contiguous().T
+    x = torch.randn(4, 80, dtype=dtype)[:, ::2]
+    torch.testing.assert_close(ops.linear(x, wt).float(), x.float() @ w.float().T, **LINEAR_TOL[dtype])
