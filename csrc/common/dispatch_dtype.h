@@ -15,4 +15,14 @@ inline void with_float_type(DType dt, F &&f) {
     }
 }
 
+// As with_float_type, plus fp8_e5m2 (KV cache element types).
+template <typename F>
+inline void with_cache_type(DType dt, F &&f) {
+    if (dt == DType::fp8_e5m2) {
+        f(fp8_e5m2_t{});
+    } else {
+        with_float_type(dt, f);
+    }
+}
+
 }  // namespace cpuinfer

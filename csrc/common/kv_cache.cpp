@@ -28,15 +28,6 @@ void copy_row(C *dst, const T *src, int64_t n) {
     }
 }
 
-template <typename F>
-void with_cache_type(DType dt, F &&f) {
-    if (dt == DType::fp8_e5m2) {
-        f(fp8_e5m2_t{});
-    } else {
-        with_float_type(dt, f);
-    }
-}
-
 }  // namespace
 
 void reshape_and_cache(DType dt, DType cache_dt, const void *key, int64_t key_token_stride, int64_t key_head_stride,

@@ -356,15 +356,6 @@ struct Runner {
     }
 };
 
-template <typename F>
-void with_cache_type(DType dt, F &&f) {
-    if (dt == DType::fp8_e5m2) {
-        f(fp8_e5m2_t{});
-    } else {
-        with_float_type(dt, f);
-    }
-}
-
 }  // namespace
 
 void paged_attention(const PagedAttentionArgs &args) {
