@@ -93,18 +93,23 @@ def cases(dtype):
            lambda: F.gelu(g[:, :HIDDEN]) * g[:, HIDDEN:])
 
 
-def main(argv=None) -> int:
-    """Run every case and print a table; nonzero exit if a target is missed."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def setup_run(argv, description: str) -> tuple[float, list[str], dict]:
+    """Shared command line (--quick, --threads): returns min_time, runnable variants, their modules."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--quick", action="store_true", help="shorter timing (noisier)")
     ap.add_argument("--threads", type=int, default=0,
                     help="torch/kernel threads (default: torch's); 1 gives stable numbers on a busy machine")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    min_time = 0.1 if args.quick else 0.4
     variants = [c.name for c in cpuinfer._selection.candidates if c.installed and c.runnable]
     modules = {v: importlib.import_module(f"cpuinfer._C_{v}") for v in variants}
+    return (0.1 if args.quick else 0.4), variants, modules
+
+
+def main(argv=None) -> int:
+    """Run every case and print a table; nonzero exit if a target is missed."""
+    min_time, variants, modules = setup_run(argv, __doc__.splitlines()[0])
     print(f"cpuinfer {cpuinfer.__version__}; torch {torch.__version__}, {torch.get_num_threads()} threads; "
           f"[{TOKENS}, {HIDDEN}] inputs; variants: {', '.join(variants)}")
     header = f"{'op':<20}{'dtype':<10}" + "".join(f"{v:>12}" for v in [*variants, "torch"])

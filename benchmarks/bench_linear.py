@@ -11,13 +11,11 @@ bf16 [1, 576] x [1536, 576]^T best variant >= 1.5x torch bf16.
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import sys
 
 import torch
 import torch.nn.functional as F
-from bench_kernels import bench  # same directory: best-of-5 timing
+from bench_kernels import bench, setup_run  # same directory: best-of-5 timing, shared flags
 
 import cpuinfer
 
@@ -41,16 +39,7 @@ def time_shape(modules: dict, m: int, n: int, k: int, min_time: float) -> dict[s
 
 def main(argv=None) -> int:
     """Time every shape and print a table; nonzero exit if the target is missed."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="shorter timing (noisier)")
-    ap.add_argument("--threads", type=int, default=0,
-                    help="torch/kernel threads (default: torch's); 1 gives stable numbers on a busy machine")
-    args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    min_time = 0.1 if args.quick else 0.4
-    variants = [c.name for c in cpuinfer._selection.candidates if c.installed and c.runnable]
-    modules = {v: importlib.import_module(f"cpuinfer._C_{v}") for v in variants}
+    min_time, variants, modules = setup_run(argv, __doc__.splitlines()[0])
     print(f"cpuinfer {cpuinfer.__version__}; torch {torch.__version__}, {torch.get_num_threads()} threads; "
           f"bf16 out = x[M, K] @ W[N, K]^T; variants: {', '.join(variants)}")
     cols = [*variants, "torch-bf16", "torch-f32"]
