@@ -104,7 +104,7 @@ Heads check_heads(const Out &t, const char *name, int64_t head_size) {
     return {tokens, feat / head_size, stride};
 }
 
-void py_rotary_embedding(nb::ndarray<nb::ro> positions, Out query, std::optional<Out> key, int64_t head_size,
+void py_rotary_embedding(In positions, Out query, std::optional<Out> key, int64_t head_size,
                          In cos_sin_cache, bool is_neox) {
     DType dt = float_dtype(query, "query");
     if (head_size <= 0) fail_value("head_size must be positive, got " + std::to_string(head_size));

@@ -9,12 +9,13 @@
 #include <string>
 
 #include "../common/dtype.h"
+#include "tensor_arg.h"
 
 namespace cpuinfer::bind {
 
 namespace nb = nanobind;
-using In = nb::ndarray<nb::ro>;   // read-only view is enough
-using Out = nb::ndarray<>;        // written in place
+using In = TensorArg<true>;    // read only
+using Out = TensorArg<false>;  // written in place
 
 [[noreturn]] inline void fail_type(const std::string &msg) { throw nb::type_error(msg.c_str()); }
 [[noreturn]] inline void fail_value(const std::string &msg) { throw nb::value_error(msg.c_str()); }

@@ -35,6 +35,10 @@ void run(T *out, int64_t out_stride, const T *in, int64_t in_stride, int64_t row
             const T *x = in + r * in_stride;
             T *o = out + r * out_stride;
             int64_t i = c0;
+            for (; i + 2 * W <= c1; i += 2 * W) {
+                vec::vf2 g = vec::load2(x + i), u = vec::load2(x + d + i);
+                vec::store2(o + i, {vec::mul(activate<A>(g.a), u.a), vec::mul(activate<A>(g.b), u.b)});
+            }
             for (; i + W <= c1; i += W) {
                 vec::store(o + i, vec::mul(activate<A>(vec::load(x + i)), vec::load(x + d + i)));
             }

@@ -11,21 +11,25 @@ namespace {
 // Rows per parallel task: enough work per task to pay for the hand-off.
 int64_t row_grain(int64_t hidden) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(hidden, 1)); }
 
+// Rows are walked in pairs of vectors (vec::load2/store2: the cheapest lane
+// order for T), then single vectors, then scalars.
 template <typename T>
 float sum_squares(const T *x, int64_t n) {
     const int W = vec::width();
-    vec::vf acc0 = vec::zero(), acc1 = vec::zero();
+    vec::vf acc0 = vec::zero(), acc1 = vec::zero(), acc2 = vec::zero(), acc3 = vec::zero();
     int64_t i = 0;
-    for (; i + 2 * W <= n; i += 2 * W) {
-        vec::vf a = vec::load(x + i), b = vec::load(x + i + W);
-        acc0 = vec::fma(a, a, acc0);
-        acc1 = vec::fma(b, b, acc1);
+    for (; i + 4 * W <= n; i += 4 * W) {
+        vec::vf2 p = vec::load2(x + i), q = vec::load2(x + i + 2 * W);
+        acc0 = vec::fma(p.a, p.a, acc0);
+        acc1 = vec::fma(p.b, p.b, acc1);
+        acc2 = vec::fma(q.a, q.a, acc2);
+        acc3 = vec::fma(q.b, q.b, acc3);
     }
     for (; i + W <= n; i += W) {
         vec::vf a = vec::load(x + i);
         acc0 = vec::fma(a, a, acc0);
     }
-    float s = vec::reduce_add(vec::add(acc0, acc1));
+    float s = vec::reduce_add(vec::add(vec::add(acc0, acc1), vec::add(acc2, acc3)));
     for (; i < n; ++i) {
         float v = to_f32(x[i]);
         s += v * v;
@@ -38,8 +42,25 @@ void scale_row(T *out, const T *x, const T *w, int64_t n, float inv) {
     const int W = vec::width();
     vec::vf s = vec::splat(inv);
     int64_t i = 0;
+    for (; i + 2 * W <= n; i += 2 * W) {
+        vec::vf2 xv = vec::load2(x + i), wv = vec::load2(w + i);
+        vec::store2(out + i, {vec::mul(vec::mul(xv.a, s), wv.a), vec::mul(vec::mul(xv.b, s), wv.b)});
+    }
     for (; i + W <= n; i += W) vec::store(out + i, vec::mul(vec::mul(vec::load(x + i), s), vec::load(w + i)));
     for (; i < n; ++i) out[i] = from_f32<T>(to_f32(x[i]) * inv * to_f32(w[i]));
+}
+
+// residual <- x + residual, rounded to T (as an unfused add in T would be).
+template <typename T>
+void add_into(T *residual, const T *x, int64_t n) {
+    const int W = vec::width();
+    int64_t i = 0;
+    for (; i + 2 * W <= n; i += 2 * W) {
+        vec::vf2 xv = vec::load2(x + i), rv = vec::load2(residual + i);
+        vec::store2(residual + i, {vec::add(xv.a, rv.a), vec::add(xv.b, rv.b)});
+    }
+    for (; i + W <= n; i += W) vec::store(residual + i, vec::add(vec::load(x + i), vec::load(residual + i)));
+    for (; i < n; ++i) residual[i] = from_f32<T>(to_f32(x[i]) + to_f32(residual[i]));
 }
 
 }  // namespace
@@ -68,16 +89,11 @@ void fused_add_rms_norm(DType dt, void *x, int64_t x_stride, void *residual, int
         T *xp = static_cast<T *>(x);
         T *rp = static_cast<T *>(residual);
         const T *w = static_cast<const T *>(weight);
-        const int W = vec::width();
         parallel_for(rows, row_grain(hidden), [&](int64_t b, int64_t e) {
             for (int64_t r = b; r < e; ++r) {
                 T *xr = xp + r * x_stride;
                 T *rr = rp + r * res_stride;
-                int64_t i = 0;
-                // The sum is rounded to T before it is normalised, as an
-                // unfused residual add in T followed by rms_norm would do.
-                for (; i + W <= hidden; i += W) vec::store(rr + i, vec::add(vec::load(xr + i), vec::load(rr + i)));
-                for (; i < hidden; ++i) rr[i] = from_f32<T>(to_f32(xr[i]) + to_f32(rr[i]));
+                add_into(rr, xr, hidden);
                 float inv = 1.0f / std::sqrt(sum_squares(rr, hidden) / float(hidden) + eps);
                 scale_row(xr, rr, w, hidden, inv);
             }

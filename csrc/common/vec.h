@@ -12,6 +12,13 @@
 //   round(vf)               to nearest integer (ties to even)
 //   pow2i(vf n)             2^n for integral n in [-126, 127]
 //   float reduce_add(vf), reduce_max(vf)
+//   vf2 load2(const T*), void store2(T*, vf2)
+//                           2*width() consecutive elements as two vectors, in a
+//                           lane order the layer may choose per T (x86 keeps
+//                           bf16 as even/odd elements, which saves the widening
+//                           shuffles). Only for element-wise work where every
+//                           operand goes through load2 and every result through
+//                           store2. Defaults below: load(p), load(p + width()).
 // Transcendentals (exp, erf, tanh) are built once below from these.
 #pragma once
 #include "dtype.h"
@@ -41,6 +48,16 @@ constexpr int kCacheLine = 64;
 #endif
 
 namespace cpuinfer::vec {
+
+#if !defined(CPUINFER_VEC_HAS_VF2)
+struct vf2 { vf a, b; };
+#endif
+// Layers overload these for the types where another lane order pays; a
+// non-template overload wins over these templates.
+template <typename T>
+inline vf2 load2(const T *p) { return {load(p), load(p + width())}; }
+template <typename T>
+inline void store2(T *p, vf2 v) { store(p, v.a); store(p + width(), v.b); }
 
 // exp(x) in f32: range reduction x = n*ln2 + r, |r| <= ln2/2, then a degree-6
 // polynomial for e^r (Cephes expf coefficients); max relative error ~2 ulp.

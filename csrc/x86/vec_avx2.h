@@ -20,16 +20,36 @@ inline vf load(const bf16_t *p) {
     __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p)));
     return {_mm256_castsi256_ps(_mm256_slli_epi32(w, 16))};
 }
-// Round to nearest even; NaN -> quiet NaN, matching torch.
-inline void store(bf16_t *p, vf a) {
+// Round to nearest even into the high 16 bits of each lane (the low 16 are
+// garbage); NaN -> quiet NaN, matching torch.
+inline __m256i round_bf16_high(vf a) {
     __m256i u = _mm256_castps_si256(a.v);
     __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+    __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb);
     __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(a.v, a.v, _CMP_UNORD_Q));
-    __m256i qnan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
-    r = _mm256_blendv_epi8(r, qnan, nan);
+    return _mm256_blendv_epi8(r, _mm256_or_si256(u, _mm256_set1_epi32(0x00400000)), nan);
+}
+inline void store(bf16_t *p, vf a) {
+    __m256i r = _mm256_srli_epi32(round_bf16_high(a), 16);
     __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0xd8);
     _mm_storeu_si128(reinterpret_cast<__m128i *>(p), _mm256_castsi256_si128(packed));
+}
+
+// bf16 pairs (see vec.h: load2/store2) hold the even elements in .a and the
+// odd ones in .b: a bf16 is the high half of an f32, so 16 bf16 in one ymm
+// are 8 odd f32 as they stand and 8 even f32 after a 16-bit shift. No
+// widening shuffle on load, no pack or permute on store.
+#define CPUINFER_VEC_HAS_VF2
+struct vf2 { vf a, b; };
+inline vf2 load2(const bf16_t *p) {
+    __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p));
+    return {{_mm256_castsi256_ps(_mm256_slli_epi32(w, 16))},
+            {_mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(int(0xffff0000u))))}};
+}
+inline void store2(bf16_t *p, vf2 v) {
+    __m256i even = _mm256_srli_epi32(round_bf16_high(v.a), 16);
+    __m256i odd = _mm256_and_si256(round_bf16_high(v.b), _mm256_set1_epi32(int(0xffff0000u)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i *>(p), _mm256_or_si256(even, odd));
 }
 
 inline vf load(const f16_t *p) { return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p)))}; }

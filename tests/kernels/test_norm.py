@@ -45,6 +45,49 @@ def test_fused_add_rms_norm(kernels, dtype, shape):
     assert_close(x, expected, dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_residual_add_rounds_every_bit_pattern_like_torch(kernels, dtype):
+    """The 16-bit stores (vector pairs, single vectors, scalar tail) round to nearest even like torch.
+
+    The residual add is one f32 add and one rounding, so it must match torch bit for bit on random
+    bit patterns (subnormals, infinities, NaN), on exact ties and on carries into the exponent.
+    """
+    n = 4096 + 8 + 5  # whole vector pairs, then one vector, then a scalar tail on every layer
+    bits = torch.randint(-(2**15), 2**15, (2, n), dtype=torch.int16)
+    x, res = bits.view(dtype).clone()
+    one = torch.ones(64, dtype=torch.float32)
+    ulp = 2.0 ** (-7 if dtype == torch.bfloat16 else -10)
+    # 1 + half an ulp (tie, down to even), 1 + 1.5 ulp (tie, up to even), just under 2 (carry)
+    x[:64] = one.to(dtype)
+    res[:64] = torch.tensor([ulp / 2, ulp * 1.5, 1 - ulp / 2, -ulp / 4] * 16).to(dtype)
+    expected = x.float() + res.float()
+    expected = expected.to(dtype)
+    w = torch.ones(n, dtype=dtype)
+    kernels.fused_add_rms_norm(x.clone(), res, w, 1e-6)
+    nan = expected.isnan()
+    assert torch.equal(res.isnan(), nan)
+    assert torch.equal(res[~nan].view(torch.int16), expected[~nan].view(torch.int16))
+
+
+def test_numpy_arrays_and_views_into_a_larger_storage(kernels):
+    """Torch tensors come in through DLPack's C exchange API, other DLPack arrays through nanobind's import."""
+    np = pytest.importorskip("numpy")
+    x = np.random.default_rng(0).standard_normal((3, 40)).astype(np.float32)
+    w = np.linspace(0.5, 1.5, 40, dtype=np.float32)
+    out = np.empty_like(x)
+    kernels.rms_norm(out, x, w, 1e-6)
+    assert_close(torch.from_numpy(out), ref_rms_norm(torch.from_numpy(x), torch.from_numpy(w), 1e-6), torch.float32)
+
+    base = torch.randn(5, 48, dtype=torch.bfloat16)
+    view = base[2:, 8:]  # starts 2 * 48 + 8 elements into the storage
+    wt = torch.randn(40, dtype=torch.bfloat16)
+    expected = ref_rms_norm(view, wt, 1e-6)
+    before = base.clone()
+    kernels.rms_norm(view, view, wt, 1e-6)
+    assert_close(view, expected, torch.bfloat16)
+    assert torch.equal(base[:2], before[:2]) and torch.equal(base[:, :8], before[:, :8])
+
+
 def test_rms_norm_bad_input(kernels):
     x = torch.randn(4, 64)
     w = torch.randn(64)

@@ -57,8 +57,9 @@ def test_no_server_errors_and_no_hangs(operations, server):
     the documented bounds are tested one by one in test_openai_api.
     """
     for operation in operations:
-        strategy = st.one_of(operation.as_strategy(GenerationMode.POSITIVE),
-                             operation.as_strategy(GenerationMode.NEGATIVE))
+        strategy = st.one_of(
+            operation.as_strategy(GenerationMode.POSITIVE), operation.as_strategy(GenerationMode.NEGATIVE)
+        )
 
         @given(case=strategy)
         @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None)
