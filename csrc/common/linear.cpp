@@ -17,8 +17,28 @@
 namespace cpuinfer {
 namespace {
 
+#ifndef CPUINFER_LINEAR_PREFETCH
+#define CPUINFER_LINEAR_PREFETCH 1
+#endif
+
 constexpr int kNR = 4;  // weight rows per tile
 constexpr int kMR = 4;  // x rows per tile (4 x 4 accumulators fill AVX2's 16 registers with some spill)
+
+// The two vectors of a load2, one at a time (the unused half is dead code).
+template <typename T>
+inline vec::vf first_half(const T *p) { return vec::load2(p).a; }
+template <typename T>
+inline vec::vf second_half(const T *p) { return vec::load2(p).b; }
+
+// c_j += a * b_j for j < NR.
+template <int NR>
+inline void mac(vec::vf a, vec::vf b0, vec::vf b1, vec::vf b2, vec::vf b3, vec::vf &c0, vec::vf &c1, vec::vf &c2,
+                vec::vf &c3) {
+    c0 = vec::fma(a, b0, c0);
+    if constexpr (NR > 1) c1 = vec::fma(a, b1, c1);
+    if constexpr (NR > 2) c2 = vec::fma(a, b2, c2);
+    if constexpr (NR > 3) c3 = vec::fma(a, b3, c3);
+}
 
 // acc[m * NR + j] = dot(x row m, W row j) over K, for m < MR, j < NR.
 // Accumulators are named variables, not arrays: SVE vectors are sizeless.
@@ -32,39 +52,36 @@ inline void tile(const T *x, int64_t xs, const T *w, int64_t K, float *acc) {
     vf c10 = zero(), c11 = zero(), c12 = zero(), c13 = zero();
     vf c20 = zero(), c21 = zero(), c22 = zero(), c23 = zero();
     vf c30 = zero(), c31 = zero(), c32 = zero(), c33 = zero();
+    // One step: for every (x row m, weight row j), c_mj += LD(x_m + k) * LD(w_j + k).
+#define CPUINFER_TILE_STEP(LD)                                                                  \
+    do {                                                                                        \
+        vf b0 = LD(w0 + k), b1 = b0, b2 = b0, b3 = b0;                                          \
+        if constexpr (NR > 1) b1 = LD(w1 + k);                                                  \
+        if constexpr (NR > 2) b2 = LD(w2 + k);                                                  \
+        if constexpr (NR > 3) b3 = LD(w3 + k);                                                  \
+        mac<NR>(LD(x0 + k), b0, b1, b2, b3, c00, c01, c02, c03);                                \
+        if constexpr (MR > 1) mac<NR>(LD(x1 + k), b0, b1, b2, b3, c10, c11, c12, c13);          \
+        if constexpr (MR > 2) mac<NR>(LD(x2 + k), b0, b1, b2, b3, c20, c21, c22, c23);          \
+        if constexpr (MR > 3) mac<NR>(LD(x3 + k), b0, b1, b2, b3, c30, c31, c32, c33);          \
+    } while (0)
     int64_t k = 0;
-    for (; k + W <= K; k += W) {
-        vf b0 = load(w0 + k), b1 = b0, b2 = b0, b3 = b0;
-        if constexpr (NR > 1) b1 = load(w1 + k);
-        if constexpr (NR > 2) b2 = load(w2 + k);
-        if constexpr (NR > 3) b3 = load(w3 + k);
-        vf a = load(x0 + k);
-        c00 = fma(a, b0, c00);
-        if constexpr (NR > 1) c01 = fma(a, b1, c01);
-        if constexpr (NR > 2) c02 = fma(a, b2, c02);
-        if constexpr (NR > 3) c03 = fma(a, b3, c03);
-        if constexpr (MR > 1) {
-            a = load(x1 + k);
-            c10 = fma(a, b0, c10);
-            if constexpr (NR > 1) c11 = fma(a, b1, c11);
-            if constexpr (NR > 2) c12 = fma(a, b2, c12);
-            if constexpr (NR > 3) c13 = fma(a, b3, c13);
+    // 2W elements of K per step through load2 (bf16 on x86 splits into
+    // even/odd lanes with no shuffle; a dot product does not care about lane
+    // order), one half at a time so that MR = 4 fits the registers. Every MR
+    // accumulates in the same order, so a row's result does not depend on
+    // how many rows are computed together.
+    for (; k + 2 * W <= K; k += 2 * W) {
+        // The weight streams from memory: fetch the next tile's rows (the
+        // next NR rows, adjacent in memory) one cache line ahead per row.
+        if (CPUINFER_LINEAR_PREFETCH && (k * int64_t(sizeof(T))) % tuning::kCacheLine == 0) {
+            const T *next = w0 + NR * K + k;
+            for (int j = 0; j < NR; ++j) __builtin_prefetch(next + j * K);
         }
-        if constexpr (MR > 2) {
-            a = load(x2 + k);
-            c20 = fma(a, b0, c20);
-            if constexpr (NR > 1) c21 = fma(a, b1, c21);
-            if constexpr (NR > 2) c22 = fma(a, b2, c22);
-            if constexpr (NR > 3) c23 = fma(a, b3, c23);
-        }
-        if constexpr (MR > 3) {
-            a = load(x3 + k);
-            c30 = fma(a, b0, c30);
-            if constexpr (NR > 1) c31 = fma(a, b1, c31);
-            if constexpr (NR > 2) c32 = fma(a, b2, c32);
-            if constexpr (NR > 3) c33 = fma(a, b3, c33);
-        }
+        CPUINFER_TILE_STEP(first_half);
+        CPUINFER_TILE_STEP(second_half);
     }
+    for (; k + W <= K; k += W) CPUINFER_TILE_STEP(load);
+#undef CPUINFER_TILE_STEP
     acc[0] = reduce_add(c00);
     if constexpr (NR > 1) acc[1] = reduce_add(c01);
     if constexpr (NR > 2) acc[2] = reduce_add(c02);
@@ -125,11 +142,13 @@ inline void rows_block(T *out, int64_t os, const T *x, int64_t xs, const T *w, c
 template <typename T>
 void run(T *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, int64_t M, int64_t N, int64_t K) {
     const int64_t blocks = N / kNR;
-    // Each task gets at least ~512K multiply-adds (tens of microseconds):
-    // waking a team costs microseconds on an idle machine but a whole
-    // scheduler slice when cores are oversubscribed, so small decode
-    // projections stay on one thread and big ones (LM head, prefill) split.
-    const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 19) / (kNR * K * std::min<int64_t>(M, 64)));
+    // Each task gets at least ~64K multiply-adds (~128 KB of bf16 weight,
+    // ~10 us from memory): waking the team costs a few microseconds on an
+    // idle machine, and a decode step is a chain of ~100 such projections
+    // that must each use every core to use the memory bandwidth of all of
+    // them. (On oversubscribed cores each hand-off costs a scheduler slice
+    // instead; give the engine dedicated cores.)
+    const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / (kNR * K * std::min<int64_t>(M, 64)));
     // Many rows (prefill): take x in chunks so that a chunk stays in cache
     // while the task's weight rows stream past it. Each output element is
     // computed the same way whatever M is, so results do not depend on batching.
