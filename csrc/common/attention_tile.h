@@ -57,7 +57,29 @@ constexpr int unroll() {
     return R == 1 ? 4 : R <= kTileRows / 2 ? 2 : 1;
 }
 
-// s[r * s_stride + j] = dot(q[r * D ..], k[j * D ..]) for j in [j0, j1).
+// The two vectors of a load2, one at a time (the unused half is dead code).
+template <typename C>
+inline vec::vf first_half(const C *p) { return vec::load2(p).a; }
+template <typename C>
+inline vec::vf second_half(const C *p) { return vec::load2(p).b; }
+
+// Head dimensions are walked as whole load2 pairs (keys and values in the
+// cheapest lane order for C, one half at a time), then single vectors.
+// Query rows and output accumulators are kept in the matching order
+// (vec::pair_order<C>), so every product meets its own element.
+// BODY(LD, ck, cq) handles the W elements at offset ck of a key/value row
+// (loaded with LD) and at offset cq of a query/accumulator row.
+#define CPUINFER_HEAD_DIM_LOOP(BODY)                 \
+    {                                                \
+        int64_t c_ = 0;                              \
+        for (; c_ + 2 * W <= Dv; c_ += 2 * W) {      \
+            BODY(first_half, c_, c_)                 \
+            BODY(second_half, c_, c_ + W)            \
+        }                                            \
+        for (; c_ < Dv; c_ += W) { BODY(load, c_, c_) } \
+    }
+
+// s[r * s_stride + j] = dot(q[r * D ..], k[j * D ..]) for j in [j0, j1); q rows in pair order.
 template <int R, typename C>
 inline void qk_tile(const float *q, int64_t D, const C *k, int64_t j0, int64_t j1, float *s, int64_t s_stride) {
     using namespace vec;
@@ -70,20 +92,24 @@ inline void qk_tile(const float *q, int64_t D, const C *k, int64_t j0, int64_t j
 #define DECL(i) vf a##i = zero(), b##i = zero(), c##i = zero(), d##i = zero();
         CPUINFER_ROWS(DECL)
 #undef DECL
-        for (int64_t c = 0; c < Dv; c += W) {
-            vf k0 = load(kj + c), k1 = k0, k2 = k0, k3 = k0;
-            if constexpr (U >= 2) k1 = load(kj + D + c);
-            if constexpr (U >= 4) k2 = load(kj + 2 * D + c), k3 = load(kj + 3 * D + c);
-#define STEP(i)                                    \
-    if constexpr (i < R) {                         \
-        vf qv = load(q + i * D + c);               \
-        a##i = fma(qv, k0, a##i);                  \
-        if constexpr (U >= 2) b##i = fma(qv, k1, b##i); \
-        if constexpr (U >= 4) c##i = fma(qv, k2, c##i), d##i = fma(qv, k3, d##i); \
-    }
-            CPUINFER_ROWS(STEP)
-#undef STEP
+#define BODY(LD, ck, cq)                                                              \
+        {                                                                             \
+            const int64_t cq_ = cq;                                                   \
+            vf k0 = LD(kj + ck), k1 = k0, k2 = k0, k3 = k0;                           \
+            if constexpr (U >= 2) k1 = LD(kj + D + ck);                               \
+            if constexpr (U >= 4) k2 = LD(kj + 2 * D + ck), k3 = LD(kj + 3 * D + ck); \
+            CPUINFER_ROWS(STEP)                                                       \
         }
+#define STEP(i)                                                                       \
+    if constexpr (i < R) {                                                            \
+        vf qv = load(q + i * D + cq_);                                                \
+        a##i = fma(qv, k0, a##i);                                                     \
+        if constexpr (U >= 2) b##i = fma(qv, k1, b##i);                               \
+        if constexpr (U >= 4) c##i = fma(qv, k2, c##i), d##i = fma(qv, k3, d##i);     \
+    }
+        CPUINFER_HEAD_DIM_LOOP(BODY)
+#undef STEP
+#undef BODY
 #define OUT(i)                                                               \
     if constexpr (i < R) {                                                   \
         s[i * s_stride + j] = reduce_add(a##i);                              \
@@ -98,12 +124,16 @@ inline void qk_tile(const float *q, int64_t D, const C *k, int64_t j0, int64_t j
 #define DECL(i) vf a##i = zero();
         CPUINFER_ROWS(DECL)
 #undef DECL
-        for (int64_t c = 0; c < Dv; c += W) {
-            vf kv = load(kj + c);
-#define STEP(i) if constexpr (i < R) a##i = fma(load(q + i * D + c), kv, a##i);
-            CPUINFER_ROWS(STEP)
-#undef STEP
+#define BODY(LD, ck, cq)                  \
+        {                                 \
+            const int64_t cq_ = cq;       \
+            vf kv = LD(kj + ck);          \
+            CPUINFER_ROWS(STEP)           \
         }
+#define STEP(i) if constexpr (i < R) a##i = fma(load(q + i * D + cq_), kv, a##i);
+        CPUINFER_HEAD_DIM_LOOP(BODY)
+#undef STEP
+#undef BODY
 #define OUT(i) if constexpr (i < R) s[i * s_stride + j] = reduce_add(a##i);
         CPUINFER_ROWS(OUT)
 #undef OUT
@@ -117,7 +147,7 @@ inline void qk_tile(const float *q, int64_t D, const C *k, int64_t j0, int64_t j
     }
 }
 
-// acc[r] = acc[r] * alpha[r] + sum_j p[r * p_stride + j] * v[j * D ..] for j in [j0, j1).
+// acc[r] = acc[r] * alpha[r] + sum_j p[r * p_stride + j] * v[j * D ..] for j in [j0, j1); acc rows in pair order.
 template <int R, typename C>
 inline void pv_tile(float *acc, int64_t D, const float *alpha, const float *p, int64_t p_stride, const C *v,
                     int64_t j0, int64_t j1) {
@@ -125,56 +155,72 @@ inline void pv_tile(float *acc, int64_t D, const float *alpha, const float *p, i
     constexpr int U = unroll<R>();
     const int64_t W = width();
     const int64_t Dv = D - D % W;
+    const int64_t D2 = Dv - Dv % (2 * W);  // whole load2 pairs
     int64_t c = 0;
-    for (; c + U * W <= Dv; c += U * W) {
+    if constexpr (U >= 2) {  // U * W is a whole number of pairs
+        for (; c + U * W <= D2; c += U * W) {
 #define DECL(i)                                                                        \
     vf a##i = zero(), b##i = zero(), c##i = zero(), d##i = zero();                     \
     if constexpr (i < R) {                                                             \
         vf al = splat(alpha[i]);                                                       \
         a##i = mul(load(acc + i * D + c), al);                                         \
-        if constexpr (U >= 2) b##i = mul(load(acc + i * D + c + W), al);               \
+        b##i = mul(load(acc + i * D + c + W), al);                                     \
         if constexpr (U >= 4) c##i = mul(load(acc + i * D + c + 2 * W), al), d##i = mul(load(acc + i * D + c + 3 * W), al); \
     }
-        CPUINFER_ROWS(DECL)
+            CPUINFER_ROWS(DECL)
 #undef DECL
-        for (int64_t j = j0; j < j1; ++j) {
-            const C *vj = v + j * D + c;
-            vf v0 = load(vj), v1 = v0, v2 = v0, v3 = v0;
-            if constexpr (U >= 2) v1 = load(vj + W);
-            if constexpr (U >= 4) v2 = load(vj + 2 * W), v3 = load(vj + 3 * W);
+            for (int64_t j = j0; j < j1; ++j) {
+                const C *vj = v + j * D + c;
+                vf2 v01 = load2(vj);
+                vf v0 = v01.a, v1 = v01.b, v2 = v0, v3 = v0;
+                if constexpr (U >= 4) {
+                    vf2 v23 = load2(vj + 2 * W);
+                    v2 = v23.a, v3 = v23.b;
+                }
 #define STEP(i)                                                    \
     if constexpr (i < R) {                                         \
         vf pj = splat(p[i * p_stride + j]);                        \
         a##i = fma(pj, v0, a##i);                                  \
-        if constexpr (U >= 2) b##i = fma(pj, v1, b##i);            \
+        b##i = fma(pj, v1, b##i);                                  \
         if constexpr (U >= 4) c##i = fma(pj, v2, c##i), d##i = fma(pj, v3, d##i); \
     }
-            CPUINFER_ROWS(STEP)
+                CPUINFER_ROWS(STEP)
 #undef STEP
-        }
+            }
 #define OUT(i)                                                                   \
     if constexpr (i < R) {                                                       \
         store(acc + i * D + c, a##i);                                            \
-        if constexpr (U >= 2) store(acc + i * D + c + W, b##i);                  \
+        store(acc + i * D + c + W, b##i);                                        \
         if constexpr (U >= 4) store(acc + i * D + c + 2 * W, c##i), store(acc + i * D + c + 3 * W, d##i); \
     }
-        CPUINFER_ROWS(OUT)
+            CPUINFER_ROWS(OUT)
 #undef OUT
-    }
-    for (; c < Dv; c += W) {  // chunks left over from the unrolled loop
-#define DECL(i) vf a##i = zero(); if constexpr (i < R) a##i = mul(load(acc + i * D + c), splat(alpha[i]));
-        CPUINFER_ROWS(DECL)
-#undef DECL
-        for (int64_t j = j0; j < j1; ++j) {
-            vf vv = load(v + j * D + c);
-#define STEP(i) if constexpr (i < R) a##i = fma(splat(p[i * p_stride + j]), vv, a##i);
-            CPUINFER_ROWS(STEP)
-#undef STEP
         }
-#define OUT(i) if constexpr (i < R) store(acc + i * D + c, a##i);
-        CPUINFER_ROWS(OUT)
-#undef OUT
     }
+    // Chunks left over from the unrolled loop (all of them when U == 1):
+    // W accumulator lanes at offset ca, values loaded with LD at offset cv.
+#define BODY(LD, cv, ca)                                                                       \
+    {                                                                                          \
+        const int64_t ca_ = ca, cv_ = cv;                                                      \
+        CPUINFER_ROWS(DECL)                                                                    \
+        for (int64_t j = j0; j < j1; ++j) {                                                    \
+            vf vv = LD(v + j * D + cv_);                                                       \
+            CPUINFER_ROWS(STEP)                                                                \
+        }                                                                                      \
+        CPUINFER_ROWS(OUT)                                                                     \
+    }
+#define DECL(i) vf a##i = zero(); if constexpr (i < R) a##i = mul(load(acc + i * D + ca_), splat(alpha[i]));
+#define STEP(i) if constexpr (i < R) a##i = fma(splat(p[i * p_stride + j]), vv, a##i);
+#define OUT(i) if constexpr (i < R) store(acc + i * D + ca_, a##i);
+    for (; c + 2 * W <= D2; c += 2 * W) {
+        BODY(first_half, c, c)
+        BODY(second_half, c, c + W)
+    }
+    for (; c < Dv; c += W) BODY(load, c, c)
+#undef OUT
+#undef STEP
+#undef DECL
+#undef BODY
     for (c = Dv; c < D; ++c) {
         for (int r = 0; r < R; ++r) {
             float a = acc[r * D + c] * alpha[r];
@@ -184,6 +230,7 @@ inline void pv_tile(float *acc, int64_t D, const float *alpha, const float *p, i
     }
 }
 
+#undef CPUINFER_HEAD_DIM_LOOP
 #undef CPUINFER_ROWS
 
 }  // namespace cpuinfer::attn

@@ -178,6 +178,8 @@ struct Runner {
         }
         std::memset(acc, 0, sizeof(float) * rows * D);
 #if defined(CPUINFER_ATTN_AMX)
+        // The AMX and AVX512-BF16 paths take raw bf16 rows and write natural
+        // order: they rely on the AVX-512 layer keeping load2 in natural order.
         const bool amx = kBf16 && rows >= attn::kAmxMinRows;
         if (amx) {
             // Q^T of every 16-row tile, packed once for all the unit's blocks.
@@ -299,14 +301,20 @@ struct Runner {
         }
     }
 
+    // A query row as f32, in the lane order of the cache's load2 (the tiles'
+    // products meet keys and values in that order).
     void load_row(float *dst, const T *src) {
         const int64_t W = vec::width();
         int64_t i = 0;
         for (; i + W <= D; i += W) vec::store(dst + i, vec::load(src + i));
         for (; i < D; ++i) dst[i] = to_f32(src[i]);
+        vec::pair_order(dst, D, static_cast<const C *>(nullptr));
     }
 
-    void store_row(T *dst, const float *src, float mul) {
+    // An output row from its accumulator (in the cache's load2 lane order;
+    // put back in natural order here, in place).
+    void store_row(T *dst, float *src, float mul) {
+        vec::natural_order(src, D, static_cast<const C *>(nullptr));
         const int64_t W = vec::width();
         vec::vf vm = vec::splat(mul);
         int64_t i = 0;

@@ -19,6 +19,7 @@
 //                           shuffles). Only for element-wise work where every
 //                           operand goes through load2 and every result through
 //                           store2. Defaults below: load(p), load(p + width()).
+//   pair_order / natural_order   f32 rows to and from that lane order (below)
 // Transcendentals (exp, erf, tanh) are built once below from these.
 #pragma once
 #include "dtype.h"
@@ -58,6 +59,17 @@ template <typename T>
 inline vf2 load2(const T *p) { return {load(p), load(p + width())}; }
 template <typename T>
 inline void store2(T *p, vf2 v) { store(p, v.a); store(p + width(), v.b); }
+
+// An f32 row that meets load2(const C*) results lane by lane (a query row
+// against keys, an accumulator against values) is kept in that lane order:
+// pair_order permutes each whole 2*width() chunk of x[0, n) from natural
+// order into it, natural_order undoes it (the tail stays natural). The C*
+// argument only selects the element type. Identity unless the layer
+// overloads load2 for C.
+template <typename C>
+inline void pair_order(float *, int64_t, const C *) {}
+template <typename C>
+inline void natural_order(float *, int64_t, const C *) {}
 
 // exp(x) in f32: range reduction x = n*ln2 + r, |r| <= ln2/2, then a degree-6
 // polynomial for e^r (Cephes expf coefficients); max relative error ~2 ulp.

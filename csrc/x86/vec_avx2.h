@@ -52,6 +52,27 @@ inline void store2(bf16_t *p, vf2 v) {
     _mm256_storeu_si256(reinterpret_cast<__m256i *>(p), _mm256_or_si256(even, odd));
 }
 
+// f32 rows to and from the bf16 pair order (even elements, then odd, per 16).
+inline void pair_order(float *x, int64_t n, const bf16_t *) {
+    for (int64_t i = 0; i + 2 * kW <= n; i += 2 * kW) {
+        __m256 lo = _mm256_loadu_ps(x + i), hi = _mm256_loadu_ps(x + i + kW);
+        // x0 x2 x8 x10 | x4 x6 x12 x14, then the 64-bit pairs into order
+        __m256 even = _mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0));
+        __m256 odd = _mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1));
+        _mm256_storeu_ps(x + i, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(even), 0xd8)));
+        _mm256_storeu_ps(x + i + kW, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(odd), 0xd8)));
+    }
+}
+inline void natural_order(float *x, int64_t n, const bf16_t *) {
+    for (int64_t i = 0; i + 2 * kW <= n; i += 2 * kW) {
+        __m256 even = _mm256_loadu_ps(x + i), odd = _mm256_loadu_ps(x + i + kW);
+        __m256 lo = _mm256_unpacklo_ps(even, odd);  // x0 x1 x2 x3 | x8 x9 x10 x11
+        __m256 hi = _mm256_unpackhi_ps(even, odd);  // x4 x5 x6 x7 | x12 x13 x14 x15
+        _mm256_storeu_ps(x + i, _mm256_permute2f128_ps(lo, hi, 0x20));
+        _mm256_storeu_ps(x + i + kW, _mm256_permute2f128_ps(lo, hi, 0x31));
+    }
+}
+
 inline vf load(const f16_t *p) { return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p)))}; }
 inline void store(f16_t *p, vf a) {
     _mm_storeu_si128(reinterpret_cast<__m128i *>(p), _mm256_cvtps_ph(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
@@ -61,6 +82,12 @@ inline void store(f16_t *p, vf a) {
 inline vf load(const fp8_e5m2_t *p) {
     __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(p));
     return {_mm256_cvtph_ps(_mm_slli_epi16(_mm_cvtepu8_epi16(b), 8))};
+}
+
+// 16 at once in natural order: one widening, two conversions.
+inline vf2 load2(const fp8_e5m2_t *p) {
+    __m256i h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))), 8);
+    return {{_mm256_cvtph_ps(_mm256_castsi256_si128(h))}, {_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1))}};
 }
 
 inline vf add(vf a, vf b) { return {_mm256_add_ps(a.v, b.v)}; }
