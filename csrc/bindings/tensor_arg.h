@@ -46,7 +46,9 @@ inline const DLPackExchangeApiPrefix *exchange_api(PyTypeObject *type) {
     PyObject *cap = PyObject_GetAttrString(reinterpret_cast<PyObject *>(type), "__dlpack_c_exchange_api__");
     if (cap && PyCapsule_IsValid(cap, "dlpack_exchange_api")) {
         auto *a = static_cast<const DLPackExchangeApiPrefix *>(PyCapsule_GetPointer(cap, "dlpack_exchange_api"));
-        if (a && a->header.major == 1 && a->header.minor >= 2 && a->dltensor_from_py_object_no_sync) api = a;
+        // A newer major version links the older tables it still serves.
+        for (; a && !api; a = static_cast<const DLPackExchangeApiPrefix *>(a->header.prev_api))
+            if (a->header.major == 1 && a->header.minor >= 2 && a->dltensor_from_py_object_no_sync) api = a;
     }
     Py_XDECREF(cap);
     PyErr_Clear();
