@@ -36,8 +36,8 @@ void run(T *out, int64_t out_stride, const T *in, int64_t in_stride, int64_t row
             T *o = out + r * out_stride;
             int64_t i = c0;
             for (; i + 2 * W <= c1; i += 2 * W) {
-                vec::vf2 g = vec::load2(x + i), u = vec::load2(x + d + i);
-                vec::store2(o + i, {vec::mul(activate<A>(g.a), u.a), vec::mul(activate<A>(g.b), u.b)});
+                vec::store2(o + i, vec::mul(activate<A>(vec::load2a(x + i)), vec::load2a(x + d + i)),
+                            vec::mul(activate<A>(vec::load2b(x + i)), vec::load2b(x + d + i)));
             }
             for (; i + W <= c1; i += W) {
                 vec::store(o + i, vec::mul(activate<A>(vec::load(x + i)), vec::load(x + d + i)));

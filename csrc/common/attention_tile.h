@@ -57,13 +57,7 @@ constexpr int unroll() {
     return R == 1 ? 4 : R <= kTileRows / 2 ? 2 : 1;
 }
 
-// The two vectors of a load2, one at a time (the unused half is dead code).
-template <typename C>
-inline vec::vf first_half(const C *p) { return vec::load2(p).a; }
-template <typename C>
-inline vec::vf second_half(const C *p) { return vec::load2(p).b; }
-
-// Head dimensions are walked as whole load2 pairs (keys and values in the
+// Head dimensions are walked as whole load2a/b pairs (keys and values in the
 // cheapest lane order for C, one half at a time), then single vectors.
 // Query rows and output accumulators are kept in the matching order
 // (vec::pair_order<C>), so every product meets its own element.
@@ -73,8 +67,8 @@ inline vec::vf second_half(const C *p) { return vec::load2(p).b; }
     {                                                \
         int64_t c_ = 0;                              \
         for (; c_ + 2 * W <= Dv; c_ += 2 * W) {      \
-            BODY(first_half, c_, c_)                 \
-            BODY(second_half, c_, c_ + W)            \
+            BODY(load2a, c_, c_)                 \
+            BODY(load2b, c_, c_ + W)            \
         }                                            \
         for (; c_ < Dv; c_ += W) { BODY(load, c_, c_) } \
     }
@@ -155,7 +149,7 @@ inline void pv_tile(float *acc, int64_t D, const float *alpha, const float *p, i
     constexpr int U = unroll<R>();
     const int64_t W = width();
     const int64_t Dv = D - D % W;
-    const int64_t D2 = Dv - Dv % (2 * W);  // whole load2 pairs
+    const int64_t D2 = Dv - Dv % (2 * W);  // whole load2a/b pairs
     int64_t c = 0;
     if constexpr (U >= 2) {  // U * W is a whole number of pairs
         for (; c + U * W <= D2; c += U * W) {
@@ -171,12 +165,8 @@ inline void pv_tile(float *acc, int64_t D, const float *alpha, const float *p, i
 #undef DECL
             for (int64_t j = j0; j < j1; ++j) {
                 const C *vj = v + j * D + c;
-                vf2 v01 = load2(vj);
-                vf v0 = v01.a, v1 = v01.b, v2 = v0, v3 = v0;
-                if constexpr (U >= 4) {
-                    vf2 v23 = load2(vj + 2 * W);
-                    v2 = v23.a, v3 = v23.b;
-                }
+                vf v0 = load2a(vj), v1 = load2b(vj), v2 = v0, v3 = v0;
+                if constexpr (U >= 4) v2 = load2a(vj + 2 * W), v3 = load2b(vj + 2 * W);
 #define STEP(i)                                                    \
     if constexpr (i < R) {                                         \
         vf pj = splat(p[i * p_stride + j]);                        \
@@ -213,8 +203,8 @@ inline void pv_tile(float *acc, int64_t D, const float *alpha, const float *p, i
 #define STEP(i) if constexpr (i < R) a##i = fma(splat(p[i * p_stride + j]), vv, a##i);
 #define OUT(i) if constexpr (i < R) store(acc + i * D + ca_, a##i);
     for (; c + 2 * W <= D2; c += 2 * W) {
-        BODY(first_half, c, c)
-        BODY(second_half, c, c + W)
+        BODY(load2a, c, c)
+        BODY(load2b, c, c + W)
     }
     for (; c < Dv; c += W) BODY(load, c, c)
 #undef OUT

@@ -24,12 +24,6 @@ namespace {
 constexpr int kNR = 4;  // weight rows per tile
 constexpr int kMR = 4;  // x rows per tile (4 x 4 accumulators fill AVX2's 16 registers with some spill)
 
-// The two vectors of a load2, one at a time (the unused half is dead code).
-template <typename T>
-inline vec::vf first_half(const T *p) { return vec::load2(p).a; }
-template <typename T>
-inline vec::vf second_half(const T *p) { return vec::load2(p).b; }
-
 // c_j += a * b_j for j < NR.
 template <int NR>
 inline void mac(vec::vf a, vec::vf b0, vec::vf b1, vec::vf b2, vec::vf b3, vec::vf &c0, vec::vf &c1, vec::vf &c2,
@@ -65,7 +59,7 @@ inline void tile(const T *x, int64_t xs, const T *w, int64_t K, float *acc) {
         if constexpr (MR > 3) mac<NR>(LD(x3 + k), b0, b1, b2, b3, c30, c31, c32, c33);          \
     } while (0)
     int64_t k = 0;
-    // 2W elements of K per step through load2 (bf16 on x86 splits into
+    // 2W elements of K per step through load2a/b (bf16 on x86 splits into
     // even/odd lanes with no shuffle; a dot product does not care about lane
     // order), one half at a time so that MR = 4 fits the registers. Every MR
     // accumulates in the same order, so a row's result does not depend on
@@ -79,8 +73,8 @@ inline void tile(const T *x, int64_t xs, const T *w, int64_t K, float *acc) {
             const T *next = w0 + 2 * NR * K + k;
             for (int j = 0; j < NR; ++j) __builtin_prefetch(next + j * K);
         }
-        CPUINFER_TILE_STEP(first_half);
-        CPUINFER_TILE_STEP(second_half);
+        CPUINFER_TILE_STEP(load2a);
+        CPUINFER_TILE_STEP(load2b);
     }
     for (; k + W <= K; k += W) CPUINFER_TILE_STEP(load);
 #undef CPUINFER_TILE_STEP

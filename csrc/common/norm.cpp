@@ -11,7 +11,7 @@ namespace {
 // Rows per parallel task: enough work per task to pay for the hand-off.
 int64_t row_grain(int64_t hidden) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(hidden, 1)); }
 
-// Rows are walked in pairs of vectors (vec::load2/store2: the cheapest lane
+// Rows are walked in pairs of vectors (vec::load2a/b, store2: the cheapest lane
 // order for T), then single vectors, then scalars.
 template <typename T>
 float sum_squares(const T *x, int64_t n) {
@@ -19,11 +19,12 @@ float sum_squares(const T *x, int64_t n) {
     vec::vf acc0 = vec::zero(), acc1 = vec::zero(), acc2 = vec::zero(), acc3 = vec::zero();
     int64_t i = 0;
     for (; i + 4 * W <= n; i += 4 * W) {
-        vec::vf2 p = vec::load2(x + i), q = vec::load2(x + i + 2 * W);
-        acc0 = vec::fma(p.a, p.a, acc0);
-        acc1 = vec::fma(p.b, p.b, acc1);
-        acc2 = vec::fma(q.a, q.a, acc2);
-        acc3 = vec::fma(q.b, q.b, acc3);
+        vec::vf pa = vec::load2a(x + i), pb = vec::load2b(x + i);
+        vec::vf qa = vec::load2a(x + i + 2 * W), qb = vec::load2b(x + i + 2 * W);
+        acc0 = vec::fma(pa, pa, acc0);
+        acc1 = vec::fma(pb, pb, acc1);
+        acc2 = vec::fma(qa, qa, acc2);
+        acc3 = vec::fma(qb, qb, acc3);
     }
     for (; i + W <= n; i += W) {
         vec::vf a = vec::load(x + i);
@@ -43,8 +44,8 @@ void scale_row(T *out, const T *x, const T *w, int64_t n, float inv) {
     vec::vf s = vec::splat(inv);
     int64_t i = 0;
     for (; i + 2 * W <= n; i += 2 * W) {
-        vec::vf2 xv = vec::load2(x + i), wv = vec::load2(w + i);
-        vec::store2(out + i, {vec::mul(vec::mul(xv.a, s), wv.a), vec::mul(vec::mul(xv.b, s), wv.b)});
+        vec::store2(out + i, vec::mul(vec::mul(vec::load2a(x + i), s), vec::load2a(w + i)),
+                    vec::mul(vec::mul(vec::load2b(x + i), s), vec::load2b(w + i)));
     }
     for (; i + W <= n; i += W) vec::store(out + i, vec::mul(vec::mul(vec::load(x + i), s), vec::load(w + i)));
     for (; i < n; ++i) out[i] = from_f32<T>(to_f32(x[i]) * inv * to_f32(w[i]));
@@ -56,8 +57,8 @@ void add_into(T *residual, const T *x, int64_t n) {
     const int W = vec::width();
     int64_t i = 0;
     for (; i + 2 * W <= n; i += 2 * W) {
-        vec::vf2 xv = vec::load2(x + i), rv = vec::load2(residual + i);
-        vec::store2(residual + i, {vec::add(xv.a, rv.a), vec::add(xv.b, rv.b)});
+        vec::store2(residual + i, vec::add(vec::load2a(x + i), vec::load2a(residual + i)),
+                    vec::add(vec::load2b(x + i), vec::load2b(residual + i)));
     }
     for (; i + W <= n; i += W) vec::store(residual + i, vec::add(vec::load(x + i), vec::load(residual + i)));
     for (; i < n; ++i) residual[i] = from_f32<T>(to_f32(x[i]) + to_f32(residual[i]));

@@ -179,7 +179,7 @@ struct Runner {
         std::memset(acc, 0, sizeof(float) * rows * D);
 #if defined(CPUINFER_ATTN_AMX)
         // The AMX and AVX512-BF16 paths take raw bf16 rows and write natural
-        // order: they rely on the AVX-512 layer keeping load2 in natural order.
+        // order: they rely on the AVX-512 layer keeping load2a/b in natural order.
         const bool amx = kBf16 && rows >= attn::kAmxMinRows;
         if (amx) {
             // Q^T of every 16-row tile, packed once for all the unit's blocks.
@@ -301,7 +301,7 @@ struct Runner {
         }
     }
 
-    // A query row as f32, in the lane order of the cache's load2 (the tiles'
+    // A query row as f32, in the lane order of the cache's load2a/b (the tiles'
     // products meet keys and values in that order).
     void load_row(float *dst, const T *src) {
         const int64_t W = vec::width();
@@ -311,7 +311,7 @@ struct Runner {
         vec::pair_order(dst, D, static_cast<const C *>(nullptr));
     }
 
-    // An output row from its accumulator (in the cache's load2 lane order;
+    // An output row from its accumulator (in the cache's load2a/b lane order;
     // put back in natural order here, in place).
     void store_row(T *dst, float *src, float mul) {
         vec::natural_order(src, D, static_cast<const C *>(nullptr));

@@ -12,13 +12,15 @@
 //   round(vf)               to nearest integer (ties to even)
 //   pow2i(vf n)             2^n for integral n in [-126, 127]
 //   float reduce_add(vf), reduce_max(vf)
-//   vf2 load2(const T*), void store2(T*, vf2)
-//                           2*width() consecutive elements as two vectors, in a
-//                           lane order the layer may choose per T (x86 keeps
+//   vf load2a(const T*), vf load2b(const T*), void store2(T*, vf a, vf b)
+//                           2*width() consecutive elements as two vectors (a, b),
+//                           in a lane order the layer may choose per T (x86 keeps
 //                           bf16 as even/odd elements, which saves the widening
 //                           shuffles). Only for element-wise work where every
-//                           operand goes through load2 and every result through
-//                           store2. Defaults below: load(p), load(p + width()).
+//                           operand goes through load2a/b and every result through
+//                           store2. Two functions, not a struct of two vectors:
+//                           SVE vectors are sizeless and cannot be members.
+//                           Defaults below: load(p), load(p + width()).
 //   pair_order / natural_order   f32 rows to and from that lane order (below)
 // Transcendentals (exp, erf, tanh) are built once below from these.
 #pragma once
@@ -50,22 +52,21 @@ constexpr int kCacheLine = 64;
 
 namespace cpuinfer::vec {
 
-#if !defined(CPUINFER_VEC_HAS_VF2)
-struct vf2 { vf a, b; };
-#endif
 // Layers overload these for the types where another lane order pays; a
 // non-template overload wins over these templates.
 template <typename T>
-inline vf2 load2(const T *p) { return {load(p), load(p + width())}; }
+inline vf load2a(const T *p) { return load(p); }
 template <typename T>
-inline void store2(T *p, vf2 v) { store(p, v.a); store(p + width(), v.b); }
+inline vf load2b(const T *p) { return load(p + width()); }
+template <typename T>
+inline void store2(T *p, vf a, vf b) { store(p, a); store(p + width(), b); }
 
-// An f32 row that meets load2(const C*) results lane by lane (a query row
+// An f32 row that meets load2a/load2b(const C*) results lane by lane (a query row
 // against keys, an accumulator against values) is kept in that lane order:
 // pair_order permutes each whole 2*width() chunk of x[0, n) from natural
 // order into it, natural_order undoes it (the tail stays natural). The C*
 // argument only selects the element type. Identity unless the layer
-// overloads load2 for C.
+// overloads load2a/load2b for C.
 template <typename C>
 inline void pair_order(float *, int64_t, const C *) {}
 template <typename C>

@@ -35,20 +35,21 @@ inline void store(bf16_t *p, vf a) {
     _mm_storeu_si128(reinterpret_cast<__m128i *>(p), _mm256_castsi256_si128(packed));
 }
 
-// bf16 pairs (see vec.h: load2/store2) hold the even elements in .a and the
-// odd ones in .b: a bf16 is the high half of an f32, so 16 bf16 in one ymm
-// are 8 odd f32 as they stand and 8 even f32 after a 16-bit shift. No
-// widening shuffle on load, no pack or permute on store.
-#define CPUINFER_VEC_HAS_VF2
-struct vf2 { vf a, b; };
-inline vf2 load2(const bf16_t *p) {
-    __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p));
-    return {{_mm256_castsi256_ps(_mm256_slli_epi32(w, 16))},
-            {_mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(int(0xffff0000u))))}};
+// bf16 pairs (see vec.h: load2a/load2b/store2) hold the even elements in a
+// and the odd ones in b: a bf16 is the high half of an f32, so 16 bf16 in one
+// ymm are 8 odd f32 as they stand and 8 even f32 after a 16-bit shift. No
+// widening shuffle on load, no pack or permute on store. (Loading a and b
+// separately costs nothing: the compiler merges the two identical loads.)
+inline vf load2a(const bf16_t *p) {
+    return {_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)), 16))};
 }
-inline void store2(bf16_t *p, vf2 v) {
-    __m256i even = _mm256_srli_epi32(round_bf16_high(v.a), 16);
-    __m256i odd = _mm256_and_si256(round_bf16_high(v.b), _mm256_set1_epi32(int(0xffff0000u)));
+inline vf load2b(const bf16_t *p) {
+    __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p));
+    return {_mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(int(0xffff0000u))))};
+}
+inline void store2(bf16_t *p, vf a, vf b) {
+    __m256i even = _mm256_srli_epi32(round_bf16_high(a), 16);
+    __m256i odd = _mm256_and_si256(round_bf16_high(b), _mm256_set1_epi32(int(0xffff0000u)));
     _mm256_storeu_si256(reinterpret_cast<__m256i *>(p), _mm256_or_si256(even, odd));
 }
 
@@ -84,11 +85,13 @@ inline vf load(const fp8_e5m2_t *p) {
     return {_mm256_cvtph_ps(_mm_slli_epi16(_mm_cvtepu8_epi16(b), 8))};
 }
 
-// 16 at once in natural order: one widening, two conversions.
-inline vf2 load2(const fp8_e5m2_t *p) {
-    __m256i h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))), 8);
-    return {{_mm256_cvtph_ps(_mm256_castsi256_si128(h))}, {_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1))}};
+// 16 at once in natural order: one widening (shared by a and b after
+// inlining), two conversions.
+inline __m256i fp8_to_f16x16(const fp8_e5m2_t *p) {
+    return _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))), 8);
 }
+inline vf load2a(const fp8_e5m2_t *p) { return {_mm256_cvtph_ps(_mm256_castsi256_si128(fp8_to_f16x16(p)))}; }
+inline vf load2b(const fp8_e5m2_t *p) { return {_mm256_cvtph_ps(_mm256_extracti128_si256(fp8_to_f16x16(p), 1))}; }
 
 inline vf add(vf a, vf b) { return {_mm256_add_ps(a.v, b.v)}; }
 inline vf sub(vf a, vf b) { return {_mm256_sub_ps(a.v, b.v)}; }
