@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from .. import ops
 from ..attention import AttentionMetadata
 from .config_utils import head_dim, layer_types
-from .layers import Attention, GatedMLP, WeightBag, norm_weight, select_rows
+from .layers import Attention, GatedMLP, WeightBag, input_norm, norm_weight, select_rows
 from .llama import _Layer
 from .rotary import cos_sin_cache, rope_parameters
 
@@ -59,11 +59,7 @@ class Gemma3ForCausalLM:
         h = F.embedding(input_ids, self.embed) * self.embed_scale
         residual = None
         for layer, kv in zip(self.layers, kv_caches, strict=True):
-            if residual is None:
-                residual = h
-                h = ops.rms_norm(h, layer.in_norm, self.eps)
-            else:
-                ops.fused_add_rms_norm(h, residual, layer.in_norm, self.eps)
+            h, residual = input_norm(h, residual, layer.in_norm, self.eps)
             h = layer.attn(h, positions, meta, kv)
             h = ops.rms_norm(h, layer.post_norm, self.eps, out=h)
             ops.fused_add_rms_norm(h, residual, layer.pre_ff_norm, self.eps)

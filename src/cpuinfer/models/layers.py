@@ -127,6 +127,18 @@ def norm_weight(bag: WeightBag, name: str, offset: float = 0.0) -> torch.Tensor:
     return w.to(bag.dtype).contiguous()
 
 
+def input_norm(h: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+               eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pre-norm block's input: (rms_norm(residual + h), the new residual), in place after the first layer.
+
+    The first layer has no residual yet: h itself starts the residual stream.
+    """
+    if residual is None:
+        return ops.rms_norm(h, weight, eps), h
+    ops.fused_add_rms_norm(h, residual, weight, eps)
+    return h, residual
+
+
 def select_rows(x: torch.Tensor, idx: torch.Tensor | None) -> torch.Tensor:
     """x[idx] as a new contiguous tensor (all rows when idx is None)."""
     return x if idx is None else x.index_select(0, idx)

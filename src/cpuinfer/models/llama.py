@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from .. import ops
 from ..attention import AttentionMetadata
 from .config_utils import head_dim, sliding_windows
-from .layers import Attention, GatedMLP, WeightBag, norm_weight, select_rows
+from .layers import Attention, GatedMLP, WeightBag, input_norm, norm_weight, select_rows
 from .rotary import cos_sin_cache, rope_parameters
 
 
@@ -52,11 +52,7 @@ class LlamaForCausalLM:
         h = F.embedding(input_ids, self.embed)
         residual = None
         for layer, kv in zip(self.layers, kv_caches, strict=False):
-            if residual is None:
-                residual = h
-                h = ops.rms_norm(h, layer.in_norm, self.eps)
-            else:
-                ops.fused_add_rms_norm(h, residual, layer.in_norm, self.eps)
+            h, residual = input_norm(h, residual, layer.in_norm, self.eps)
             h = layer.attn(h, positions, meta, kv)
             ops.fused_add_rms_norm(h, residual, layer.post_norm, self.eps)
             h = layer.mlp(h)
