@@ -43,6 +43,7 @@ set(CPUINFER_KERNEL_SOURCES
   "${CPUINFER_SRC_ROOT}/csrc/common/linear.cpp"
   "${CPUINFER_SRC_ROOT}/csrc/common/kv_cache.cpp"
   "${CPUINFER_SRC_ROOT}/csrc/common/paged_attention.cpp"
+  "${CPUINFER_SRC_ROOT}/csrc/common/decoder_layer.cpp"
   "${CPUINFER_SRC_ROOT}/csrc/common/parallel.cpp")
 
 # Test-only: compile the AVX-512 vector layer against SIMDe (libsimde-dev)

@@ -88,63 +88,52 @@ inline Tokens check_tokens(const A &t, const char *name) {
     return r;
 }
 
-inline void py_reshape_and_cache(In key, In value, Out key_cache, Out value_cache, In slot_mapping) {
-    DType dt = float_dtype(key, "key");
-    check_same_dtype(float_dtype(value, "value"), dt, "value", "key");
-    Tokens k = check_tokens(key, "key"), v = check_tokens(value, "value");
-    if (k.tokens != v.tokens || k.heads != v.heads || k.head_size != v.head_size)
-        fail_value("key and value must have the same shape");
-    CacheShape c = check_caches(key_cache, value_cache);
-    if (k.heads != c.heads || k.head_size != c.head_size)
-        fail_value("key is [" + str(k.tokens) + ", " + str(k.heads) + ", " + str(k.head_size) +
-                   "] but the cache holds " + str(c.heads) + " KV heads of size " + str(c.head_size));
+// One position per token, each a row of the rotary table (rows = its length).
+inline const int64_t *check_positions(const In &positions, int64_t tokens, int64_t rows) {
+    check_cpu(positions, "positions");
+    auto pd = positions.dtype();
+    if (pd.code != uint8_t(nb::dlpack::dtype_code::Int) || pd.bits != 64 || pd.lanes != 1)
+        fail_type("positions must be an int64 tensor, got " + dtype_name(pd));
+    if (positions.ndim() != 1 || int64_t(positions.shape(0)) != tokens)
+        fail_value("positions must be 1-D with one entry per token (" + std::to_string(tokens) + ")");
+    if (tokens > 1 && positions.stride(0) != 1) fail_value("positions must be contiguous");
+    const int64_t *pos = static_cast<const int64_t *>(positions.data());
+    for (int64_t i = 0; i < tokens; ++i) {
+        if (pos[i] < 0 || pos[i] >= rows)
+            throw nb::index_error(("positions[" + std::to_string(i) + "] = " + std::to_string(pos[i]) +
+                                   " is outside the cos_sin_cache (" + std::to_string(rows) + " positions)")
+                                      .c_str());
+    }
+    return pos;
+}
+
+// The slot of every token, each inside the cache (negative = skip).
+inline const int64_t *check_slots(const In &slot_mapping, int64_t tokens, const CacheShape &c) {
     const int64_t *slots = static_cast<const int64_t *>(int_tensor(slot_mapping, "slot_mapping", 64, 1));
-    if (int64_t(slot_mapping.shape(0)) != k.tokens)
-        fail_value("slot_mapping has " + str(slot_mapping.shape(0)) + " entries for " + str(k.tokens) + " tokens");
+    if (int64_t(slot_mapping.shape(0)) != tokens)
+        fail_value("slot_mapping has " + str(slot_mapping.shape(0)) + " entries for " + str(tokens) + " tokens");
     const int64_t capacity = c.blocks * c.block_size;
-    for (int64_t i = 0; i < k.tokens; ++i)
+    for (int64_t i = 0; i < tokens; ++i)
         if (slots[i] >= capacity)
             throw nb::index_error(("slot_mapping[" + str(i) + "] = " + str(slots[i]) + " is outside the cache (" +
                                    str(c.blocks) + " blocks of " + str(c.block_size) + " slots)").c_str());
-    nb::gil_scoped_release nogil;
-    reshape_and_cache(dt, c.dt, key.data(), k.token_stride, k.head_stride, value.data(), v.token_stride,
-                      v.head_stride, key_cache.data(), value_cache.data(), slots, k.tokens, k.heads, k.head_size,
-                      c.block_size);
+    return slots;
 }
 
-inline void py_paged_attention(Out out, In query, Out key_cache, Out value_cache, In query_start_loc, In seq_lens,
-                               In block_tables, float scale, int64_t sliding_window, float soft_cap) {
-    DType dt = float_dtype(query, "query");
-    check_same_dtype(float_dtype(out, "out"), dt, "out", "query");
-    Tokens q = check_tokens(query, "query"), o = check_tokens(out, "out");
-    if (o.tokens != q.tokens || o.heads != q.heads || o.head_size != q.head_size)
-        fail_value("out must have the shape of query");
-    CacheShape c = check_caches(key_cache, value_cache);
-    const int64_t D = q.head_size;
-    if (D != 64 && D != 80 && D != 96 && D != 128 && D != 256)
-        fail_value("head_size " + str(D) + " is not supported; supported head sizes are 64, 80, 96, 128 and 256");
-    if (c.head_size != D)
-        fail_value("query has head_size " + str(D) + " but the KV cache has head_size " + str(c.head_size));
-    if (q.heads % c.heads != 0)
-        fail_value("query has " + str(q.heads) + " heads, not a multiple of the cache's " + str(c.heads) +
-                   " KV heads");
-    if (c.block_size % 16 != 0)
-        fail_value("block_size " + str(c.block_size) + " is not supported; it must be a multiple of 16");
-    if (!std::isfinite(scale)) fail_value("scale must be a finite number");
-    if (sliding_window < 0) fail_value("sliding_window must be >= 0 (0 = no window), got " + str(sliding_window));
-    if (!(soft_cap >= 0.f) || !std::isfinite(soft_cap))
-        fail_value("soft_cap must be a finite number >= 0 (0 = off)");
-    if (q.tokens > 0) {  // exact aliasing is fine too, but partial overlap is not
-        const char *olo = static_cast<const char *>(out.data()), *qlo = static_cast<const char *>(query.data());
-        const int64_t isz = int64_t(query.itemsize());
-        const char *ohi = olo + ((o.tokens - 1) * o.token_stride + (o.heads - 1) * o.head_stride + D) * isz;
-        const char *qhi = qlo + ((q.tokens - 1) * q.token_stride + (q.heads - 1) * q.head_stride + D) * isz;
-        if (olo < qhi && qlo < ohi) fail_value("out and query overlap in memory; pass separate tensors");
-    }
+// The per-sequence metadata of an attention call: lengths consistent with the
+// query tokens and every block the kernel will read inside the cache.
+struct SeqMeta {
+    const int32_t *qsl, *lens, *tables;
+    int64_t num_seqs, table_stride;
+};
 
-    const int32_t *qsl = static_cast<const int32_t *>(int_tensor(query_start_loc, "query_start_loc", 32, 1));
-    const int32_t *lens = static_cast<const int32_t *>(int_tensor(seq_lens, "seq_lens", 32, 1));
-    const int32_t *tables = static_cast<const int32_t *>(int_tensor(block_tables, "block_tables", 32, 2));
+inline SeqMeta check_seq_meta(const In &query_start_loc, const In &seq_lens, const In &block_tables, int64_t tokens,
+                              const CacheShape &c, int64_t sliding_window) {
+    SeqMeta m;
+    m.qsl = static_cast<const int32_t *>(int_tensor(query_start_loc, "query_start_loc", 32, 1));
+    m.lens = static_cast<const int32_t *>(int_tensor(seq_lens, "seq_lens", 32, 1));
+    m.tables = static_cast<const int32_t *>(int_tensor(block_tables, "block_tables", 32, 2));
+    const int32_t *qsl = m.qsl, *lens = m.lens, *tables = m.tables;
     const int64_t S = int64_t(seq_lens.shape(0));
     if (int64_t(query_start_loc.shape(0)) != S + 1)
         fail_value("query_start_loc must have num_seqs + 1 = " + str(S + 1) + " entries, got " +
@@ -155,8 +144,8 @@ inline void py_paged_attention(Out out, In query, Out key_cache, Out value_cache
     const int64_t table_stride = S > 1 ? block_tables.stride(0) : max_blocks;
     if (S > 1 && table_stride < max_blocks) fail_value("block_tables rows overlap; call .contiguous() first");
     if (S > 0 && qsl[0] != 0) fail_value("query_start_loc[0] must be 0, got " + str(qsl[0]));
-    if (qsl[S] != q.tokens)
-        fail_value("query_start_loc[-1] = " + str(qsl[S]) + " but query has " + str(q.tokens) + " tokens");
+    if (qsl[S] != tokens)
+        fail_value("query_start_loc[-1] = " + str(qsl[S]) + " but query has " + str(tokens) + " tokens");
     for (int64_t s = 0; s < S; ++s) {
         const int64_t L = int64_t(qsl[s + 1]) - qsl[s], ctx = lens[s];
         if (L < 0) fail_value("query_start_loc must be non-decreasing (at sequence " + str(s) + ")");
@@ -175,9 +164,68 @@ inline void py_paged_attention(Out out, In query, Out key_cache, Out value_cache
                                        " is not a block of the cache (" + str(c.blocks) + " blocks)").c_str());
         }
     }
+    m.num_seqs = S;
+    m.table_stride = table_stride;
+    return m;
+}
+
+// Attention settings the kernel supports.
+inline void check_attention_settings(const CacheShape &c, int64_t q_heads, int64_t D, float scale,
+                                     int64_t sliding_window, float soft_cap) {
+    if (D != 64 && D != 80 && D != 96 && D != 128 && D != 256)
+        fail_value("head_size " + str(D) + " is not supported; supported head sizes are 64, 80, 96, 128 and 256");
+    if (c.head_size != D)
+        fail_value("query has head_size " + str(D) + " but the KV cache has head_size " + str(c.head_size));
+    if (q_heads % c.heads != 0)
+        fail_value("query has " + str(q_heads) + " heads, not a multiple of the cache's " + str(c.heads) +
+                   " KV heads");
+    if (c.block_size % 16 != 0)
+        fail_value("block_size " + str(c.block_size) + " is not supported; it must be a multiple of 16");
+    if (!std::isfinite(scale)) fail_value("scale must be a finite number");
+    if (sliding_window < 0) fail_value("sliding_window must be >= 0 (0 = no window), got " + str(sliding_window));
+    if (!(soft_cap >= 0.f) || !std::isfinite(soft_cap))
+        fail_value("soft_cap must be a finite number >= 0 (0 = off)");
+}
+
+inline void py_reshape_and_cache(In key, In value, Out key_cache, Out value_cache, In slot_mapping) {
+    DType dt = float_dtype(key, "key");
+    check_same_dtype(float_dtype(value, "value"), dt, "value", "key");
+    Tokens k = check_tokens(key, "key"), v = check_tokens(value, "value");
+    if (k.tokens != v.tokens || k.heads != v.heads || k.head_size != v.head_size)
+        fail_value("key and value must have the same shape");
+    CacheShape c = check_caches(key_cache, value_cache);
+    if (k.heads != c.heads || k.head_size != c.head_size)
+        fail_value("key is [" + str(k.tokens) + ", " + str(k.heads) + ", " + str(k.head_size) +
+                   "] but the cache holds " + str(c.heads) + " KV heads of size " + str(c.head_size));
+    const int64_t *slots = check_slots(slot_mapping, k.tokens, c);
+    nb::gil_scoped_release nogil;
+    reshape_and_cache(dt, c.dt, key.data(), k.token_stride, k.head_stride, value.data(), v.token_stride,
+                      v.head_stride, key_cache.data(), value_cache.data(), slots, k.tokens, k.heads, k.head_size,
+                      c.block_size);
+}
+
+inline void py_paged_attention(Out out, In query, Out key_cache, Out value_cache, In query_start_loc, In seq_lens,
+                               In block_tables, float scale, int64_t sliding_window, float soft_cap) {
+    DType dt = float_dtype(query, "query");
+    check_same_dtype(float_dtype(out, "out"), dt, "out", "query");
+    Tokens q = check_tokens(query, "query"), o = check_tokens(out, "out");
+    if (o.tokens != q.tokens || o.heads != q.heads || o.head_size != q.head_size)
+        fail_value("out must have the shape of query");
+    CacheShape c = check_caches(key_cache, value_cache);
+    const int64_t D = q.head_size;
+    check_attention_settings(c, q.heads, D, scale, sliding_window, soft_cap);
+    if (q.tokens > 0) {  // exact aliasing is fine too, but partial overlap is not
+        const char *olo = static_cast<const char *>(out.data()), *qlo = static_cast<const char *>(query.data());
+        const int64_t isz = int64_t(query.itemsize());
+        const char *ohi = olo + ((o.tokens - 1) * o.token_stride + (o.heads - 1) * o.head_stride + D) * isz;
+        const char *qhi = qlo + ((q.tokens - 1) * q.token_stride + (q.heads - 1) * q.head_stride + D) * isz;
+        if (olo < qhi && qlo < ohi) fail_value("out and query overlap in memory; pass separate tensors");
+    }
+
+    const SeqMeta m = check_seq_meta(query_start_loc, seq_lens, block_tables, q.tokens, c, sliding_window);
     PagedAttentionArgs a{dt, c.dt, out.data(), o.token_stride, o.head_stride, query.data(), q.token_stride,
                          q.head_stride, key_cache.data(), value_cache.data(), q.heads, c.heads, D, c.block_size,
-                         qsl, lens, tables, S, table_stride, scale, sliding_window, soft_cap};
+                         m.qsl, m.lens, m.tables, m.num_seqs, m.table_stride, scale, sliding_window, soft_cap};
     nb::gil_scoped_release nogil;
     paged_attention(a);
 }

@@ -17,6 +17,7 @@
 #include "../common/parallel.h"
 #include "tensor_checks.h"
 #include "attention_bindings.h"
+#include "decoder_bindings.h"
 
 #ifndef CPUINFER_VARIANT
 #error "CMake must define CPUINFER_VARIANT"
@@ -117,13 +118,6 @@ void py_rotary_embedding(In positions, Out query, std::optional<Out> key, int64_
             fail_value("key has " + std::to_string(k.tokens) + " tokens but query has " + std::to_string(q.tokens));
         if (key->data() == query.data()) fail_value("query and key must be different tensors");
     }
-    check_cpu(positions, "positions");
-    auto pd = positions.dtype();
-    if (pd.code != uint8_t(nb::dlpack::dtype_code::Int) || pd.bits != 64 || pd.lanes != 1)
-        fail_type("positions must be an int64 tensor, got " + dtype_name(pd));
-    if (positions.ndim() != 1 || int64_t(positions.shape(0)) != q.tokens)
-        fail_value("positions must be 1-D with one entry per token (" + std::to_string(q.tokens) + ")");
-    if (q.tokens > 1 && positions.stride(0) != 1) fail_value("positions must be contiguous");
     DType cdt = float_dtype(cos_sin_cache, "cos_sin_cache");
     if (cdt != DType::f32 && cdt != dt)
         fail_type(std::string("cos_sin_cache must be float32 or the query dtype (") + dtype_label(dt) + "), got " +
@@ -135,13 +129,7 @@ void py_rotary_embedding(In positions, Out query, std::optional<Out> key, int64_
     if (rot_dim % 2 != 0 || rot_dim <= 0 || rot_dim > head_size)
         fail_value("cos_sin_cache rows have " + std::to_string(rot_dim) +
                    " entries; rot_dim must be even and at most head_size " + std::to_string(head_size));
-    const int64_t *pos = static_cast<const int64_t *>(positions.data());
-    for (int64_t i = 0; i < q.tokens; ++i) {
-        if (pos[i] < 0 || pos[i] >= cs.rows)
-            throw nb::index_error(("positions[" + std::to_string(i) + "] = " + std::to_string(pos[i]) +
-                                   " is outside the cos_sin_cache (" + std::to_string(cs.rows) + " positions)")
-                                      .c_str());
-    }
+    const int64_t *pos = check_positions(positions, q.tokens, cs.rows);
     nb::gil_scoped_release nogil;
     rotary_embedding(dt, pos, q.tokens, query.data(), q.stride, q.heads, key ? key->data() : nullptr, k.stride,
                      k.heads, head_size, cos_sin_cache.data(), cdt, rot_dim, is_neox);
@@ -220,6 +208,7 @@ NB_MODULE(CPUINFER_MODULE(CPUINFER_VARIANT), m) {
     m.def("gelu_tanh_and_mul", [](Out out, In input) { py_act_and_mul(Activation::gelu_tanh, out, input); },
           nb::arg("out"), nb::arg("input"), "out = gelu_tanh(x[..., :d]) * x[..., d:].");
     bind_attention(m);
+    bind_decoder(m);
     m.def("linear", &py_linear, nb::arg("out"), nb::arg("input"), nb::arg("weight"), nb::arg("bias").none(),
           "out = input @ weight.T (+ bias), f32 accumulation; fast for few rows (decode).");
     m.def("threading_runtime", &threading_runtime, "Path of the OpenMP runtime kernels run on ('' = serial).");

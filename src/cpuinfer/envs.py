@@ -120,7 +120,10 @@ NUM_OF_RESERVED_CPU = EnvVar(("CPUINFER_NUM_OF_RESERVED_CPU", "VLLM_CPU_NUM_OF_R
                              "CPUs per rank kept free of inference threads (for the HTTP front end).")
 VISIBLE_MEMORY_NODES = EnvVar(("CPUINFER_VISIBLE_MEMORY_NODES", "CPU_VISIBLE_MEMORY_NODES"), parse_str, "",
                               "NUMA nodes cpuinfer may use, e.g. 0,1.")
+FUSED_LAYERS = EnvVar(("CPUINFER_FUSED_LAYERS",), parse_bool, True,
+                      "Run each bf16/f16 decoder layer as one kernel call (0 = the per-op Python path, for debugging).")
 API_KEY = EnvVar(("CPUINFER_API_KEY", "VLLM_API_KEY"), parse_str, "", "Bearer token the server requires.")
 
 ALL: tuple[EnvVar, ...] = (ISA, ISAS, AVX512BF16, MAX_JOBS, USE_PRECOMPILED, PRECOMPILED_WHEEL_LOCATION, WHEEL_INDEX,
-                           KVCACHE_SPACE, OMP_THREADS_BIND, NUM_OF_RESERVED_CPU, VISIBLE_MEMORY_NODES, API_KEY)
+                           KVCACHE_SPACE, OMP_THREADS_BIND, NUM_OF_RESERVED_CPU, VISIBLE_MEMORY_NODES, FUSED_LAYERS,
+                           API_KEY)

@@ -53,7 +53,8 @@ def gelu_and_mul(x: torch.Tensor, approximate: str = "none", out: torch.Tensor |
     raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
 
 
-def _cache_view(cache: torch.Tensor) -> torch.Tensor:
+def cache_view(cache: torch.Tensor) -> torch.Tensor:
+    """A KV cache as the kernels take it (float8_e5m2 caches as their uint8 bytes)."""
     # DLPack has no portable float8 code: fp8 caches cross as their bytes, and
     # the kernels read uint8 caches as float8_e5m2.
     if cache.dtype == torch.float8_e5m2:
@@ -66,14 +67,14 @@ def _cache_view(cache: torch.Tensor) -> torch.Tensor:
 def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                       slot_mapping: torch.Tensor) -> None:
     """Write key/value [T, kv_heads, head_size] into the paged caches at slot_mapping (negative = skip)."""
-    _C.reshape_and_cache(key, value, _cache_view(key_cache), _cache_view(value_cache), slot_mapping)
+    _C.reshape_and_cache(key, value, cache_view(key_cache), cache_view(value_cache), slot_mapping)
 
 
 def paged_attention(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                     query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
                     sliding_window: int = 0, soft_cap: float = 0.0) -> None:
     """Causal GQA attention of a mixed decode/prefill batch over the paged KV cache, written into out."""
-    _C.paged_attention(out, query, _cache_view(key_cache), _cache_view(value_cache), query_start_loc, seq_lens,
+    _C.paged_attention(out, query, cache_view(key_cache), cache_view(value_cache), query_start_loc, seq_lens,
                        block_tables, float(scale), int(sliding_window), float(soft_cap))
 
 
@@ -97,3 +98,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         _C.linear(out, x2, weight, bias)
         return out.view(*x.shape[:-1], weight.shape[0])
     return torch.nn.functional.linear(x, weight, bias)
+
+
+def DecoderLayer(**weights_and_config):  # noqa: N802 - constructs the kernel module's class
+    """One pre-norm decoder layer as a single kernel call; see cpuinfer.models.layers.fused_layer."""
+    return _C.DecoderLayer(**weights_and_config)

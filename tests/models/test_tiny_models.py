@@ -100,3 +100,78 @@ def test_low_precision_runs_stay_close(tmp_path_factory, cache_dtype):
         # bf16 has ~3 significant digits; fp8-e5m2 keys/values ~2.
         tol = 0.05 if cache_dtype == torch.bfloat16 else 0.15
         assert (logits - ref).abs().max() <= tol * ref.abs().max()
+
+
+@pytest.mark.parametrize("name", ["llama_bias_linear_rope", "mistral", "qwen3", "gemma3"])
+@pytest.mark.parametrize("dtype,cache_dtype", [("bfloat16", torch.bfloat16), ("float16", torch.float8_e5m2)])
+def test_fused_layers_equal_the_per_op_path(tmp_path_factory, monkeypatch, name, dtype, cache_dtype):
+    """bf16/f16 runs go through one fused kernel call per layer; it must equal the per-op path bit for bit.
+
+    Covers the biases, sliding windows, q/k norms, Gemma's sandwich norms and GELU, an fp8 cache, chunked
+    prefill mixed with decodes, and block tables in non-identity order (greedy() arranges all of that).
+    """
+    path, _ = _checkpoint(tmp_path_factory, name)
+    spec = load_model_spec(str(path), dtype)
+    results = {}
+    for fused in (True, False):
+        monkeypatch.setenv("CPUINFER_FUSED_LAYERS", "1" if fused else "0")
+        runner = ModelRunner(spec, block_size=16, num_blocks=64, cache_dtype=cache_dtype)
+        assert all((layer.fused is not None) == fused for layer in runner.model.layers)
+        results[fused] = greedy(runner, PROMPTS, 24, batched=True, chunk=7)
+    (tokens, first), (ref_tokens, ref_first) = results[True], results[False]
+    assert tokens == ref_tokens
+    for got, want in zip(first, ref_first, strict=True):
+        assert torch.equal(got, want)
+
+
+def test_fused_layer_rejects_bad_calls(tmp_path_factory):
+    """The fused layer validates what changes per call: shapes, the cache geometry and every index."""
+    path, _ = _checkpoint(tmp_path_factory, "llama")
+    spec = load_model_spec(str(path), "bfloat16")
+    runner = ModelRunner(spec, block_size=16, num_blocks=4, cache_dtype=torch.bfloat16)
+    layer = runner.model.layers[0].fused
+    assert layer is not None
+    k, v = runner.kv_caches[0]
+    h = torch.randn(2, 128, dtype=torch.bfloat16)
+    res = torch.empty_like(h)
+    pos = torch.tensor([0, 1])
+    slots = torch.tensor([0, 1])
+    qsl = torch.tensor([0, 2], dtype=torch.int32)
+    lens = torch.tensor([2], dtype=torch.int32)
+    table = torch.tensor([[3]], dtype=torch.int32)
+    layer.forward(h, res, True, pos, slots, qsl, lens, table, k, v)  # a good call
+    assert torch.isfinite(h.float()).all()
+    with pytest.raises(ValueError, match="hidden size 64"):
+        layer.forward(h[:, :64], res[:, :64], True, pos, slots, qsl, lens, table, k, v)
+    with pytest.raises(TypeError, match="float32"):
+        layer.forward(h.float(), res.float(), True, pos, slots, qsl, lens, table, k, v)
+    with pytest.raises(IndexError, match="slot_mapping"):
+        layer.forward(h, res, True, pos, torch.tensor([0, 64]), qsl, lens, table, k, v)
+    with pytest.raises(IndexError, match="block_tables"):
+        layer.forward(h, res, True, pos, slots, qsl, lens, torch.tensor([[4]], dtype=torch.int32), k, v)
+    with pytest.raises(IndexError, match="positions"):
+        layer.forward(h, res, True, torch.tensor([0, 512]), slots, qsl, lens, table, k, v)
+    with pytest.raises(ValueError, match="beyond its block table"):
+        layer.forward(h, res, True, pos, slots, qsl, torch.tensor([17], dtype=torch.int32), table, k, v)
+    with pytest.raises(ValueError, match="KV cache holds"):
+        layer.forward(h, res, True, pos, slots, qsl, lens, table, k[:, :, :, :32].contiguous(),
+                      v[:, :, :, :32].contiguous())
+    with pytest.raises(ValueError, match="overlap"):
+        layer.forward(h, h, True, pos, slots, qsl, lens, table, k, v)
+    # Construction checks the weights against the configuration once, naming the tensor.
+    attn, mlp = runner.model.layers[0].attn, runner.model.layers[0].mlp
+    from cpuinfer import ops
+
+    good = dict(in_norm=runner.model.layers[0].in_norm, post_attn_norm=runner.model.layers[0].post_norm,
+                pre_ff_norm=None, post_ff_norm=None, qkv_w=attn.qkv_w, qkv_b=None, o_w=attn.o_w, o_b=None,
+                q_norm=None, k_norm=None, gate_up_w=mlp.gate_up_w, gate_up_b=None, down_w=mlp.down_w, down_b=None,
+                cos_sin=attn.cos_sin, num_heads=2, num_kv_heads=1, head_size=64, act="silu", eps=1e-6, scale=0.125)
+    ops.DecoderLayer(**good)
+    for change, error, match in [(dict(o_w=attn.o_w[:, :64].contiguous()), ValueError, "o_w must be"),
+                                 (dict(num_heads=3, num_kv_heads=2), ValueError, "multiple of num_kv_heads"),
+                                 (dict(act="relu"), ValueError, "act must be"),
+                                 (dict(head_size=32, num_heads=4, num_kv_heads=2), ValueError, "head_size 32"),
+                                 (dict(down_w=mlp.down_w.half()), TypeError, "down_w has dtype float16"),
+                                 (dict(pre_ff_norm=good["in_norm"]), ValueError, "come together")]:
+        with pytest.raises(error, match=match):
+            ops.DecoderLayer(**{**good, **change})

@@ -9,7 +9,17 @@ import torch.nn.functional as F
 from .. import ops
 from ..attention import AttentionMetadata
 from .config_utils import head_dim, layer_types
-from .layers import Attention, GatedMLP, WeightBag, input_norm, norm_weight, select_rows
+from .layers import (
+    Attention,
+    GatedMLP,
+    WeightBag,
+    fusable,
+    fused_layer,
+    input_norm,
+    norm_weight,
+    run_fused,
+    select_rows,
+)
 from .llama import _Layer
 from .rotary import cos_sin_cache, rope_parameters
 
@@ -45,6 +55,8 @@ class Gemma3ForCausalLM:
                                    o_bias=bias, qk_norm=True, norm_eps=self.eps, norm_offset=1.0,
                                    sliding_window=window if kind == "sliding_attention" else 0, soft_cap=soft_cap)
             layer.mlp = GatedMLP(bag, f"{p}.mlp", config.get("hidden_activation") or "gelu_pytorch_tanh")
+            layer.fused = fused_layer(layer.in_norm, layer.post_norm, layer.attn, layer.mlp, self.eps,
+                                      layer.pre_ff_norm, layer.post_ff_norm)
             self.layers.append(layer)
         self.norm = norm_weight(bag, "model.norm.weight", 1.0)
         self.lm_head = self.embed
@@ -57,14 +69,17 @@ class Gemma3ForCausalLM:
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], sample_idx: torch.Tensor | None) -> torch.Tensor:
         """float32 logits for the tokens at sample_idx (all tokens when None)."""
         h = F.embedding(input_ids, self.embed) * self.embed_scale
-        residual = None
-        for layer, kv in zip(self.layers, kv_caches, strict=True):
-            h, residual = input_norm(h, residual, layer.in_norm, self.eps)
-            h = layer.attn(h, positions, meta, kv)
-            h = ops.rms_norm(h, layer.post_norm, self.eps, out=h)
-            ops.fused_add_rms_norm(h, residual, layer.pre_ff_norm, self.eps)
-            h = layer.mlp(h)
-            h = ops.rms_norm(h, layer.post_ff_norm, self.eps, out=h)
+        if fusable(self.layers, meta):
+            h, residual = run_fused(self.layers, h, positions, meta, kv_caches)
+        else:
+            residual = None
+            for layer, kv in zip(self.layers, kv_caches, strict=True):
+                h, residual = input_norm(h, residual, layer.in_norm, self.eps)
+                h = layer.attn(h, positions, meta, kv)
+                h = ops.rms_norm(h, layer.post_norm, self.eps, out=h)
+                ops.fused_add_rms_norm(h, residual, layer.pre_ff_norm, self.eps)
+                h = layer.mlp(h)
+                h = ops.rms_norm(h, layer.post_ff_norm, self.eps, out=h)
         h, residual = select_rows(h, sample_idx), select_rows(residual, sample_idx)
         ops.fused_add_rms_norm(h, residual, self.norm, self.eps)
         logits = ops.linear(h, self.lm_head).float()

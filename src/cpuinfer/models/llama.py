@@ -8,7 +8,17 @@ import torch.nn.functional as F
 from .. import ops
 from ..attention import AttentionMetadata
 from .config_utils import head_dim, sliding_windows
-from .layers import Attention, GatedMLP, WeightBag, input_norm, norm_weight, select_rows
+from .layers import (
+    Attention,
+    GatedMLP,
+    WeightBag,
+    fusable,
+    fused_layer,
+    input_norm,
+    norm_weight,
+    run_fused,
+    select_rows,
+)
 from .rotary import cos_sin_cache, rope_parameters
 
 
@@ -39,6 +49,7 @@ class LlamaForCausalLM:
             layer.attn = Attention(bag, f"{p}.self_attn", heads, kv_heads, hs, cos_sin, hs ** -0.5, bias=qkv_bias,
                                    o_bias=o_bias, qk_norm=self.qk_norm, norm_eps=self.eps, sliding_window=windows[i])
             layer.mlp = GatedMLP(bag, f"{p}.mlp", config.get("hidden_act", "silu"), bias=mlp_bias)
+            layer.fused = fused_layer(layer.in_norm, layer.post_norm, layer.attn, layer.mlp, self.eps)
             self.layers.append(layer)
         self.norm = norm_weight(bag, "model.norm.weight")
         tied = config.get("tie_word_embeddings", False) or not bag.has("lm_head.weight")
@@ -50,19 +61,22 @@ class LlamaForCausalLM:
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], sample_idx: torch.Tensor | None) -> torch.Tensor:
         """float32 logits for the tokens at sample_idx (all tokens when None)."""
         h = F.embedding(input_ids, self.embed)
-        residual = None
-        for layer, kv in zip(self.layers, kv_caches, strict=False):
-            h, residual = input_norm(h, residual, layer.in_norm, self.eps)
-            h = layer.attn(h, positions, meta, kv)
-            ops.fused_add_rms_norm(h, residual, layer.post_norm, self.eps)
-            h = layer.mlp(h)
+        if fusable(self.layers, meta):
+            h, residual = run_fused(self.layers, h, positions, meta, kv_caches)
+        else:
+            residual = None
+            for layer, kv in zip(self.layers, kv_caches, strict=False):
+                h, residual = input_norm(h, residual, layer.in_norm, self.eps)
+                h = layer.attn(h, positions, meta, kv)
+                ops.fused_add_rms_norm(h, residual, layer.post_norm, self.eps)
+                h = layer.mlp(h)
         h, residual = select_rows(h, sample_idx), select_rows(residual, sample_idx)
         ops.fused_add_rms_norm(h, residual, self.norm, self.eps)
         return ops.linear(h, self.lm_head).float()
 
 
 class _Layer:
-    __slots__ = ("in_norm", "post_norm", "attn", "mlp", "pre_ff_norm", "post_ff_norm")
+    __slots__ = ("in_norm", "post_norm", "attn", "mlp", "pre_ff_norm", "post_ff_norm", "fused")
 
 
 class MistralForCausalLM(LlamaForCausalLM):

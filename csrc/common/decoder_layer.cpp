@@ -1,0 +1,93 @@
+// One decoder layer as a sequence of the kernels in this library (see
+// kernels.h: DecoderLayerWeights). The order and the arguments mirror the
+// Python composition in cpuinfer/models/layers.py exactly, so the fused and
+// the composed paths give identical results.
+#include <algorithm>
+#include <cstring>
+
+#include "kernels.h"
+
+namespace cpuinfer {
+namespace {
+
+int64_t elem_size(DType dt) { return dt == DType::f32 ? 4 : dt == DType::fp8_e5m2 ? 1 : 2; }
+
+// Scratch regions, in elements of the run dtype, each 64-byte aligned.
+struct Layout {
+    int64_t qkv, attn_or_gate_up, act, total;
+};
+
+Layout layout(const DecoderLayerWeights &w, int64_t tokens) {
+    const int64_t es = elem_size(w.dt), align = 64 / es;
+    auto up = [&](int64_t n) { return (n + align - 1) / align * align; };
+    const int64_t q = w.num_heads * w.head_size, kv = w.num_kv_heads * w.head_size;
+    Layout l;
+    l.qkv = 0;
+    // The attention output is dead once o_proj has read it: gate_up reuses it.
+    l.attn_or_gate_up = up(tokens * (q + 2 * kv));
+    l.act = l.attn_or_gate_up + up(tokens * std::max(q, 2 * w.intermediate));
+    l.total = l.act + up(tokens * w.intermediate);
+    return l;
+}
+
+}  // namespace
+
+int64_t decoder_layer_scratch_bytes(const DecoderLayerWeights &w, int64_t tokens) {
+    return layout(w, tokens).total * elem_size(w.dt);
+}
+
+void decoder_layer(const DecoderLayerWeights &w, const DecoderBatch &b, void *h, void *residual, bool first,
+                   void *scratch) {
+    const DType dt = w.dt;
+    const int64_t T = b.tokens, H = w.hidden, hs = w.head_size, es = elem_size(dt);
+    const int64_t q_size = w.num_heads * hs, kv_size = w.num_kv_heads * hs, qkv_n = q_size + 2 * kv_size;
+    const int64_t I = w.intermediate;
+    if (T <= 0) return;
+    const Layout l = layout(w, T);
+    char *base = static_cast<char *>(scratch);
+    char *qkv = base + l.qkv * es, *attn = base + l.attn_or_gate_up * es, *gate_up = attn, *act = base + l.act * es;
+    char *hb = static_cast<char *>(h);
+
+    // Input norm: the first layer starts the residual stream with h.
+    if (first) {
+        std::memcpy(residual, h, size_t(T * H * es));
+        rms_norm(dt, h, H, residual, H, w.in_norm, T, H, w.eps);
+    } else {
+        fused_add_rms_norm(dt, h, H, residual, H, w.in_norm, T, H, w.eps);
+    }
+
+    // Attention: fused QKV, optional per-head q/k norm, rotary, cache write, paged attention, o_proj.
+    linear(dt, qkv, qkv_n, h, H, w.qkv_w, w.qkv_b, T, qkv_n, H);
+    char *qp = qkv, *kp = qkv + q_size * es, *vp = qkv + (q_size + kv_size) * es;
+    if (w.q_norm) {
+        for (int64_t t = 0; t < T; ++t) {
+            char *qt = qp + t * qkv_n * es, *kt = kp + t * qkv_n * es;
+            rms_norm(dt, qt, hs, qt, hs, w.q_norm, w.num_heads, hs, w.eps);
+            rms_norm(dt, kt, hs, kt, hs, w.k_norm, w.num_kv_heads, hs, w.eps);
+        }
+    }
+    if (w.cos_sin)
+        rotary_embedding(dt, b.positions, T, qp, qkv_n, w.num_heads, kp, qkv_n, w.num_kv_heads, hs, w.cos_sin,
+                         w.cos_sin_dt, w.rot_dim, w.neox);
+    reshape_and_cache(dt, b.cache_dt, kp, qkv_n, hs, vp, qkv_n, hs, b.key_cache, b.value_cache, b.slot_mapping, T,
+                      w.num_kv_heads, hs, b.block_size);
+    PagedAttentionArgs a{dt, b.cache_dt, attn, q_size, hs, qp, qkv_n, hs, b.key_cache, b.value_cache,
+                         w.num_heads, w.num_kv_heads, hs, b.block_size, b.query_start_loc, b.seq_lens,
+                         b.block_tables, b.num_seqs, b.block_table_stride, w.scale, w.sliding_window, w.soft_cap};
+    paged_attention(a);
+    linear(dt, h, H, attn, q_size, w.o_w, w.o_b, T, H, q_size);
+
+    // MLP, with Gemma's sandwich norms when present.
+    if (w.pre_ff_norm) {
+        rms_norm(dt, h, H, h, H, w.post_attn_norm, T, H, w.eps);
+        fused_add_rms_norm(dt, h, H, residual, H, w.pre_ff_norm, T, H, w.eps);
+    } else {
+        fused_add_rms_norm(dt, h, H, residual, H, w.post_attn_norm, T, H, w.eps);
+    }
+    linear(dt, gate_up, 2 * I, h, H, w.gate_up_w, w.gate_up_b, T, 2 * I, H);
+    act_and_mul(dt, w.act, act, I, gate_up, 2 * I, T, I);
+    linear(dt, h, H, act, I, w.down_w, w.down_b, T, H, I);
+    if (w.post_ff_norm) rms_norm(dt, h, H, h, H, w.post_ff_norm, T, H, w.eps);
+}
+
+}  // namespace cpuinfer
