@@ -56,7 +56,8 @@ class DecoderLayer {
                  nb::handle qkv_w, nb::handle qkv_b, nb::handle o_w, nb::handle o_b, nb::handle q_norm,
                  nb::handle k_norm, nb::handle gate_up_w, nb::handle gate_up_b, nb::handle down_w,
                  nb::handle down_b, nb::handle cos_sin, int64_t num_heads, int64_t num_kv_heads, int64_t head_size,
-                 const std::string &act, float eps, float scale, int64_t sliding_window, float soft_cap) {
+                 const std::string &act, float eps, float scale, int64_t sliding_window, float soft_cap,
+                 bool packed) {
         const char *names[] = {"in_norm", "post_attn_norm", "pre_ff_norm", "post_ff_norm", "qkv_w", "qkv_b",
                                "o_w", "o_b", "q_norm", "k_norm", "gate_up_w", "gate_up_b", "down_w", "down_b",
                                "cos_sin"};
@@ -115,7 +116,13 @@ class DecoderLayer {
                                  held_[0].data, held_[1].data, held_[2].data, held_[3].data,
                                  qkv.data, held_[5].data, o.data, held_[7].data, held_[8].data, held_[9].data,
                                  gu.data, held_[11].data, down.data, held_[13].data,
-                                 cs.data, cs.dt, rot_dim, true, a, eps, scale, soft_cap, sliding_window};
+                                 cs.data, cs.dt, rot_dim, true, a, eps, scale, soft_cap, sliding_window, packed};
+        if (packed) {
+            for (int i : {4, 6, 10, 12})
+                if (held_[i].cols % linear_pack_step() != 0)
+                    fail_value(std::string(names[i]) + " has " + str(held_[i].cols) + " input features; the packed " +
+                               "layout needs a multiple of " + str(linear_pack_step()));
+        }
         // The attention settings against a cache of this layer's geometry.
         CacheShape c{dt, 1, num_kv_heads, 16, head_size};
         check_attention_settings(c, num_heads, head_size, scale, sliding_window, soft_cap);
@@ -183,13 +190,13 @@ inline void bind_decoder(nb::module_ &m) {
                              "One pre-norm decoder layer (Llama family, Qwen2/3, Gemma 3) as a single kernel call.")
         .def(nb::init<nb::handle, nb::handle, nb::handle, nb::handle, nb::handle, nb::handle, nb::handle, nb::handle,
                       nb::handle, nb::handle, nb::handle, nb::handle, nb::handle, nb::handle, nb::handle, int64_t,
-                      int64_t, int64_t, const std::string &, float, float, int64_t, float>(),
+                      int64_t, int64_t, const std::string &, float, float, int64_t, float, bool>(),
              nb::arg("in_norm"), nb::arg("post_attn_norm"), nb::arg("pre_ff_norm").none(),
              nb::arg("post_ff_norm").none(), nb::arg("qkv_w"), nb::arg("qkv_b").none(), nb::arg("o_w"),
              nb::arg("o_b").none(), nb::arg("q_norm").none(), nb::arg("k_norm").none(), nb::arg("gate_up_w"),
              nb::arg("gate_up_b").none(), nb::arg("down_w"), nb::arg("down_b").none(), nb::arg("cos_sin").none(),
              nb::arg("num_heads"), nb::arg("num_kv_heads"), nb::arg("head_size"), nb::arg("act"), nb::arg("eps"),
-             nb::arg("scale"), nb::arg("sliding_window") = 0, nb::arg("soft_cap") = 0.0f)
+             nb::arg("scale"), nb::arg("sliding_window") = 0, nb::arg("soft_cap") = 0.0f, nb::arg("packed") = false)
         .def("forward", &DecoderLayer::forward, nb::arg("h"), nb::arg("residual"), nb::arg("first"),
              nb::arg("positions"), nb::arg("slot_mapping"), nb::arg("query_start_loc"), nb::arg("seq_lens"),
              nb::arg("block_tables"), nb::arg("key_cache"), nb::arg("value_cache"),

@@ -147,7 +147,13 @@ void py_act_and_mul(Activation act, Out out, In input) {
     act_and_mul(dt, act, out.data(), o.stride, input.data(), x.stride, x.rows, o.cols);
 }
 
-void py_linear(Out out, In input, In weight, std::optional<In> bias) {
+void check_packable(int64_t K, const char *name) {
+    if (K % linear_pack_step() != 0)
+        fail_value(std::string(name) + " has " + std::to_string(K) + " input features; the packed layout needs a " +
+                   "multiple of " + std::to_string(linear_pack_step()) + " (LINEAR_PACK_STEP)");
+}
+
+void py_linear(Out out, In input, In weight, std::optional<In> bias, bool packed) {
     DType dt = float_dtype(input, "input");
     check_same_dtype(float_dtype(weight, "weight"), dt, "weight", "input");
     check_same_dtype(float_dtype(out, "out"), dt, "out", "input");
@@ -172,8 +178,23 @@ void py_linear(Out out, In input, In weight, std::optional<In> bias) {
         check_no_overlap(o, "out", br, "bias");
         b = bias->data();
     }
+    if (packed) check_packable(w.cols, "weight");
     nb::gil_scoped_release nogil;
-    linear(dt, out.data(), o.stride, input.data(), x.stride, weight.data(), b, x.rows, w.rows, w.cols);
+    linear(dt, out.data(), o.stride, input.data(), x.stride, weight.data(), b, x.rows, w.rows, w.cols, packed);
+}
+
+void py_linear_pack_weight(Out out, In weight) {
+    DType dt = float_dtype(weight, "weight");
+    check_same_dtype(float_dtype(out, "out"), dt, "out", "weight");
+    if (weight.ndim() != 2 || out.ndim() != 2) fail_value("weight and out must be 2-D [out_features, in_features]");
+    Rows w = as_rows(weight, "weight"), o = as_rows(out, "out");
+    if (w.rows > 1 && w.stride != w.cols) fail_value("weight must be contiguous; call .contiguous() first");
+    if (o.rows > 1 && o.stride != o.cols) fail_value("out must be contiguous");
+    if (o.rows != w.rows || o.cols != w.cols) fail_value("out must have the shape of weight");
+    check_no_overlap(o, "out", w, "weight");
+    check_packable(w.cols, "weight");
+    nb::gil_scoped_release nogil;
+    linear_pack_weight(dt, out.data(), weight.data(), w.rows, w.cols);
 }
 
 void py_bind_threads(const std::vector<int> &cpus) {
@@ -210,7 +231,12 @@ NB_MODULE(CPUINFER_MODULE(CPUINFER_VARIANT), m) {
     bind_attention(m);
     bind_decoder(m);
     m.def("linear", &py_linear, nb::arg("out"), nb::arg("input"), nb::arg("weight"), nb::arg("bias").none(),
-          "out = input @ weight.T (+ bias), f32 accumulation; fast for few rows (decode).");
+          nb::arg("packed") = false,
+          "out = input @ weight.T (+ bias), f32 accumulation; fast for few rows (decode). packed: weight is in "
+          "linear_pack_weight's layout.");
+    m.def("linear_pack_weight", &py_linear_pack_weight, nb::arg("out"), nb::arg("weight"),
+          "Write weight [N, K] into out in the packed layout linear reads as one stream (K % LINEAR_PACK_STEP == 0).");
+    m.attr("LINEAR_PACK_STEP") = linear_pack_step();
     m.def("threading_runtime", &threading_runtime, "Path of the OpenMP runtime kernels run on ('' = serial).");
     m.def("max_threads", &max_threads, "Threads a parallel kernel uses.");
     m.def("bind_threads", &py_bind_threads, nb::arg("cpus"),

@@ -57,7 +57,7 @@ void decoder_layer(const DecoderLayerWeights &w, const DecoderBatch &b, void *h,
     }
 
     // Attention: fused QKV, optional per-head q/k norm, rotary, cache write, paged attention, o_proj.
-    linear(dt, qkv, qkv_n, h, H, w.qkv_w, w.qkv_b, T, qkv_n, H);
+    linear(dt, qkv, qkv_n, h, H, w.qkv_w, w.qkv_b, T, qkv_n, H, w.packed);
     char *qp = qkv, *kp = qkv + q_size * es, *vp = qkv + (q_size + kv_size) * es;
     if (w.q_norm) {
         for (int64_t t = 0; t < T; ++t) {
@@ -75,7 +75,7 @@ void decoder_layer(const DecoderLayerWeights &w, const DecoderBatch &b, void *h,
                          w.num_heads, w.num_kv_heads, hs, b.block_size, b.query_start_loc, b.seq_lens,
                          b.block_tables, b.num_seqs, b.block_table_stride, w.scale, w.sliding_window, w.soft_cap};
     paged_attention(a);
-    linear(dt, h, H, attn, q_size, w.o_w, w.o_b, T, H, q_size);
+    linear(dt, h, H, attn, q_size, w.o_w, w.o_b, T, H, q_size, w.packed);
 
     // MLP, with Gemma's sandwich norms when present.
     if (w.pre_ff_norm) {
@@ -84,9 +84,9 @@ void decoder_layer(const DecoderLayerWeights &w, const DecoderBatch &b, void *h,
     } else {
         fused_add_rms_norm(dt, h, H, residual, H, w.post_attn_norm, T, H, w.eps);
     }
-    linear(dt, gate_up, 2 * I, h, H, w.gate_up_w, w.gate_up_b, T, 2 * I, H);
+    linear(dt, gate_up, 2 * I, h, H, w.gate_up_w, w.gate_up_b, T, 2 * I, H, w.packed);
     act_and_mul(dt, w.act, act, I, gate_up, 2 * I, T, I);
-    linear(dt, h, H, act, I, w.down_w, w.down_b, T, H, I);
+    linear(dt, h, H, act, I, w.down_w, w.down_b, T, H, I, w.packed);
     if (w.post_ff_norm) rms_norm(dt, h, H, h, H, w.post_ff_norm, T, H, w.eps);
 }
 

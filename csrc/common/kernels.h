@@ -67,10 +67,21 @@ struct PagedAttentionArgs {
 void paged_attention(const PagedAttentionArgs &args);
 
 // out[m, n] = sum_k x[m, k] * weight[n, k] (+ bias[n]) for m < M, n < N, in f32,
-// rounded once to dt. weight is contiguous [N, K]; bias is [N] or null; x and
-// out are row-strided. Tuned for small M (decode batches): W is read once.
+// rounded once to dt. weight is contiguous [N, K], row-major or packed by
+// linear_pack_weight; bias is [N] or null; x and out are row-strided. Tuned
+// for small M (decode batches): W is read once. Results do not depend on M
+// nor on packing.
 void linear(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_stride, const void *weight,
-            const void *bias, int64_t M, int64_t N, int64_t K);
+            const void *bias, int64_t M, int64_t N, int64_t K, bool packed = false);
+
+// The packed weight layout: rows in blocks of 4, each block's rows interleaved
+// per step of linear_pack_step() elements (2 vectors of this build), so that a
+// block streams from memory as one sequence instead of four; rows past the
+// last full block stay row-major. Needs K % linear_pack_step() == 0. Measured
+// on 2 AVX2 cores: decode projections ~19 -> ~23 GB/s, the streaming-read rate.
+// The step depends on the vector width: pack with the variant that runs.
+int64_t linear_pack_step();
+void linear_pack_weight(DType dt, void *dst, const void *src, int64_t N, int64_t K);
 
 // One pre-norm decoder layer (Llama family, Qwen2/3, Gemma 3) as a single
 // call: the same kernels, in the same order, as the Python composition in
@@ -96,6 +107,7 @@ struct DecoderLayerWeights {
     Activation act;
     float eps, scale, soft_cap;
     int64_t sliding_window;
+    bool packed;  // the four projection weights are in linear_pack_weight's layout
 };
 
 // One step's flat batch, shared by every layer (validated by the binding).

@@ -8,6 +8,8 @@
 // L1 for the next group. Accumulation is f32; the result is rounded once.
 // Large M works too (prefill), chunked over rows; it is compute-bound there.
 #include <algorithm>
+#include <cstring>
+#include <type_traits>
 
 #include "dispatch_dtype.h"
 #include "kernels.h"
@@ -23,6 +25,7 @@ namespace {
 
 constexpr int kNR = 4;  // weight rows per tile
 constexpr int kMR = 4;  // x rows per tile (4 x 4 accumulators fill AVX2's 16 registers with some spill)
+constexpr int64_t kPackedPrefetch = 2048;  // bytes ahead of a packed weight stream
 
 // c_j += a * b_j for j < NR.
 template <int NR>
@@ -36,11 +39,15 @@ inline void mac(vec::vf a, vec::vf b0, vec::vf b1, vec::vf b2, vec::vf b3, vec::
 
 // acc[m * NR + j] = dot(x row m, W row j) over K, for m < MR, j < NR.
 // Accumulators are named variables, not arrays: SVE vectors are sizeless.
-template <typename T, int NR, int MR>
+// Packed: the NR rows are interleaved per step of 2W elements (see
+// linear_pack_weight), so the tile reads one sequential stream.
+template <typename T, int NR, int MR, bool Packed>
 inline void tile(const T *x, int64_t xs, const T *w, int64_t K, float *acc) {
     using namespace vec;
     const int W = width();
-    const T *w0 = w, *w1 = w + (NR > 1 ? K : 0), *w2 = w + (NR > 2 ? 2 * K : 0), *w3 = w + (NR > 3 ? 3 * K : 0);
+    // Row j's element k is at wj + k (row-major) or, packed, at w + k * NR + j * 2W.
+    const int64_t rs = Packed ? 2 * W : K;
+    const T *w0 = w, *w1 = w + (NR > 1 ? rs : 0), *w2 = w + (NR > 2 ? 2 * rs : 0), *w3 = w + (NR > 3 ? 3 * rs : 0);
     const T *x0 = x, *x1 = x + (MR > 1 ? xs : 0), *x2 = x + (MR > 2 ? 2 * xs : 0), *x3 = x + (MR > 3 ? 3 * xs : 0);
     vf c00 = zero(), c01 = zero(), c02 = zero(), c03 = zero();
     vf c10 = zero(), c11 = zero(), c12 = zero(), c13 = zero();
@@ -49,10 +56,11 @@ inline void tile(const T *x, int64_t xs, const T *w, int64_t K, float *acc) {
     // One step: for every (x row m, weight row j), c_mj += LD(x_m + k) * LD(w_j + k).
 #define CPUINFER_TILE_STEP(LD)                                                                  \
     do {                                                                                        \
-        vf b0 = LD(w0 + k), b1 = b0, b2 = b0, b3 = b0;                                          \
-        if constexpr (NR > 1) b1 = LD(w1 + k);                                                  \
-        if constexpr (NR > 2) b2 = LD(w2 + k);                                                  \
-        if constexpr (NR > 3) b3 = LD(w3 + k);                                                  \
+        const int64_t kw = Packed ? k * NR : k;                                                 \
+        vf b0 = LD(w0 + kw), b1 = b0, b2 = b0, b3 = b0;                                         \
+        if constexpr (NR > 1) b1 = LD(w1 + kw);                                                 \
+        if constexpr (NR > 2) b2 = LD(w2 + kw);                                                 \
+        if constexpr (NR > 3) b3 = LD(w3 + kw);                                                 \
         mac<NR>(LD(x0 + k), b0, b1, b2, b3, c00, c01, c02, c03);                                \
         if constexpr (MR > 1) mac<NR>(LD(x1 + k), b0, b1, b2, b3, c10, c11, c12, c13);          \
         if constexpr (MR > 2) mac<NR>(LD(x2 + k), b0, b1, b2, b3, c20, c21, c22, c23);          \
@@ -66,17 +74,26 @@ inline void tile(const T *x, int64_t xs, const T *w, int64_t K, float *acc) {
     // how many rows are computed together.
     for (; k + 2 * W <= K; k += 2 * W) {
         // The weight streams from memory and each task walks its rows in
-        // order: fetch the rows two tiles ahead (adjacent in memory), one
-        // cache line per row per line consumed. Measured on 2 cores: decode
-        // projections from ~13 to ~17 GB/s.
-        if (CPUINFER_LINEAR_PREFETCH && (k * int64_t(sizeof(T))) % tuning::kCacheLine == 0) {
+        // order: fetch ahead, one cache line per line consumed. Row-major:
+        // the rows two tiles ahead (adjacent in memory); measured on 2 cores,
+        // decode projections from ~13 to ~17 GB/s. Packed: the one stream,
+        // kPackedPrefetch bytes ahead.
+        if constexpr (Packed) {
+            if (CPUINFER_LINEAR_PREFETCH) {
+                const char *next = reinterpret_cast<const char *>(w0 + k * NR) + kPackedPrefetch;
+                for (int64_t off = 0; off < int64_t(2 * W * NR * sizeof(T)); off += tuning::kCacheLine)
+                    __builtin_prefetch(next + off);
+            }
+        } else if (CPUINFER_LINEAR_PREFETCH && (k * int64_t(sizeof(T))) % tuning::kCacheLine == 0) {
             const T *next = w0 + 2 * NR * K + k;
             for (int j = 0; j < NR; ++j) __builtin_prefetch(next + j * K);
         }
         CPUINFER_TILE_STEP(load2a);
         CPUINFER_TILE_STEP(load2b);
     }
-    for (; k + W <= K; k += W) CPUINFER_TILE_STEP(load);
+    if constexpr (!Packed) {  // packing requires K % 2W == 0
+        for (; k + W <= K; k += W) CPUINFER_TILE_STEP(load);
+    }
 #undef CPUINFER_TILE_STEP
     acc[0] = reduce_add(c00);
     if constexpr (NR > 1) acc[1] = reduce_add(c01);
@@ -109,8 +126,9 @@ inline void tile(const T *x, int64_t xs, const T *w, int64_t K, float *acc) {
     }
 }
 
-// Output features [n0, n0 + NR) for every row of x.
-template <typename T, int NR>
+// Output features [n0, n0 + NR) for every row of x (a packed weight keeps its
+// block at the same place as row-major: rows n0.. start at n0 * K either way).
+template <typename T, int NR, bool Packed>
 inline void rows_block(T *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, int64_t M,
                        int64_t K, int64_t n0) {
     float acc[kMR * NR];
@@ -119,10 +137,10 @@ inline void rows_block(T *out, int64_t os, const T *x, int64_t xs, const T *w, c
         const T *xm = x + m0 * xs;
         int64_t mr = std::min<int64_t>(kMR, M - m0);
         switch (mr) {
-            case 1: tile<T, NR, 1>(xm, xs, wn, K, acc); break;
-            case 2: tile<T, NR, 2>(xm, xs, wn, K, acc); break;
-            case 3: tile<T, NR, 3>(xm, xs, wn, K, acc); break;
-            default: tile<T, NR, 4>(xm, xs, wn, K, acc); break;
+            case 1: tile<T, NR, 1, Packed>(xm, xs, wn, K, acc); break;
+            case 2: tile<T, NR, 2, Packed>(xm, xs, wn, K, acc); break;
+            case 3: tile<T, NR, 3, Packed>(xm, xs, wn, K, acc); break;
+            default: tile<T, NR, 4, Packed>(xm, xs, wn, K, acc); break;
         }
         for (int64_t m = 0; m < mr; ++m) {
             T *o = out + (m0 + m) * os + n0;
@@ -135,7 +153,7 @@ inline void rows_block(T *out, int64_t os, const T *x, int64_t xs, const T *w, c
     }
 }
 
-template <typename T>
+template <typename T, bool Packed>
 void run(T *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, int64_t M, int64_t N, int64_t K) {
     const int64_t blocks = N / kNR;
     // Each task gets at least ~64K multiply-adds (~128 KB of bf16 weight,
@@ -156,9 +174,11 @@ void run(T *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, 
             int64_t mc = std::min(m_chunk, M - m0);
             for (int64_t t = b; t < e; ++t) {
                 if (t < blocks) {
-                    rows_block<T, kNR>(om, os, xm, xs, w, bias, mc, K, t * kNR);
+                    rows_block<T, kNR, Packed>(om, os, xm, xs, w, bias, mc, K, t * kNR);
                 } else {
-                    for (int64_t n = blocks * kNR; n < N; ++n) rows_block<T, 1>(om, os, xm, xs, w, bias, mc, K, n);
+                    // A single row is the same packed or not: the tail rows stay row-major.
+                    for (int64_t n = blocks * kNR; n < N; ++n)
+                        rows_block<T, 1, false>(om, os, xm, xs, w, bias, mc, K, n);
                 }
             }
         }
@@ -168,13 +188,36 @@ void run(T *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, 
 }  // namespace
 
 void linear(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_stride, const void *weight,
-            const void *bias, int64_t M, int64_t N, int64_t K) {
+            const void *bias, int64_t M, int64_t N, int64_t K, bool packed) {
     if (M <= 0 || N <= 0) return;
     with_float_type(dt, [&](auto tag) {
         using T = decltype(tag);
-        run<T>(static_cast<T *>(out), out_stride, static_cast<const T *>(x), x_stride, static_cast<const T *>(weight),
-               static_cast<const T *>(bias), M, N, K);
+        auto go = [&](auto p) {
+            run<T, decltype(p)::value>(static_cast<T *>(out), out_stride, static_cast<const T *>(x), x_stride,
+                                       static_cast<const T *>(weight), static_cast<const T *>(bias), M, N, K);
+        };
+        if (packed) go(std::true_type{});
+        else go(std::false_type{});
     });
+}
+
+int64_t linear_pack_step() { return 2 * int64_t(vec::width()); }
+
+void linear_pack_weight(DType dt, void *dst, const void *src, int64_t N, int64_t K) {
+    const int64_t S = linear_pack_step(), es = dt == DType::f32 ? 4 : 2;
+    const char *in = static_cast<const char *>(src);
+    char *o = static_cast<char *>(dst);
+    const int64_t blocks = N / kNR;
+    parallel_for(blocks, 64, [&](int64_t b, int64_t e) {
+        for (int64_t blk = b; blk < e; ++blk) {
+            const char *rows = in + blk * kNR * K * es;
+            char *to = o + blk * kNR * K * es;
+            for (int64_t k = 0; k < K; k += S)
+                for (int j = 0; j < kNR; ++j, to += S * es) std::memcpy(to, rows + (j * K + k) * es, size_t(S * es));
+        }
+    });
+    // The tail rows stay row-major.
+    std::memcpy(o + blocks * kNR * K * es, in + blocks * kNR * K * es, size_t((N - blocks * kNR) * K * es));
 }
 
 }  // namespace cpuinfer

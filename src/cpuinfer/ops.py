@@ -79,8 +79,12 @@ def paged_attention(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Ten
 
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight.T (+ bias): our kernel for bf16/f16, torch.nn.functional.linear otherwise."""
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           packed: bool = False) -> torch.Tensor:
+    """x @ weight.T (+ bias): our kernel for bf16/f16, torch.nn.functional.linear otherwise.
+
+    packed: weight is in the layout pack_weight() writes (our kernel only).
+    """
     # Decode steps (a few rows) are memory-bound mat-vecs: our kernel reads the
     # bf16/f16 weight once, at half the bytes of f32, while torch's bf16 GEMM
     # on CPUs without native bf16 dot products (AVX2, AVX-512 without BF16) is
@@ -95,9 +99,49 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         if x2.stride(-1) != 1:
             x2 = x2.contiguous()
         out = torch.empty(x2.shape[0], weight.shape[0], dtype=x.dtype)
-        _C.linear(out, x2, weight, bias)
+        _C.linear(out, x2, weight, bias, packed)
         return out.view(*x.shape[:-1], weight.shape[0])
+    if packed:
+        raise ValueError(f"a packed weight needs bfloat16/float16 input, weight and bias of one dtype; got input "
+                         f"{x.dtype}, weight {weight.dtype}")
     return torch.nn.functional.linear(x, weight, bias)
+
+
+def can_pack(weight: torch.Tensor) -> bool:
+    """True if pack_weight() can take this weight: 2-D bf16/f16, in_features a multiple of the pack step."""
+    step = getattr(_C, "LINEAR_PACK_STEP", 0)
+    return (step > 0 and weight.ndim == 2 and weight.dtype in (torch.bfloat16, torch.float16)
+            and weight.shape[1] % step == 0 and weight.shape[0] > 0)
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """weight [N, K] in the layout linear(packed=True) streams in one pass (rows interleaved in blocks of 4).
+
+    The layout depends on the kernel variant's vector width: pack in the process that runs the model.
+    """
+    out = torch.empty_like(weight, memory_format=torch.contiguous_format)
+    _C.linear_pack_weight(out, weight.contiguous())
+    return out
+
+
+def packed_rows(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """weight_original[ids] read from a packed weight (an embedding table that doubles as the tied lm_head)."""
+    n, k = weight.shape
+    step = _C.LINEAR_PACK_STEP
+    full = n // 4 * 4
+    ids = ids.reshape(-1)
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= n):
+        raise IndexError(f"token ids must be in [0, {n}), got {int(ids.min())}..{int(ids.max())}")
+    blocks = weight[:full].view(full // 4, k // step, 4, step)
+    inside = ids < full
+    if bool(inside.all()):
+        return blocks[ids // 4, :, ids % 4, :].reshape(ids.shape[0], k)
+    out = torch.empty(ids.shape[0], k, dtype=weight.dtype)
+    sel = inside.nonzero().reshape(-1)
+    out[sel] = blocks[ids[sel] // 4, :, ids[sel] % 4, :].reshape(-1, k)
+    rest = (~inside).nonzero().reshape(-1)
+    out[rest] = weight[ids[rest]]  # rows past the last block of 4 stay row-major
+    return out
 
 
 def DecoderLayer(**weights_and_config):  # noqa: N802 - constructs the kernel module's class

@@ -102,3 +102,59 @@ def test_ops_linear_leading_dims_and_fallback(dtype):
     wt = w.T.contiguous().T
     x = torch.randn(4, 80, dtype=dtype)[:, ::2]
     torch.testing.assert_close(ops.linear(x, wt).float(), x.float() @ w.float().T, **LINEAR_TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 3, 70])
+@pytest.mark.parametrize("n", [4, 23, 70])
+def test_packed_weight_layout_and_results(kernels, dtype, m, n):
+    """The packed layout is the documented interleave, and linear on it equals linear on the row-major weight."""
+    step = kernels.LINEAR_PACK_STEP
+    k = 3 * step
+    w = (torch.randn(n, k) / k**0.5).to(dtype)
+    packed = torch.empty_like(w)
+    kernels.linear_pack_weight(packed, w)
+    full = n // 4 * 4
+    # Independent statement of the layout: blocks of 4 rows, interleaved per step; tail rows as they were.
+    want = w[:full].reshape(full // 4, 4, k // step, step).permute(0, 2, 1, 3).reshape(full, k)
+    assert torch.equal(packed[:full], want) and torch.equal(packed[full:], w[full:])
+    x = torch.randn(m, k, dtype=dtype)
+    b = torch.randn(n, dtype=dtype)
+    for bias in (None, b):
+        ref, out = torch.empty(m, n, dtype=dtype), torch.empty(m, n, dtype=dtype)
+        kernels.linear(ref, x, w, bias)
+        kernels.linear(out, x, packed, bias, packed=True)
+        assert torch.equal(out, ref)  # the same sums in the same order
+        _check(out, x, w, bias, dtype)
+
+
+def test_packed_weight_bad_input(kernels):
+    step = kernels.LINEAR_PACK_STEP
+    w = torch.randn(8, step + 1, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=f"multiple of {step}"):
+        kernels.linear_pack_weight(torch.empty_like(w), w)
+    x, out = torch.randn(1, step + 1, dtype=torch.bfloat16), torch.empty(1, 8, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="packed layout"):
+        kernels.linear(out, x, w, None, packed=True)
+    w = torch.randn(8, step, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="shape of weight"):
+        kernels.linear_pack_weight(torch.empty(4, step, dtype=torch.bfloat16), w)
+    with pytest.raises(ValueError, match="overlap"):
+        kernels.linear_pack_weight(w, w)
+
+
+def test_packed_rows_read_embeddings_back():
+    """A tied embedding table is stored packed once: lookups read the original rows back, tail rows included."""
+    w = torch.randn(4 * 5 + 3, 2 * ops._C.LINEAR_PACK_STEP, dtype=torch.bfloat16)
+    assert ops.can_pack(w) and not ops.can_pack(w.float()) and not ops.can_pack(w[:, 1:])
+    packed = ops.pack_weight(w)
+    ids = torch.tensor([0, 3, 4, 22, 21, 20, 19, 7, 7])
+    assert torch.equal(ops.packed_rows(packed, ids), w[ids])
+    assert torch.equal(ops.packed_rows(packed, ids[:4]), w[ids[:4]])
+    x = torch.randn(2, w.shape[1], dtype=torch.bfloat16)
+    assert torch.equal(ops.linear(x, packed, packed=True), ops.linear(x, w))
+    for bad in ([23], [-1]):
+        with pytest.raises(IndexError, match="token ids"):
+            ops.packed_rows(packed, torch.tensor(bad))
+    with pytest.raises(ValueError, match="packed weight"):
+        ops.linear(x.float(), packed.float(), packed=True)

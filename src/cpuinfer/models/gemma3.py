@@ -4,7 +4,6 @@ sliding-window local layers with their own rope base, optional attention / final
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from .. import ops
 from ..attention import AttentionMetadata
@@ -12,11 +11,13 @@ from .config_utils import head_dim, layer_types
 from .layers import (
     Attention,
     GatedMLP,
+    TokenHead,
     WeightBag,
     fusable,
     fused_layer,
     input_norm,
     norm_weight,
+    pack_layer,
     run_fused,
     select_rows,
 )
@@ -40,7 +41,7 @@ class Gemma3ForCausalLM:
         types = layer_types(config, n_layers)
         tables = {t: cos_sin_cache(rope_parameters(config, t), hs, max_positions) for t in set(types)}
         bias = bool(config.get("attention_bias", False))
-        self.embed = bag.take("model.embed_tokens.weight")
+        embed = bag.take("model.embed_tokens.weight")
         # transformers multiplies by sqrt(hidden) cast to the run dtype; do the same so bf16 matches.
         self.embed_scale = torch.tensor(config["hidden_size"] ** 0.5, dtype=bag.dtype)
         self.layers = []
@@ -55,20 +56,22 @@ class Gemma3ForCausalLM:
                                    o_bias=bias, qk_norm=True, norm_eps=self.eps, norm_offset=1.0,
                                    sliding_window=window if kind == "sliding_attention" else 0, soft_cap=soft_cap)
             layer.mlp = GatedMLP(bag, f"{p}.mlp", config.get("hidden_activation") or "gelu_pytorch_tanh")
+            pack_layer(layer.attn, layer.mlp)
             layer.fused = fused_layer(layer.in_norm, layer.post_norm, layer.attn, layer.mlp, self.eps,
                                       layer.pre_ff_norm, layer.post_ff_norm)
             self.layers.append(layer)
         self.norm = norm_weight(bag, "model.norm.weight", 1.0)
-        self.lm_head = self.embed
+        lm_head = None
         if bag.has("lm_head.weight") and not config.get("tie_word_embeddings", True):
-            self.lm_head = bag.take("lm_head.weight")
+            lm_head = bag.take("lm_head.weight")
+        self.head = TokenHead(embed, lm_head)
         bag.tensors.pop("lm_head.weight", None)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], sample_idx: torch.Tensor | None) -> torch.Tensor:
         """float32 logits for the tokens at sample_idx (all tokens when None)."""
-        h = F.embedding(input_ids, self.embed) * self.embed_scale
+        h = self.head.embed_tokens(input_ids) * self.embed_scale
         if fusable(self.layers, meta):
             h, residual = run_fused(self.layers, h, positions, meta, kv_caches)
         else:
@@ -82,7 +85,7 @@ class Gemma3ForCausalLM:
                 h = ops.rms_norm(h, layer.post_ff_norm, self.eps, out=h)
         h, residual = select_rows(h, sample_idx), select_rows(residual, sample_idx)
         ops.fused_add_rms_norm(h, residual, self.norm, self.eps)
-        logits = ops.linear(h, self.lm_head).float()
+        logits = self.head.logits(h)
         if self.final_soft_cap > 0.0:
             logits = torch.tanh(logits / self.final_soft_cap) * self.final_soft_cap
         return logits

@@ -72,6 +72,7 @@ class Attention:
         self.q_size, self.kv_size = num_heads * head_dim, num_kv_heads * head_dim
         self.cos_sin = cos_sin
         self.scale, self.sliding_window, self.soft_cap = scale, sliding_window, soft_cap
+        self.packed = False  # qkv_w / o_w in ops.pack_weight's layout (see pack_layer)
         if self.qkv_w.shape[0] != self.q_size + 2 * self.kv_size:
             raise ModelLoadError(f"{bag.source}: {prefix} q/k/v weights have {self.qkv_w.shape[0]} rows in total, "
                                  f"expected {self.q_size + 2 * self.kv_size} from the config's head counts")
@@ -81,7 +82,7 @@ class Attention:
         """Attention output [T, hidden] for hidden states x [T, hidden] at the given positions."""
         t = x.shape[0]
         hs = self.head_dim
-        qkv = ops.linear(x, self.qkv_w, self.qkv_b)
+        qkv = ops.linear(x, self.qkv_w, self.qkv_b, self.packed)
         q = qkv[:, : self.q_size]
         k = qkv[:, self.q_size : self.q_size + self.kv_size]
         v = qkv[:, self.q_size + self.kv_size :]
@@ -96,7 +97,7 @@ class Attention:
         out = torch.empty(t, self.num_heads, hs, dtype=x.dtype)
         paged_attention(out, q.view(t, self.num_heads, hs), key_cache, value_cache, meta, self.scale,
                         self.sliding_window, self.soft_cap)
-        return ops.linear(out.view(t, self.q_size), self.o_w, self.o_b)
+        return ops.linear(out.view(t, self.q_size), self.o_w, self.o_b, self.packed)
 
 
 class GatedMLP:
@@ -107,6 +108,7 @@ class GatedMLP:
         self.gate_up_b = bag.take_cat([f"{prefix}.gate_proj.bias", f"{prefix}.up_proj.bias"]) if bias else None
         self.down_w = bag.take(f"{prefix}.down_proj.weight")
         self.down_b = bag.take(f"{prefix}.down_proj.bias") if bias else None
+        self.packed = False  # gate_up_w / down_w in ops.pack_weight's layout (see pack_layer)
         if act in ("silu", "swish"):
             self.act, self.act_name = ops.silu_and_mul, "silu"
         elif act in ("gelu_pytorch_tanh", "gelu_tanh", "gelu_new", "gelu_fast"):
@@ -118,7 +120,45 @@ class GatedMLP:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """MLP output for x [T, hidden]."""
-        return ops.linear(self.act(ops.linear(x, self.gate_up_w, self.gate_up_b)), self.down_w, self.down_b)
+        gate_up = ops.linear(x, self.gate_up_w, self.gate_up_b, self.packed)
+        return ops.linear(self.act(gate_up), self.down_w, self.down_b, self.packed)
+
+
+def pack_layer(attn: Attention, mlp: GatedMLP) -> None:
+    """Repack a layer's four projection weights for ops.linear's one-stream layout, if all can be.
+
+    A decode step streams every weight once, and a block of 4 interleaved rows streams faster than
+    4 rows side by side (~23 against ~19 GB/s on 2 AVX2 cores). Results are identical either way.
+    """
+    if all(ops.can_pack(w) for w in (attn.qkv_w, attn.o_w, mlp.gate_up_w, mlp.down_w)):
+        attn.qkv_w, attn.o_w = ops.pack_weight(attn.qkv_w), ops.pack_weight(attn.o_w)
+        mlp.gate_up_w, mlp.down_w = ops.pack_weight(mlp.gate_up_w), ops.pack_weight(mlp.down_w)
+        attn.packed = mlp.packed = True
+
+
+class TokenHead:
+    """The embedding table and the lm_head (the same tensor when tied), the lm_head packed for ops.linear."""
+
+    def __init__(self, embed: torch.Tensor, lm_head: torch.Tensor | None):
+        tied = lm_head is None or lm_head is embed
+        head = embed if tied else lm_head
+        self.packed = ops.can_pack(head)
+        if self.packed:
+            head = ops.pack_weight(head)
+        self.lm_head = head
+        # A tied table is stored once: embedding rows are read back out of the packed layout.
+        self.embed = head if tied else embed
+        self.embed_packed = tied and self.packed
+
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        """Embedding rows for ids, as a new tensor."""
+        if self.embed_packed:
+            return ops.packed_rows(self.embed, ids)
+        return torch.nn.functional.embedding(ids, self.embed)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """float32 logits for hidden states h [T, hidden]."""
+        return ops.linear(h, self.lm_head, None, self.packed).float()
 
 
 def fused_layer(in_norm: torch.Tensor, post_attn_norm: torch.Tensor, attn: Attention, mlp: GatedMLP, eps: float,
@@ -133,6 +173,7 @@ def fused_layer(in_norm: torch.Tensor, post_attn_norm: torch.Tensor, attn: Atten
         return None
     if not uses_kernels(attn.head_dim):
         return None  # attention runs on torch for this head size
+    assert attn.packed == mlp.packed, "pack_layer packs a layer's four projections together"
     if attn.q_norm is not None and attn.norm_eps != eps:
         return None  # one epsilon serves every norm of the fused layer
     return ops.DecoderLayer(
@@ -141,7 +182,7 @@ def fused_layer(in_norm: torch.Tensor, post_attn_norm: torch.Tensor, attn: Atten
         gate_up_w=mlp.gate_up_w, gate_up_b=mlp.gate_up_b, down_w=mlp.down_w, down_b=mlp.down_b, cos_sin=attn.cos_sin,
         num_heads=attn.num_heads, num_kv_heads=attn.num_kv_heads, head_size=attn.head_dim, act=mlp.act_name,
         eps=eps, scale=attn.scale,
-        sliding_window=attn.sliding_window, soft_cap=attn.soft_cap)
+        sliding_window=attn.sliding_window, soft_cap=attn.soft_cap, packed=attn.packed)
 
 
 def fusable(layers: list, meta: AttentionMetadata) -> bool:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from .. import ops
 from ..attention import AttentionMetadata
@@ -11,11 +10,13 @@ from .config_utils import head_dim, sliding_windows
 from .layers import (
     Attention,
     GatedMLP,
+    TokenHead,
     WeightBag,
     fusable,
     fused_layer,
     input_norm,
     norm_weight,
+    pack_layer,
     run_fused,
     select_rows,
 )
@@ -39,7 +40,7 @@ class LlamaForCausalLM:
         mlp_bias = bool(config.get("mlp_bias", False))
         cos_sin = cos_sin_cache(rope_parameters(config), hs, max_positions, rope_freq_factors)
         windows = sliding_windows(config, n_layers)
-        self.embed = bag.take("model.embed_tokens.weight")
+        embed = bag.take("model.embed_tokens.weight")
         self.layers = []
         for i in range(n_layers):
             p = f"model.layers.{i}"
@@ -49,18 +50,19 @@ class LlamaForCausalLM:
             layer.attn = Attention(bag, f"{p}.self_attn", heads, kv_heads, hs, cos_sin, hs ** -0.5, bias=qkv_bias,
                                    o_bias=o_bias, qk_norm=self.qk_norm, norm_eps=self.eps, sliding_window=windows[i])
             layer.mlp = GatedMLP(bag, f"{p}.mlp", config.get("hidden_act", "silu"), bias=mlp_bias)
+            pack_layer(layer.attn, layer.mlp)
             layer.fused = fused_layer(layer.in_norm, layer.post_norm, layer.attn, layer.mlp, self.eps)
             self.layers.append(layer)
         self.norm = norm_weight(bag, "model.norm.weight")
         tied = config.get("tie_word_embeddings", False) or not bag.has("lm_head.weight")
-        self.lm_head = self.embed if tied else bag.take("lm_head.weight")
+        self.head = TokenHead(embed, None if tied else bag.take("lm_head.weight"))
         bag.tensors.pop("lm_head.weight", None)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], sample_idx: torch.Tensor | None) -> torch.Tensor:
         """float32 logits for the tokens at sample_idx (all tokens when None)."""
-        h = F.embedding(input_ids, self.embed)
+        h = self.head.embed_tokens(input_ids)
         if fusable(self.layers, meta):
             h, residual = run_fused(self.layers, h, positions, meta, kv_caches)
         else:
@@ -72,7 +74,7 @@ class LlamaForCausalLM:
                 h = layer.mlp(h)
         h, residual = select_rows(h, sample_idx), select_rows(residual, sample_idx)
         ops.fused_add_rms_norm(h, residual, self.norm, self.eps)
-        return ops.linear(h, self.lm_head).float()
+        return self.head.logits(h)
 
 
 class _Layer:
