@@ -201,10 +201,14 @@ struct Runner {
             // Blocks sit at random places in the cache, which defeats the
             // hardware prefetcher at every block boundary: fetch the next
             // block of this head while this one is computed.
-            if (kPrefetch && (b + 1) * bs < k1) {
-                const int64_t noff = (int64_t(table[b + 1]) * a.num_kv_heads + h) * bs * D;
-                prefetch(kc + noff, bs * D * int64_t(sizeof(C)));
-                prefetch(vc + noff, bs * D * int64_t(sizeof(C)));
+            if (kPrefetch) {
+                // Two blocks ahead at small blocks (latency), one at large ones.
+                const int64_t ahead = bs * D * int64_t(sizeof(C)) >= 16384 ? 1 : 2;
+                for (int64_t nb = b == k0 / bs ? b + 1 : b + ahead; nb <= b + ahead && nb * bs < k1; ++nb) {
+                    const int64_t noff = (int64_t(table[nb]) * a.num_kv_heads + h) * bs * D;
+                    prefetch(kc + noff, bs * D * int64_t(sizeof(C)));
+                    prefetch(vc + noff, bs * D * int64_t(sizeof(C)));
+                }
             }
             for (int64_t r0 = 0; r0 < rows; r0 += attn::kTileRows) {
                 const int R = int(std::min<int64_t>(attn::kTileRows, rows - r0));
@@ -283,13 +287,7 @@ struct Runner {
                 std::fill(sr + j0, sr + j1, 0.f);
                 continue;
             }
-            float mx = kNegInf;
-            for (int64_t j = ra; j < rb; ++j) {
-                float x = sr[j] * qscale;
-                if (cap) x = a.soft_cap * std::tanh(x);
-                sr[j] = x;
-                mx = std::max(mx, x);
-            }
+            const float mx = scale_and_max(sr, ra, rb, cap);
             const float mn = std::max(m[r0 + r], mx);
             const float alpha = std::exp(m[r0 + r] - mn);  // 0 when m was -inf
             const float sum = exp_sum(sr, ra, rb, mn);
@@ -299,6 +297,29 @@ struct Runner {
             m[r0 + r] = mn;
             sc.alpha[r] = alpha;
         }
+    }
+
+    // x[j] = scaled (and soft-capped) score for j in [ra, rb); returns their max.
+    float scale_and_max(float *x, int64_t ra, int64_t rb, bool cap) const {
+        using namespace vec;
+        const int64_t W = width();
+        const vf vs = splat(qscale), vcap = splat(a.soft_cap);
+        vf vmax = splat(kNegInf);
+        int64_t j = ra;
+        for (; j + W <= rb; j += W) {
+            vf v = mul(load(x + j), vs);
+            if (cap) v = mul(vcap, vec::tanh(v));
+            store(x + j, v);
+            vmax = max(vmax, v);
+        }
+        float mx = reduce_max(vmax);
+        for (; j < rb; ++j) {
+            float v = x[j] * qscale;
+            if (cap) v = a.soft_cap * std::tanh(v);
+            x[j] = v;
+            mx = std::max(mx, v);
+        }
+        return mx;
     }
 
     // A query row as f32, in the lane order of the cache's load2a/b (the tiles'
