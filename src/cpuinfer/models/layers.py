@@ -67,7 +67,6 @@ class Attention:
             self.q_norm = norm_weight(bag, f"{prefix}.q_norm.weight", norm_offset)
             self.k_norm = norm_weight(bag, f"{prefix}.k_norm.weight", norm_offset)
         self.norm_eps = norm_eps
-        self.names = names
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.q_size, self.kv_size = num_heads * head_dim, num_kv_heads * head_dim
         self.cos_sin = cos_sin
@@ -181,8 +180,7 @@ def fused_layer(in_norm: torch.Tensor, post_attn_norm: torch.Tensor, attn: Atten
         qkv_w=attn.qkv_w, qkv_b=attn.qkv_b, o_w=attn.o_w, o_b=attn.o_b, q_norm=attn.q_norm, k_norm=attn.k_norm,
         gate_up_w=mlp.gate_up_w, gate_up_b=mlp.gate_up_b, down_w=mlp.down_w, down_b=mlp.down_b, cos_sin=attn.cos_sin,
         num_heads=attn.num_heads, num_kv_heads=attn.num_kv_heads, head_size=attn.head_dim, act=mlp.act_name,
-        eps=eps, scale=attn.scale,
-        sliding_window=attn.sliding_window, soft_cap=attn.soft_cap, packed=attn.packed)
+        eps=eps, scale=attn.scale, sliding_window=attn.sliding_window, soft_cap=attn.soft_cap, packed=attn.packed)
 
 
 def fusable(layers: list, meta: AttentionMetadata) -> bool:
