@@ -80,8 +80,10 @@ def test_loading_then_graceful_sigterm_with_a_bound():
 
         short: list = []
         long: list = []
-        t_short = stream_in_background(server, short, max_tokens=8)
+        # The long one first; the short one must still be in flight when both are seen running (at ~60
+        # tokens/s a handful of tokens is over between two polls) yet finish well inside the bound.
         t_long = stream_in_background(server, long, max_tokens=3000)  # far more than the bound allows
+        t_short = stream_in_background(server, short, max_tokens=64)
         wait_running(server, 2)
         start = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)
