@@ -24,7 +24,7 @@ struct Held {
     nb::object owner;
     const void *data = nullptr;
     DType dt = DType::f32;
-    int64_t rows = 0, cols = 0, stride = 0;
+    int64_t rows = 0, cols = 0;
     size_t ndim = 0;
 };
 
@@ -43,7 +43,6 @@ inline Held hold(nb::handle h, const char *name) {
     if (rows.rows > 1 && rows.stride != rows.cols) fail_value(std::string(name) + " must be contiguous");
     r.rows = rows.rows;
     r.cols = rows.cols;
-    r.stride = rows.stride;
     r.data = t.data();
     r.owner = nb::borrow(h);
     cleanup.release();
@@ -160,8 +159,6 @@ class DecoderLayer {
         decoder_layer(w_, b, h.data(), residual.data(), first, scratch);
     }
 
-    int64_t hidden() const { return w_.hidden; }
-
   private:
     // Per-thread scratch, grown to the largest step seen (no allocation per call).
     static void *scratch_for(size_t bytes) {
@@ -200,8 +197,7 @@ inline void bind_decoder(nb::module_ &m) {
         .def("forward", &DecoderLayer::forward, nb::arg("h"), nb::arg("residual"), nb::arg("first"),
              nb::arg("positions"), nb::arg("slot_mapping"), nb::arg("query_start_loc"), nb::arg("seq_lens"),
              nb::arg("block_tables"), nb::arg("key_cache"), nb::arg("value_cache"),
-             "Run the layer on h [tokens, hidden] in place; residual carries the stream between layers.")
-        .def_prop_ro("hidden", &DecoderLayer::hidden);
+             "Run the layer on h [tokens, hidden] in place; residual carries the stream between layers.");
 }
 
 }  // namespace cpuinfer::bind

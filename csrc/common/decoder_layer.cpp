@@ -10,15 +10,13 @@
 namespace cpuinfer {
 namespace {
 
-int64_t elem_size(DType dt) { return dt == DType::f32 ? 4 : dt == DType::fp8_e5m2 ? 1 : 2; }
-
 // Scratch regions, in elements of the run dtype, each 64-byte aligned.
 struct Layout {
     int64_t qkv, attn_or_gate_up, act, total;
 };
 
 Layout layout(const DecoderLayerWeights &w, int64_t tokens) {
-    const int64_t es = elem_size(w.dt), align = 64 / es;
+    const int64_t es = dtype_size(w.dt), align = 64 / es;
     auto up = [&](int64_t n) { return (n + align - 1) / align * align; };
     const int64_t q = w.num_heads * w.head_size, kv = w.num_kv_heads * w.head_size;
     Layout l;
@@ -33,13 +31,13 @@ Layout layout(const DecoderLayerWeights &w, int64_t tokens) {
 }  // namespace
 
 int64_t decoder_layer_scratch_bytes(const DecoderLayerWeights &w, int64_t tokens) {
-    return layout(w, tokens).total * elem_size(w.dt);
+    return layout(w, tokens).total * dtype_size(w.dt);
 }
 
 void decoder_layer(const DecoderLayerWeights &w, const DecoderBatch &b, void *h, void *residual, bool first,
                    void *scratch) {
     const DType dt = w.dt;
-    const int64_t T = b.tokens, H = w.hidden, hs = w.head_size, es = elem_size(dt);
+    const int64_t T = b.tokens, H = w.hidden, hs = w.head_size, es = dtype_size(dt);
     const int64_t q_size = w.num_heads * hs, kv_size = w.num_kv_heads * hs, qkv_n = q_size + 2 * kv_size;
     const int64_t I = w.intermediate;
     if (T <= 0) return;

@@ -13,6 +13,9 @@ struct fp8_e5m2_t { uint8_t bits; };  // IEEE-style 1-5-2 float: the top byte of
 
 enum class DType : int { f32 = 0, bf16 = 1, f16 = 2, fp8_e5m2 = 3 };
 
+// Bytes per element.
+inline int64_t dtype_size(DType dt) { return dt == DType::f32 ? 4 : dt == DType::fp8_e5m2 ? 1 : 2; }
+
 inline uint32_t f32_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
 inline float bits_f32(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
 

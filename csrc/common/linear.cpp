@@ -204,7 +204,7 @@ void linear(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_st
 int64_t linear_pack_step() { return 2 * int64_t(vec::width()); }
 
 void linear_pack_weight(DType dt, void *dst, const void *src, int64_t N, int64_t K) {
-    const int64_t S = linear_pack_step(), es = dt == DType::f32 ? 4 : 2;
+    const int64_t S = linear_pack_step(), es = dtype_size(dt);
     const char *in = static_cast<const char *>(src);
     char *o = static_cast<char *>(dst);
     const int64_t blocks = N / kNR;

@@ -13,13 +13,10 @@ from .layers import (
     GatedMLP,
     TokenHead,
     WeightBag,
-    fusable,
-    fused_layer,
+    decoder_stack,
+    finish_layer,
     input_norm,
     norm_weight,
-    pack_layer,
-    run_fused,
-    select_rows,
 )
 from .llama import _Layer
 from .rotary import cos_sin_cache, rope_parameters
@@ -56,9 +53,7 @@ class Gemma3ForCausalLM:
                                    o_bias=bias, qk_norm=True, norm_eps=self.eps, norm_offset=1.0,
                                    sliding_window=window if kind == "sliding_attention" else 0, soft_cap=soft_cap)
             layer.mlp = GatedMLP(bag, f"{p}.mlp", config.get("hidden_activation") or "gelu_pytorch_tanh")
-            pack_layer(layer.attn, layer.mlp)
-            layer.fused = fused_layer(layer.in_norm, layer.post_norm, layer.attn, layer.mlp, self.eps,
-                                      layer.pre_ff_norm, layer.post_ff_norm)
+            finish_layer(layer, self.eps)
             self.layers.append(layer)
         self.norm = norm_weight(bag, "model.norm.weight", 1.0)
         lm_head = None
@@ -72,19 +67,16 @@ class Gemma3ForCausalLM:
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], sample_idx: torch.Tensor | None) -> torch.Tensor:
         """float32 logits for the tokens at sample_idx (all tokens when None)."""
         h = self.head.embed_tokens(input_ids) * self.embed_scale
-        if fusable(self.layers, meta):
-            h, residual = run_fused(self.layers, h, positions, meta, kv_caches)
-        else:
-            residual = None
-            for layer, kv in zip(self.layers, kv_caches, strict=True):
-                h, residual = input_norm(h, residual, layer.in_norm, self.eps)
-                h = layer.attn(h, positions, meta, kv)
-                h = ops.rms_norm(h, layer.post_norm, self.eps, out=h)
-                ops.fused_add_rms_norm(h, residual, layer.pre_ff_norm, self.eps)
-                h = layer.mlp(h)
-                h = ops.rms_norm(h, layer.post_ff_norm, self.eps, out=h)
-        h, residual = select_rows(h, sample_idx), select_rows(residual, sample_idx)
-        ops.fused_add_rms_norm(h, residual, self.norm, self.eps)
+
+        def per_op(layer, h, residual, kv):
+            h, residual = input_norm(h, residual, layer.in_norm, self.eps)
+            h = layer.attn(h, positions, meta, kv)
+            h = ops.rms_norm(h, layer.post_norm, self.eps, out=h)
+            ops.fused_add_rms_norm(h, residual, layer.pre_ff_norm, self.eps)
+            h = layer.mlp(h)
+            return ops.rms_norm(h, layer.post_ff_norm, self.eps, out=h), residual
+
+        h = decoder_stack(self.layers, h, positions, meta, kv_caches, sample_idx, self.norm, self.eps, per_op)
         logits = self.head.logits(h)
         if self.final_soft_cap > 0.0:
             logits = torch.tanh(logits / self.final_soft_cap) * self.final_soft_cap

@@ -160,6 +160,13 @@ class TokenHead:
         return ops.linear(h, self.lm_head, None, self.packed).float()
 
 
+def finish_layer(layer, eps: float) -> None:
+    """After a decoder layer's weights are in: pack its projections and build its fused kernel (layer.fused)."""
+    pack_layer(layer.attn, layer.mlp)
+    layer.fused = fused_layer(layer.in_norm, layer.post_norm, layer.attn, layer.mlp, eps,
+                              getattr(layer, "pre_ff_norm", None), getattr(layer, "post_ff_norm", None))
+
+
 def fused_layer(in_norm: torch.Tensor, post_attn_norm: torch.Tensor, attn: Attention, mlp: GatedMLP, eps: float,
                 pre_ff_norm: torch.Tensor | None = None, post_ff_norm: torch.Tensor | None = None):
     """The layer as one kernel call (ops.DecoderLayer), or None where the per-op path runs instead.
@@ -183,21 +190,28 @@ def fused_layer(in_norm: torch.Tensor, post_attn_norm: torch.Tensor, attn: Atten
         eps=eps, scale=attn.scale, sliding_window=attn.sliding_window, soft_cap=attn.soft_cap, packed=attn.packed)
 
 
-def fusable(layers: list, meta: AttentionMetadata) -> bool:
-    """True when this step can run every layer through its fused kernel (run_fused)."""
-    return bool(layers) and layers[0].fused is not None and uses_kernels(block_size=meta.block_size)
+def decoder_stack(layers: list, h: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                  kv_caches: list[tuple[torch.Tensor, torch.Tensor]], sample_idx: torch.Tensor | None,
+                  final_norm: torch.Tensor, eps: float, per_op) -> torch.Tensor:
+    """Every layer, then the final norm of the rows at sample_idx (all rows when None).
 
-
-def run_fused(layers: list, h: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-              kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every layer through its fused kernel: (h, residual) as the per-op loop leaves them."""
-    residual = torch.empty_like(h)
-    pos, slots, qsl, lens, tables = positions, meta.slot_mapping, meta.query_start_loc, meta.seq_lens, meta.block_tables
-    first = True
-    for layer, (k, v) in zip(layers, kv_caches, strict=True):
-        layer.fused.forward(h, residual, first, pos, slots, qsl, lens, tables, ops.cache_view(k), ops.cache_view(v))
-        first = False
-    return h, residual
+    Each layer runs as its fused kernel when the step allows it (bf16/f16 layers, a kernel block size);
+    otherwise per_op(layer, h, residual, kv) -> (h, residual) runs it op by op from Python.
+    """
+    if layers and layers[0].fused is not None and uses_kernels(block_size=meta.block_size):
+        residual = torch.empty_like(h)
+        pos, slots, qsl, lens, tables = (positions, meta.slot_mapping, meta.query_start_loc, meta.seq_lens,
+                                         meta.block_tables)
+        for i, (layer, (k, v)) in enumerate(zip(layers, kv_caches, strict=True)):
+            layer.fused.forward(h, residual, i == 0, pos, slots, qsl, lens, tables, ops.cache_view(k),
+                                ops.cache_view(v))
+    else:
+        residual = None
+        for layer, kv in zip(layers, kv_caches, strict=True):
+            h, residual = per_op(layer, h, residual, kv)
+    h, residual = select_rows(h, sample_idx), select_rows(residual, sample_idx)
+    ops.fused_add_rms_norm(h, residual, final_norm, eps)
+    return h
 
 
 def norm_weight(bag: WeightBag, name: str, offset: float = 0.0) -> torch.Tensor:

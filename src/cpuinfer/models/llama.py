@@ -12,13 +12,10 @@ from .layers import (
     GatedMLP,
     TokenHead,
     WeightBag,
-    fusable,
-    fused_layer,
+    decoder_stack,
+    finish_layer,
     input_norm,
     norm_weight,
-    pack_layer,
-    run_fused,
-    select_rows,
 )
 from .rotary import cos_sin_cache, rope_parameters
 
@@ -50,8 +47,7 @@ class LlamaForCausalLM:
             layer.attn = Attention(bag, f"{p}.self_attn", heads, kv_heads, hs, cos_sin, hs ** -0.5, bias=qkv_bias,
                                    o_bias=o_bias, qk_norm=self.qk_norm, norm_eps=self.eps, sliding_window=windows[i])
             layer.mlp = GatedMLP(bag, f"{p}.mlp", config.get("hidden_act", "silu"), bias=mlp_bias)
-            pack_layer(layer.attn, layer.mlp)
-            layer.fused = fused_layer(layer.in_norm, layer.post_norm, layer.attn, layer.mlp, self.eps)
+            finish_layer(layer, self.eps)
             self.layers.append(layer)
         self.norm = norm_weight(bag, "model.norm.weight")
         tied = config.get("tie_word_embeddings", False) or not bag.has("lm_head.weight")
@@ -63,17 +59,14 @@ class LlamaForCausalLM:
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], sample_idx: torch.Tensor | None) -> torch.Tensor:
         """float32 logits for the tokens at sample_idx (all tokens when None)."""
         h = self.head.embed_tokens(input_ids)
-        if fusable(self.layers, meta):
-            h, residual = run_fused(self.layers, h, positions, meta, kv_caches)
-        else:
-            residual = None
-            for layer, kv in zip(self.layers, kv_caches, strict=False):
-                h, residual = input_norm(h, residual, layer.in_norm, self.eps)
-                h = layer.attn(h, positions, meta, kv)
-                ops.fused_add_rms_norm(h, residual, layer.post_norm, self.eps)
-                h = layer.mlp(h)
-        h, residual = select_rows(h, sample_idx), select_rows(residual, sample_idx)
-        ops.fused_add_rms_norm(h, residual, self.norm, self.eps)
+
+        def per_op(layer, h, residual, kv):
+            h, residual = input_norm(h, residual, layer.in_norm, self.eps)
+            h = layer.attn(h, positions, meta, kv)
+            ops.fused_add_rms_norm(h, residual, layer.post_norm, self.eps)
+            return layer.mlp(h), residual
+
+        h = decoder_stack(self.layers, h, positions, meta, kv_caches, sample_idx, self.norm, self.eps, per_op)
         return self.head.logits(h)
 
 
