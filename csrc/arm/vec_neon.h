@@ -75,6 +75,12 @@ inline float32x4_t pow2i_q(float32x4_t n) {
 }
 inline vf pow2i(vf n) { return {pow2i_q(n.lo), pow2i_q(n.hi)}; }
 inline float reduce_add(vf a) { return vaddvq_f32(vaddq_f32(a.lo, a.hi)); }
+#define CPUINFER_VEC_REDUCE_ADD4 1
+inline void reduce_add4(vf a, vf b, vf c, vf d, float *out) {
+    float32x4_t ab = vpaddq_f32(vaddq_f32(a.lo, a.hi), vaddq_f32(b.lo, b.hi));
+    float32x4_t cd = vpaddq_f32(vaddq_f32(c.lo, c.hi), vaddq_f32(d.lo, d.hi));
+    vst1q_f32(out, vpaddq_f32(ab, cd));
+}
 inline float reduce_max(vf a) { return vmaxvq_f32(vmaxq_f32(a.lo, a.hi)); }
 
 }  // namespace cpuinfer::vec

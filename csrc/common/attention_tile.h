@@ -19,6 +19,28 @@ constexpr int kTileRows = 16;  // 32 vector registers: 16 accumulators fit
 constexpr int kTileRows = 8;   // 16 registers (AVX2), or two per vf (NEON)
 #endif
 
+// Prefetches a byte range a little at a time, spread over a loop of about
+// `steps` iterations that each call next(), so that the reads of the next
+// phase are in flight while this one computes, without a burst that fills
+// the miss queue. rest() issues whatever is left.
+struct Prefetch {
+    const char *p = nullptr, *end = nullptr;
+    int64_t per = 0;
+    Prefetch() = default;
+    Prefetch(const void *ptr, int64_t bytes, int64_t steps)
+        : p(static_cast<const char *>(ptr)), end(p + bytes) {
+        const int64_t line = tuning::kCacheLine;
+        per = steps > 0 ? ((bytes + steps - 1) / steps + line - 1) / line * line : bytes;
+    }
+    void next() {
+        const char *e = end - p > per ? p + per : end;
+        for (; p < e; p += tuning::kCacheLine) __builtin_prefetch(p);
+    }
+    void rest() {
+        for (; p < end; p += tuning::kCacheLine) __builtin_prefetch(p);
+    }
+};
+
 // Calls f(std::integral_constant<int, R>) for the runtime row count r.
 template <typename F>
 inline void with_rows(int r, F &&f) {
@@ -74,8 +96,10 @@ constexpr int unroll() {
     }
 
 // s[r * s_stride + j] = dot(q[r * D ..], k[j * D ..]) for j in [j0, j1); q rows in pair order.
+// pf: prefetches spread over the keys (one next() per key).
 template <int R, typename C>
-inline void qk_tile(const float *q, int64_t D, const C *k, int64_t j0, int64_t j1, float *s, int64_t s_stride) {
+inline void qk_tile(const float *q, int64_t D, const C *k, int64_t j0, int64_t j1, float *s, int64_t s_stride,
+                    Prefetch pf = {}) {
     using namespace vec;
     constexpr int U = unroll<R>();
     const int64_t W = width();
@@ -83,6 +107,7 @@ inline void qk_tile(const float *q, int64_t D, const C *k, int64_t j0, int64_t j
     int64_t j = j0;
     for (; j + U <= j1; j += U) {
         const C *kj = k + j * D;
+        for (int u = 0; u < U; ++u) pf.next();
 #define DECL(i) vf a##i = zero(), b##i = zero(), c##i = zero(), d##i = zero();
         CPUINFER_ROWS(DECL)
 #undef DECL
@@ -96,7 +121,7 @@ inline void qk_tile(const float *q, int64_t D, const C *k, int64_t j0, int64_t j
         }
 #define STEP(i)                                                                       \
     if constexpr (i < R) {                                                            \
-        vf qv = load(q + i * D + cq_);                                                \
+        vf qv = in_register(load(q + i * D + cq_));                                   \
         a##i = fma(qv, k0, a##i);                                                     \
         if constexpr (U >= 2) b##i = fma(qv, k1, b##i);                               \
         if constexpr (U >= 4) c##i = fma(qv, k2, c##i), d##i = fma(qv, k3, d##i);     \
@@ -104,15 +129,41 @@ inline void qk_tile(const float *q, int64_t D, const C *k, int64_t j0, int64_t j
         CPUINFER_HEAD_DIM_LOOP(BODY)
 #undef STEP
 #undef BODY
-#define OUT(i)                                                               \
-    if constexpr (i < R) {                                                   \
-        s[i * s_stride + j] = reduce_add(a##i);                              \
-        if constexpr (U >= 2) s[i * s_stride + j + 1] = reduce_add(b##i);    \
-        if constexpr (U >= 4) s[i * s_stride + j + 2] = reduce_add(c##i), s[i * s_stride + j + 3] = reduce_add(d##i); \
-    }
-        CPUINFER_ROWS(OUT)
+        // The R x U sums, four at a time (reduce_add4: one transposed
+        // reduction): a row's four keys (U = 4), two rows' two keys (U = 2)
+        // or four rows' key (U = 1).
+        float t[4];
+        if constexpr (U == 4) {
+#define OUT(i) if constexpr (i < R) reduce_add4(a##i, b##i, c##i, d##i, s + i * s_stride + j);
+            CPUINFER_ROWS(OUT)
 #undef OUT
+        } else if constexpr (U == 2) {
+#define OUT(i, k)                                                                             \
+    if constexpr (k < R) {                                                                    \
+        reduce_add4(a##i, b##i, a##k, b##k, t);                                               \
+        s[i * s_stride + j] = t[0], s[i * s_stride + j + 1] = t[1];                           \
+        s[k * s_stride + j] = t[2], s[k * s_stride + j + 1] = t[3];                           \
+    } else if constexpr (i < R) {                                                             \
+        s[i * s_stride + j] = reduce_add(a##i), s[i * s_stride + j + 1] = reduce_add(b##i);   \
     }
+            OUT(0, 1) OUT(2, 3) OUT(4, 5) OUT(6, 7) OUT(8, 9) OUT(10, 11) OUT(12, 13) OUT(14, 15)
+#undef OUT
+        } else {
+#define ONE(i) if constexpr (i < R) s[i * s_stride + j] = reduce_add(a##i);
+#define OUT(i, k, l, m)                                                  \
+    if constexpr (m < R) {                                               \
+        reduce_add4(a##i, a##k, a##l, a##m, t);                          \
+        s[i * s_stride + j] = t[0], s[k * s_stride + j] = t[1];          \
+        s[l * s_stride + j] = t[2], s[m * s_stride + j] = t[3];          \
+    } else {                                                             \
+        ONE(i) ONE(k) ONE(l)                                             \
+    }
+            OUT(0, 1, 2, 3) OUT(4, 5, 6, 7) OUT(8, 9, 10, 11) OUT(12, 13, 14, 15)
+#undef ONE
+#undef OUT
+        }
+    }
+    pf.rest();
     for (; j < j1; ++j) {  // keys left over from the unrolled loop
         const C *kj = k + j * D;
 #define DECL(i) vf a##i = zero();
@@ -142,9 +193,11 @@ inline void qk_tile(const float *q, int64_t D, const C *k, int64_t j0, int64_t j
 }
 
 // acc[r] = acc[r] * alpha[r] + sum_j p[r * p_stride + j] * v[j * D ..] for j in [j0, j1); acc rows in pair order.
+// pf: prefetches spread over the passes over the head dimension (one next()
+// per W output lanes).
 template <int R, typename C>
 inline void pv_tile(float *acc, int64_t D, const float *alpha, const float *p, int64_t p_stride, const C *v,
-                    int64_t j0, int64_t j1) {
+                    int64_t j0, int64_t j1, Prefetch pf = {}) {
     using namespace vec;
     constexpr int U = unroll<R>();
     const int64_t W = width();
@@ -153,6 +206,7 @@ inline void pv_tile(float *acc, int64_t D, const float *alpha, const float *p, i
     int64_t c = 0;
     if constexpr (U >= 2) {  // U * W is a whole number of pairs
         for (; c + U * W <= D2; c += U * W) {
+            for (int u = 0; u < U; ++u) pf.next();
 #define DECL(i)                                                                        \
     vf a##i = zero(), b##i = zero(), c##i = zero(), d##i = zero();                     \
     if constexpr (i < R) {                                                             \
@@ -192,6 +246,7 @@ inline void pv_tile(float *acc, int64_t D, const float *alpha, const float *p, i
 #define BODY(LD, cv, ca)                                                                       \
     {                                                                                          \
         const int64_t ca_ = ca, cv_ = cv;                                                      \
+        pf.next();                                                                             \
         CPUINFER_ROWS(DECL)                                                                    \
         for (int64_t j = j0; j < j1; ++j) {                                                    \
             vf vv = LD(v + j * D + cv_);                                                       \
@@ -207,6 +262,7 @@ inline void pv_tile(float *acc, int64_t D, const float *alpha, const float *p, i
         BODY(load2b, c, c + W)
     }
     for (; c < Dv; c += W) BODY(load, c, c)
+    pf.rest();
 #undef OUT
 #undef STEP
 #undef DECL

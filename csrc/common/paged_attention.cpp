@@ -34,6 +34,7 @@ constexpr int64_t kChunkRows = 64;      // query rows that share one pass over t
 #endif
 constexpr bool kPrefetch = CPUINFER_ATTN_PREFETCH;
 constexpr int64_t kMinPartKeys = 256;   // a flash-decoding partition is at least this long
+constexpr int64_t kPvKeys = 16;        // keys per PV pass: a few KB of V, read front to back
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 struct Group {
@@ -199,17 +200,19 @@ struct Runner {
             const int64_t base = b * bs, off = (int64_t(table[b]) * a.num_kv_heads + h) * bs * D;
             const C *kb = kc + off, *vb = vc + off;
             // Blocks sit at random places in the cache, which defeats the
-            // hardware prefetcher at every block boundary: fetch the next
-            // block of this head while this one is computed.
-            if (kPrefetch) {
-                // Two blocks ahead at small blocks (latency), one at large ones.
-                const int64_t ahead = bs * D * int64_t(sizeof(C)) >= 16384 ? 1 : 2;
-                for (int64_t nb = b == k0 / bs ? b + 1 : b + ahead; nb <= b + ahead && nb * bs < k1; ++nb) {
-                    const int64_t noff = (int64_t(table[nb]) * a.num_kv_heads + h) * bs * D;
-                    prefetch(kc + noff, bs * D * int64_t(sizeof(C)));
-                    prefetch(vc + noff, bs * D * int64_t(sizeof(C)));
-                }
-            }
+            // hardware prefetcher at every block boundary, and PV walks V a
+            // column strip at a time, which it does not follow either. So
+            // the first tile that computes on a block prefetches the block's
+            // V while it runs QK and the next block's K while it runs PV, a
+            // few lines per key: the reads stay one phase ahead of the
+            // arithmetic, spread evenly (a whole block at once fills the
+            // miss queue and stalls). Measured: 32x1024 decode from DRAM,
+            // 2 threads, ~1.4x faster than a whole-block prefetch.
+            const int64_t row_bytes = D * int64_t(sizeof(C));
+            const C *nkb = nullptr;
+            if ((b + 1) * bs < k1) nkb = kc + (int64_t(table[b + 1]) * a.num_kv_heads + h) * bs * D;
+            if (kPrefetch && b == k0 / bs) prefetch(kb + (k0 - base) * D, (std::min(k1 - base, bs) - (k0 - base)) * row_bytes);
+            bool lead = kPrefetch;
             for (int64_t r0 = 0; r0 < rows; r0 += attn::kTileRows) {
                 const int R = int(std::min<int64_t>(attn::kTileRows, rows - r0));
                 // Keys of this block that some row of the tile sees.
@@ -219,6 +222,11 @@ struct Runner {
                 const int64_t j0 = lo - base, j1 = hi - base;
 #if defined(CPUINFER_ATTN_AMX)
                 if (amx && R >= attn::kAmxMinRows) {
+                    if (lead) {
+                        prefetch(vb + j0 * D, (j1 - j0) * row_bytes);
+                        if (nkb) prefetch(nkb, bs * row_bytes);
+                        lead = false;
+                    }
                     attn::qk_tile_amx(sc.qv.data() + r0 / 16 * (D / 2 * 16), R, D,
                                       reinterpret_cast<const bf16_t *>(kb), j0, j1, sbuf, bs);
                     softmax_tile(R, r0, base, j0, j1, sc);
@@ -229,13 +237,26 @@ struct Runner {
 #endif
                 attn::with_rows(R, [&](auto rc) {
                     constexpr int RR = decltype(rc)::value;
-                    qk<RR>(qf + r0 * D, kBf16 ? sc.qb.data() + r0 * D : nullptr, kb, j0, j1, sbuf);
+                    attn::Prefetch pf;
+                    if (lead) pf = attn::Prefetch(vb + j0 * D, (j1 - j0) * row_bytes, j1 - j0);
+                    qk<RR>(qf + r0 * D, kBf16 ? sc.qb.data() + r0 * D : nullptr, kb, j0, j1, sbuf, pf);
                 });
                 softmax_tile(R, r0, base, j0, j1, sc);
+                if (lead && nkb && j0 > 0) prefetch(nkb, j0 * row_bytes);
                 attn::with_rows(R, [&](auto rc) {
                     constexpr int RR = decltype(rc)::value;
-                    attn::pv_tile<RR>(acc + r0 * D, D, sc.alpha.data(), sbuf, bs, vb, j0, j1);
+                    // V in passes of kPvKeys keys: each pass walks a few KB
+                    // column strip by column strip, so the block as a whole
+                    // is read front to back. The rescale applies once.
+                    for (int64_t js = j0; js < j1; js += kPvKeys) {
+                        const int64_t je = std::min(j1, js + kPvKeys);
+                        attn::Prefetch pf;  // the next block's K, the keys this pass covers (the rest at the end)
+                        if (lead && nkb) pf = attn::Prefetch(nkb + js * D, ((je == j1 ? bs : je) - js) * row_bytes, D / vec::width());
+                        attn::pv_tile<RR>(acc + r0 * D, D, sc.alpha.data(), sbuf, bs, vb, js, je, pf);
+                        std::fill(sc.alpha.begin(), sc.alpha.begin() + RR, 1.f);
+                    }
                 });
+                lead = false;
             }
         }
 #if defined(CPUINFER_ATTN_AMX)
@@ -258,15 +279,16 @@ struct Runner {
     }
 
     template <int R>
-    void qk(const float *q, const bf16_t *qb, const C *kb, int64_t j0, int64_t j1, float *sbuf) {
+    void qk(const float *q, const bf16_t *qb, const C *kb, int64_t j0, int64_t j1, float *sbuf, attn::Prefetch pf) {
 #if defined(CPUINFER_ATTN_DPBF16)
         if constexpr (kBf16) {
+            pf.rest();
             attn::qk_tile_dpbf16<R>(qb, D, kb, j0, j1, sbuf, bs);
             return;
         }
 #endif
         (void)qb;
-        attn::qk_tile<R>(q, D, kb, j0, j1, sbuf, bs);
+        attn::qk_tile<R>(q, D, kb, j0, j1, sbuf, bs, pf);
     }
 
     // Scales, caps and masks the tile's scores (rows r0..r0+R, keys [j0, j1)

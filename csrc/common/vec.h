@@ -12,6 +12,13 @@
 //   round(vf)               to nearest integer (ties to even)
 //   pow2i(vf n)             2^n for integral n in [-126, 127]
 //   float reduce_add(vf), reduce_max(vf)
+//   in_register(v)          v, pinned in a register (a no-op by default; x86
+//                           layers use it to stop the compiler folding one
+//                           load into every FMA that uses it, which turns one
+//                           load into several)
+//   reduce_add4(a, b, c, d, float *out)  out[0..3] = the four sums (a default
+//                           below; layers with a cheaper transposed reduction
+//                           define CPUINFER_VEC_REDUCE_ADD4 and their own)
 //   vf load2a(const T*), vf load2b(const T*), void store2(T*, vf a, vf b)
 //                           2*width() consecutive elements as two vectors (a, b),
 //                           in a lane order the layer may choose per T (x86 keeps
@@ -60,6 +67,19 @@ template <typename T>
 inline vf load2b(const T *p) { return load(p + width()); }
 template <typename T>
 inline void store2(T *p, vf a, vf b) { store(p, a); store(p + width(), b); }
+
+#if !defined(CPUINFER_VEC_IN_REGISTER)
+inline vf in_register(vf v) { return v; }
+#endif
+
+#if !defined(CPUINFER_VEC_REDUCE_ADD4)
+inline void reduce_add4(vf a, vf b, vf c, vf d, float *out) {
+    out[0] = reduce_add(a);
+    out[1] = reduce_add(b);
+    out[2] = reduce_add(c);
+    out[3] = reduce_add(d);
+}
+#endif
 
 // An f32 row that meets load2a/load2b(const C*) results lane by lane (a query row
 // against keys, an accumulator against values) is kept in that lane order:

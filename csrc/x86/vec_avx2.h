@@ -110,11 +110,24 @@ inline vf pow2i(vf n) {
     __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n.v), _mm256_set1_epi32(127));
     return {_mm256_castsi256_ps(_mm256_slli_epi32(e, 23))};
 }
+// A loaded value that several FMAs use, kept in a register: GCC otherwise
+// folds the load into each FMA's memory operand, one load per use.
+#define CPUINFER_VEC_IN_REGISTER 1
+inline vf in_register(vf v) {
+    asm("" : "+x"(v.v));
+    return v;
+}
 inline float reduce_add(vf a) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
+}
+// Four sums at once: one horizontal-add tree instead of four.
+#define CPUINFER_VEC_REDUCE_ADD4 1
+inline void reduce_add4(vf a, vf b, vf c, vf d, float *out) {
+    __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a.v, b.v), _mm256_hadd_ps(c.v, d.v));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
 }
 inline float reduce_max(vf a) {
     __m128 s = _mm_max_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));

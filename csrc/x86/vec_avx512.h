@@ -73,6 +73,15 @@ inline vf pow2i(vf n) {
     __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(n.v), _mm512_set1_epi32(127));
     return {_mm512_castsi512_ps(_mm512_slli_epi32(e, 23))};
 }
+// A loaded value that several FMAs use, kept in a register: GCC otherwise
+// folds the load into each FMA's memory operand, one load per use.
+#if !defined(CPUINFER_SIMDE_EMULATION)
+#define CPUINFER_VEC_IN_REGISTER 1
+inline vf in_register(vf v) {
+    asm("" : "+v"(v.v));
+    return v;
+}
+#endif
 inline float reduce_add(vf a) { return _mm512_reduce_add_ps(a.v); }
 inline float reduce_max(vf a) { return _mm512_reduce_max_ps(a.v); }
 
