@@ -20,9 +20,9 @@ constexpr int kTileRows = 8;   // 16 registers (AVX2), or two per vf (NEON)
 #endif
 
 // Prefetches a byte range a little at a time, spread over a loop of about
-// `steps` iterations that each call next(), so that the reads of the next
+// `steps` iterations that each call next(), so that the reads of a later
 // phase are in flight while this one computes, without a burst that fills
-// the miss queue. rest() issues whatever is left.
+// the miss queue. rest() issues whatever is left. An empty one does nothing.
 struct Prefetch {
     const char *p = nullptr, *end = nullptr;
     int64_t per = 0;
@@ -96,10 +96,10 @@ constexpr int unroll() {
     }
 
 // s[r * s_stride + j] = dot(q[r * D ..], k[j * D ..]) for j in [j0, j1); q rows in pair order.
-// pf: prefetches spread over the keys (one next() per key).
+// Calls pf.next() once per key.
 template <int R, typename C>
 inline void qk_tile(const float *q, int64_t D, const C *k, int64_t j0, int64_t j1, float *s, int64_t s_stride,
-                    Prefetch pf = {}) {
+                    Prefetch &pf) {
     using namespace vec;
     constexpr int U = unroll<R>();
     const int64_t W = width();
@@ -163,9 +163,9 @@ inline void qk_tile(const float *q, int64_t D, const C *k, int64_t j0, int64_t j
 #undef OUT
         }
     }
-    pf.rest();
     for (; j < j1; ++j) {  // keys left over from the unrolled loop
         const C *kj = k + j * D;
+        pf.next();
 #define DECL(i) vf a##i = zero();
         CPUINFER_ROWS(DECL)
 #undef DECL
@@ -193,11 +193,10 @@ inline void qk_tile(const float *q, int64_t D, const C *k, int64_t j0, int64_t j
 }
 
 // acc[r] = acc[r] * alpha[r] + sum_j p[r * p_stride + j] * v[j * D ..] for j in [j0, j1); acc rows in pair order.
-// pf: prefetches spread over the passes over the head dimension (one next()
-// per W output lanes).
+// Calls pf.next() once per width() output lanes.
 template <int R, typename C>
 inline void pv_tile(float *acc, int64_t D, const float *alpha, const float *p, int64_t p_stride, const C *v,
-                    int64_t j0, int64_t j1, Prefetch pf = {}) {
+                    int64_t j0, int64_t j1, Prefetch &pf) {
     using namespace vec;
     constexpr int U = unroll<R>();
     const int64_t W = width();
@@ -262,7 +261,6 @@ inline void pv_tile(float *acc, int64_t D, const float *alpha, const float *p, i
         BODY(load2b, c, c + W)
     }
     for (; c < Dv; c += W) BODY(load, c, c)
-    pf.rest();
 #undef OUT
 #undef STEP
 #undef DECL

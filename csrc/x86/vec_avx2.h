@@ -85,13 +85,19 @@ inline vf load(const fp8_e5m2_t *p) {
     return {_mm256_cvtph_ps(_mm_slli_epi16(_mm_cvtepu8_epi16(b), 8))};
 }
 
-// 16 at once in natural order: one widening (shared by a and b after
-// inlining), two conversions.
-inline __m256i fp8_to_f16x16(const fp8_e5m2_t *p) {
-    return _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))), 8);
+// 16 at once in the bf16 pair order (even elements in a, odd in b): each
+// 16-bit lane holds an odd element's f16 in its high byte and an even one's
+// in its low byte, so one mask or one shift makes 8 f16 of either, with no
+// widening shuffle. Measured ~8% less time than widening first (hot cache).
+inline vf load2a(const fp8_e5m2_t *p) {
+    return {_mm256_cvtph_ps(_mm_slli_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p)), 8))};
 }
-inline vf load2a(const fp8_e5m2_t *p) { return {_mm256_cvtph_ps(_mm256_castsi256_si128(fp8_to_f16x16(p)))}; }
-inline vf load2b(const fp8_e5m2_t *p) { return {_mm256_cvtph_ps(_mm256_extracti128_si256(fp8_to_f16x16(p), 1))}; }
+inline vf load2b(const fp8_e5m2_t *p) {
+    __m128i w = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p));
+    return {_mm256_cvtph_ps(_mm_and_si128(w, _mm_set1_epi16(int16_t(0xff00))))};
+}
+inline void pair_order(float *x, int64_t n, const fp8_e5m2_t *) { pair_order(x, n, static_cast<const bf16_t *>(nullptr)); }
+inline void natural_order(float *x, int64_t n, const fp8_e5m2_t *) { natural_order(x, n, static_cast<const bf16_t *>(nullptr)); }
 
 inline vf add(vf a, vf b) { return {_mm256_add_ps(a.v, b.v)}; }
 inline vf sub(vf a, vf b) { return {_mm256_sub_ps(a.v, b.v)}; }
