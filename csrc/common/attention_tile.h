@@ -19,19 +19,17 @@ constexpr int kTileRows = 16;  // 32 vector registers: 16 accumulators fit
 constexpr int kTileRows = 8;   // 16 registers (AVX2), or two per vf (NEON)
 #endif
 
-// Prefetches a byte range a little at a time, spread over a loop of about
-// `steps` iterations that each call next(), so that the reads of a later
+// Prefetches a byte range a little at a time, about `per` bytes (whole
+// cache lines) per call of next() in some loop, so that the reads of a later
 // phase are in flight while this one computes, without a burst that fills
 // the miss queue. rest() issues whatever is left. An empty one does nothing.
 struct Prefetch {
     const char *p = nullptr, *end = nullptr;
     int64_t per = 0;
     Prefetch() = default;
-    Prefetch(const void *ptr, int64_t bytes, int64_t steps)
-        : p(static_cast<const char *>(ptr)), end(p + bytes) {
-        const int64_t line = tuning::kCacheLine;
-        per = steps > 0 ? ((bytes + steps - 1) / steps + line - 1) / line * line : bytes;
-    }
+    Prefetch(const void *ptr, int64_t bytes, int64_t per_step)
+        : p(static_cast<const char *>(ptr)), end(p + bytes),
+          per((per_step + tuning::kCacheLine - 1) / tuning::kCacheLine * tuning::kCacheLine) {}
     void next() {
         const char *e = end - p > per ? p + per : end;
         for (; p < e; p += tuning::kCacheLine) __builtin_prefetch(p);

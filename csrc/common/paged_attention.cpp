@@ -52,7 +52,7 @@ struct Unit {
 
 // Per-thread working memory, grown on demand and kept across calls.
 struct Scratch {
-    std::vector<float> q, acc, m, l, s, alpha;
+    std::vector<float> q, acc, m, l, s, alpha, mn;
     std::vector<int64_t> pos;
     std::vector<bf16_t> qb;   // raw bf16 query rows, for the bf16 x bf16 fast paths
     std::vector<uint32_t> qv;  // AMX: Q^T tiles in VNNI layout
@@ -61,7 +61,7 @@ struct Scratch {
         if (int64_t(q.size()) < rows * D) q.resize(rows * D), acc.resize(rows * D);
         if (int64_t(m.size()) < rows) m.resize(rows), l.resize(rows), pos.resize(rows);
         if (int64_t(s.size()) < attn::kTileRows * bs) s.resize(attn::kTileRows * bs);
-        if (int64_t(alpha.size()) < attn::kTileRows) alpha.resize(attn::kTileRows);
+        if (int64_t(alpha.size()) < attn::kTileRows) alpha.resize(attn::kTileRows), mn.resize(attn::kTileRows);
     }
 };
 
@@ -234,9 +234,10 @@ struct Runner {
                 if (lead) {
                     int64_t n;
                     const C *p = span(vc, b, n);
-                    v_pf = attn::Prefetch(p, n, j1 - j0);
+                    v_pf = attn::Prefetch(p, n, row_bytes);  // a row per key of QK
                     p = span(kc, b + 1, n);
-                    nk_pf = attn::Prefetch(p, n, (j1 - j0 + kPvKeys - 1) / kPvKeys * (D / vec::width()));
+                    // kPvKeys rows per PV pass, which takes D / width() steps
+                    nk_pf = attn::Prefetch(p, n, kPvKeys * int64_t(sizeof(C)) * vec::width());
                     lead = false;
                 }
 #if defined(CPUINFER_ATTN_AMX)
@@ -308,27 +309,34 @@ struct Runner {
     void softmax_tile(int R, int64_t r0, int64_t base, int64_t j0, int64_t j1, Scratch &sc) {
         const int64_t W = a.sliding_window;
         const bool cap = a.soft_cap > 0.f;
-        float *m = sc.m.data(), *l = sc.l.data();
+        float *m = sc.m.data() + r0, *l = sc.l.data() + r0, *mn = sc.mn.data(), *alpha = sc.alpha.data();
+        int64_t ra[attn::kTileRows], rb[attn::kTileRows];
         for (int r = 0; r < R; ++r) {
             // Row r sees keys [ra, rb) of this block: causal and windowed.
             float *sr = sc.s.data() + r * bs;
             const int64_t p = sc.pos[r0 + r];
-            const int64_t ra = std::max(j0, (W > 0 ? p - W + 1 : int64_t(0)) - base);
-            const int64_t rb = std::min(j1, p + 1 - base);
-            if (ra >= rb) {
-                sc.alpha[r] = 1.f;
+            ra[r] = std::max(j0, (W > 0 ? p - W + 1 : int64_t(0)) - base);
+            rb[r] = std::min(j1, p + 1 - base);
+            mn[r] = ra[r] < rb[r] ? std::max(m[r], scale_and_max(sr, ra[r], rb[r], cap)) : m[r];
+        }
+        // The rescale factors of all rows at once (0 when m was -inf, 1 for
+        // a row that sees no key here).
+        int r = 0;
+        for (const int64_t VW = vec::width(); r + VW <= R; r += VW)
+            vec::store(alpha + r, vec::exp(vec::sub(vec::load(m + r), vec::load(mn + r))));
+        for (; r < R; ++r) alpha[r] = std::exp(m[r] - mn[r]);
+        for (r = 0; r < R; ++r) {
+            float *sr = sc.s.data() + r * bs;
+            if (ra[r] >= rb[r]) {
+                alpha[r] = 1.f;
                 std::fill(sr + j0, sr + j1, 0.f);
                 continue;
             }
-            const float mx = scale_and_max(sr, ra, rb, cap);
-            const float mn = std::max(m[r0 + r], mx);
-            const float alpha = std::exp(m[r0 + r] - mn);  // 0 when m was -inf
-            const float sum = exp_sum(sr, ra, rb, mn);
-            std::fill(sr + j0, sr + ra, 0.f);
-            std::fill(sr + rb, sr + j1, 0.f);
-            l[r0 + r] = l[r0 + r] * alpha + sum;
-            m[r0 + r] = mn;
-            sc.alpha[r] = alpha;
+            const float sum = exp_sum(sr, ra[r], rb[r], mn[r]);
+            std::fill(sr + j0, sr + ra[r], 0.f);
+            std::fill(sr + rb[r], sr + j1, 0.f);
+            l[r] = l[r] * alpha[r] + sum;
+            m[r] = mn[r];
         }
     }
 
