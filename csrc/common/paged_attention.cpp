@@ -52,7 +52,7 @@ struct Unit {
 
 // Per-thread working memory, grown on demand and kept across calls.
 struct Scratch {
-    std::vector<float> q, acc, m, l, s, alpha, mn;
+    std::vector<float> q, acc, m, l, s, alpha, dm;  // alpha, dm: a tile's rows, padded to whole vectors
     std::vector<int64_t> pos;
     std::vector<bf16_t> qb;   // raw bf16 query rows, for the bf16 x bf16 fast paths
     std::vector<uint32_t> qv;  // AMX: Q^T tiles in VNNI layout
@@ -61,7 +61,8 @@ struct Scratch {
         if (int64_t(q.size()) < rows * D) q.resize(rows * D), acc.resize(rows * D);
         if (int64_t(m.size()) < rows) m.resize(rows), l.resize(rows), pos.resize(rows);
         if (int64_t(s.size()) < attn::kTileRows * bs) s.resize(attn::kTileRows * bs);
-        if (int64_t(alpha.size()) < attn::kTileRows) alpha.resize(attn::kTileRows), mn.resize(attn::kTileRows);
+        const int64_t padded = (attn::kTileRows + vec::width() - 1) / vec::width() * vec::width();
+        if (int64_t(alpha.size()) < padded) alpha.resize(padded), dm.resize(padded);
     }
 };
 
@@ -309,8 +310,9 @@ struct Runner {
     void softmax_tile(int R, int64_t r0, int64_t base, int64_t j0, int64_t j1, Scratch &sc) {
         const int64_t W = a.sliding_window;
         const bool cap = a.soft_cap > 0.f;
-        float *m = sc.m.data() + r0, *l = sc.l.data() + r0, *mn = sc.mn.data(), *alpha = sc.alpha.data();
+        float *m = sc.m.data() + r0, *l = sc.l.data() + r0, *dm = sc.dm.data(), *alpha = sc.alpha.data();
         int64_t ra[attn::kTileRows], rb[attn::kTileRows];
+        float mn[attn::kTileRows];
         for (int r = 0; r < R; ++r) {
             // Row r sees keys [ra, rb) of this block: causal and windowed.
             float *sr = sc.s.data() + r * bs;
@@ -318,17 +320,16 @@ struct Runner {
             ra[r] = std::max(j0, (W > 0 ? p - W + 1 : int64_t(0)) - base);
             rb[r] = std::min(j1, p + 1 - base);
             mn[r] = ra[r] < rb[r] ? std::max(m[r], scale_and_max(sr, ra[r], rb[r], cap)) : m[r];
+            dm[r] = ra[r] < rb[r] ? m[r] - mn[r] : 0.f;
         }
-        // The rescale factors of all rows at once (0 when m was -inf, 1 for
-        // a row that sees no key here).
-        int r = 0;
-        for (const int64_t VW = vec::width(); r + VW <= R; r += VW)
-            vec::store(alpha + r, vec::exp(vec::sub(vec::load(m + r), vec::load(mn + r))));
-        for (; r < R; ++r) alpha[r] = std::exp(m[r] - mn[r]);
-        for (r = 0; r < R; ++r) {
+        // The rows' rescale factors with whole-vector exps (dm is padded with
+        // zeros): ~0 when m was -inf, 1 for a row that sees no key here.
+        const int64_t VW = vec::width();
+        std::fill(dm + R, dm + (R + VW - 1) / VW * VW, 0.f);
+        for (int r = 0; r < R; r += int(VW)) vec::store(alpha + r, vec::exp(vec::load(dm + r)));
+        for (int r = 0; r < R; ++r) {
             float *sr = sc.s.data() + r * bs;
             if (ra[r] >= rb[r]) {
-                alpha[r] = 1.f;
                 std::fill(sr + j0, sr + j1, 0.f);
                 continue;
             }
