@@ -84,5 +84,15 @@ inline vf in_register(vf v) {
 #endif
 inline float reduce_add(vf a) { return _mm512_reduce_add_ps(a.v); }
 inline float reduce_max(vf a) { return _mm512_reduce_max_ps(a.v); }
+// Four sums at once: halve each to 256 bits, then one horizontal-add tree
+// (as the AVX2 layer; not timed here, no AVX-512 on the development machine).
+#define CPUINFER_VEC_REDUCE_ADD4 1
+inline __m256 fold256(__m512 x) {
+    return _mm256_add_ps(_mm512_castps512_ps256(x), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
+}
+inline void reduce_add4(vf a, vf b, vf c, vf d, float *out) {
+    __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(fold256(a.v), fold256(b.v)), _mm256_hadd_ps(fold256(c.v), fold256(d.v)));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
+}
 
 }  // namespace cpuinfer::vec
