@@ -64,6 +64,16 @@ def test_large_batches(kernels, dtype):
         torch.testing.assert_close(run_kernel(kernels, b).float(), ref_paged_attention(b), **TOL[dtype])
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float8_e5m2], ids=["bf16", "fp8"])
+def test_engine_block_size(kernels, cache_dtype):
+    """Block size 128 (the engine's default): V is walked in several passes per block, ragged last blocks,
+    a partition boundary inside a block (flash-decoding), decodes next to a prefill chunk, GQA 4."""
+    b = make_batch([(1, 1000), (1, 129), (37, 300), (1, 2047)], 32, 8, 128, 128, torch.bfloat16, cache_dtype)
+    torch.testing.assert_close(run_kernel(kernels, b).float(), ref_paged_attention(b), **TOL[torch.bfloat16])
+    torch.testing.assert_close(run_kernel(kernels, b, sliding_window=200).float(), ref_paged_attention(b, 200),
+                               **TOL[torch.bfloat16])
+
+
 def test_single_thread_matches_threaded(kernels):
     b = make_batch([(1, 2000), (3, 300)], 4, 1, 64, 16, torch.float32, torch.float32)
     threaded = run_kernel(kernels, b)
