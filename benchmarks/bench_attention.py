@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import cpuinfer
+from cpuinfer.platform.memory import zeros_huge
 
 
 def bench(fn, reps: int, warmup: int = 2) -> float:
@@ -51,16 +52,18 @@ STREAM_BUF = 64 << 20  # floats: 256 MiB, far larger than the caches
 
 
 def stream_read_fn():
-    """A multithreaded streaming read (torch sum over a buffer far larger than the caches)."""
-    buf = torch.ones(STREAM_BUF, dtype=torch.float32)
+    """A multithreaded streaming read (torch sum over a buffer far larger than the caches, in huge pages
+    like the KV cache)."""
+    buf = zeros_huge((STREAM_BUF,), torch.float32).fill_(1.0)
     return lambda: buf.sum()
 
 
 def make_decode(num_seqs: int, ctx: int, hq: int, hkv: int, d: int, bs: int, cache_dtype, dtype=torch.bfloat16):
     """A decode batch (one query token per sequence) over a cache with shuffled blocks."""
     nb = num_seqs * math.ceil(ctx / bs)
-    kc = torch.randn(nb, hkv, bs, d).to(cache_dtype)
-    vc = torch.randn(nb, hkv, bs, d).to(cache_dtype)
+    # Allocated as the engine allocates its cache (huge pages where the OS offers them).
+    kc = zeros_huge((nb, hkv, bs, d), cache_dtype).copy_(torch.randn(nb, hkv, bs, d))
+    vc = zeros_huge((nb, hkv, bs, d), cache_dtype).copy_(torch.randn(nb, hkv, bs, d))
     tables = torch.randperm(nb).to(torch.int32).view(num_seqs, -1)
     q = torch.randn(num_seqs, hq, d).to(dtype)
     qsl = torch.arange(num_seqs + 1, dtype=torch.int32)

@@ -16,6 +16,7 @@ import torch
 from ..attention import AttentionMetadata
 from ..model_loader import ModelSpec, load_weights
 from ..models import build_model
+from ..platform.memory import zeros_huge
 
 CACHE_DTYPES = {"auto": None, "bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
                 "fp8": torch.float8_e5m2, "fp8_e5m2": torch.float8_e5m2}
@@ -50,7 +51,8 @@ class ModelRunner:
         self.model = build_model(spec, tensors, extras)
         del tensors
         shape = (num_blocks, spec.num_kv_heads, block_size, spec.head_size)
-        self.kv_caches = [(torch.zeros(shape, dtype=self.cache_dtype), torch.zeros(shape, dtype=self.cache_dtype))
+        # Huge pages where the OS offers them: attention reads the cache block by block at scattered places.
+        self.kv_caches = [(zeros_huge(shape, self.cache_dtype), zeros_huge(shape, self.cache_dtype))
                           for _ in range(spec.num_layers)]
 
     def _prepare(self, seqs: list[ScheduledSeq]):
