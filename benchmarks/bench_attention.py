@@ -32,14 +32,20 @@ def bench(fn, reps: int, warmup: int = 2) -> float:
     return statistics.median(times)
 
 
-def paired(fns: dict, rounds: int, reps: int) -> dict:
+def paired(fns: dict, rounds: int, reps: int, threads: dict | None = None) -> dict:
     """Median seconds per call of each function, measured in alternating rounds (a, b, a, b, ...), and
     the per-round times, so that a ratio is taken between measurements made moments apart: on a
-    shared machine the load drifts over a run, and a baseline timed minutes earlier skews ratios."""
+    shared machine the load drifts over a run, and a baseline timed minutes earlier skews ratios.
+    threads: {name: thread count} for functions to time on fewer threads than the default."""
     per_round = {name: [] for name in fns}
+    default = torch.get_num_threads()
     for _ in range(rounds):
         for name, fn in fns.items():
-            per_round[name].append(bench(fn, reps))
+            torch.set_num_threads((threads or {}).get(name, default))
+            try:
+                per_round[name].append(bench(fn, reps))
+            finally:
+                torch.set_num_threads(default)
     return {name: (statistics.median(ts), ts) for name, ts in per_round.items()}
 
 
@@ -140,15 +146,7 @@ def main() -> None:
     # 2. Batch-1 decode at 4096 context: 2 threads vs 1 thread.
     case = make_decode(1, 4096, 32, 8, 128, 16, torch.bfloat16)
     fn = kernel_fn(best, *case)
-
-    def one_thread():
-        torch.set_num_threads(1)
-        try:
-            fn()
-        finally:
-            torch.set_num_threads(threads)
-
-    m = paired({"n": fn, "1": one_thread}, rounds, reps * 4)
+    m = paired({"n": fn, "1": fn}, rounds, reps * 4, threads={"1": 1})
     print(f"\nbatch-1 decode, 4096 ctx: 1 thread {m['1'][0] * 1e3:.3f} ms, {threads} threads {m['n'][0] * 1e3:.3f} ms: "
           f"{ratio(m['1'][1], m['n'][1]):.2f}x (target >= 1.7x on 2 threads)")
 

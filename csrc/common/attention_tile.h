@@ -191,6 +191,7 @@ inline void qk_tile(const float *q, int64_t D, const C *k, int64_t j0, int64_t j
 }
 
 // acc[r] = acc[r] * alpha[r] + sum_j p[r * p_stride + j] * v[j * D ..] for j in [j0, j1); acc rows in pair order.
+// alpha null: no rescale (acc[r] += ...).
 // Calls pf.next() once per width() output lanes.
 template <int R, typename C>
 inline void pv_tile(float *acc, int64_t D, const float *alpha, const float *p, int64_t p_stride, const C *v,
@@ -200,6 +201,8 @@ inline void pv_tile(float *acc, int64_t D, const float *alpha, const float *p, i
     const int64_t W = width();
     const int64_t Dv = D - D % W;
     const int64_t D2 = Dv - Dv % (2 * W);  // whole load2a/b pairs
+    // acc[i * D + c ..] loaded and rescaled
+    auto scaled = [&](int i, int64_t c) { return alpha ? mul(load(acc + i * D + c), splat(alpha[i])) : load(acc + i * D + c); };
     int64_t c = 0;
     if constexpr (U >= 2) {  // U * W is a whole number of pairs
         for (; c + U * W <= D2; c += U * W) {
@@ -207,10 +210,9 @@ inline void pv_tile(float *acc, int64_t D, const float *alpha, const float *p, i
 #define DECL(i)                                                                        \
     vf a##i = zero(), b##i = zero(), c##i = zero(), d##i = zero();                     \
     if constexpr (i < R) {                                                             \
-        vf al = splat(alpha[i]);                                                       \
-        a##i = mul(load(acc + i * D + c), al);                                         \
-        b##i = mul(load(acc + i * D + c + W), al);                                     \
-        if constexpr (U >= 4) c##i = mul(load(acc + i * D + c + 2 * W), al), d##i = mul(load(acc + i * D + c + 3 * W), al); \
+        a##i = scaled(i, c);                                                           \
+        b##i = scaled(i, c + W);                                                       \
+        if constexpr (U >= 4) c##i = scaled(i, c + 2 * W), d##i = scaled(i, c + 3 * W); \
     }
             CPUINFER_ROWS(DECL)
 #undef DECL
@@ -251,7 +253,7 @@ inline void pv_tile(float *acc, int64_t D, const float *alpha, const float *p, i
         }                                                                                      \
         CPUINFER_ROWS(OUT)                                                                     \
     }
-#define DECL(i) vf a##i = zero(); if constexpr (i < R) a##i = mul(load(acc + i * D + ca_), splat(alpha[i]));
+#define DECL(i) vf a##i = zero(); if constexpr (i < R) a##i = scaled(i, ca_);
 #define STEP(i) if constexpr (i < R) a##i = fma(splat(p[i * p_stride + j]), vv, a##i);
 #define OUT(i) if constexpr (i < R) store(acc + i * D + ca_, a##i);
     for (; c + 2 * W <= D2; c += 2 * W) {
@@ -265,7 +267,7 @@ inline void pv_tile(float *acc, int64_t D, const float *alpha, const float *p, i
 #undef BODY
     for (c = Dv; c < D; ++c) {
         for (int r = 0; r < R; ++r) {
-            float a = acc[r * D + c] * alpha[r];
+            float a = alpha ? acc[r * D + c] * alpha[r] : acc[r * D + c];
             for (int64_t j = j0; j < j1; ++j) a += p[r * p_stride + j] * to_f32(v[j * D + c]);
             acc[r * D + c] = a;
         }

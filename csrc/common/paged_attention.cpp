@@ -198,11 +198,13 @@ struct Runner {
         const C *kc = static_cast<const C *>(a.key_cache), *vc = static_cast<const C *>(a.value_cache);
         const int32_t *table = a.block_tables + s * a.block_table_stride;
         const int64_t row_bytes = D * int64_t(sizeof(C));
+        // Element offset of this head's part of the unit's block nb in either cache.
+        auto block = [&](int64_t nb) { return (int64_t(table[nb]) * a.num_kv_heads + h) * bs * D; };
         // Where this unit's keys of block nb sit in a cache, and how many bytes (0 past the end).
         auto span = [&](const C *cache, int64_t nb, int64_t &bytes) {
             const int64_t lo = std::max(k0, nb * bs), hi = std::min(k1, (nb + 1) * bs);
             bytes = hi > lo ? (hi - lo) * row_bytes : 0;
-            return hi > lo ? cache + (int64_t(table[nb]) * a.num_kv_heads + h) * bs * D + (lo - nb * bs) * D : cache;
+            return hi > lo ? cache + block(nb) + (lo - nb * bs) * D : cache;
         };
         // Blocks sit at random places in the cache, which defeats the
         // hardware prefetcher at every block boundary, and PV walks V a
@@ -221,7 +223,7 @@ struct Runner {
             prefetch(p, n);
         }
         for (int64_t b = b0; b * bs < k1; ++b) {
-            const int64_t base = b * bs, off = (int64_t(table[b]) * a.num_kv_heads + h) * bs * D;
+            const int64_t base = b * bs, off = block(b);
             const C *kb = kc + off, *vb = vc + off;
             bool lead = kPrefetch;  // the first tile that computes on the block prefetches
             for (int64_t r0 = 0; r0 < rows; r0 += attn::kTileRows) {
@@ -263,11 +265,10 @@ struct Runner {
                     constexpr int RR = decltype(rc)::value;
                     // V in passes of kPvKeys keys: each pass walks a few KB
                     // column strip by column strip, so the block as a whole
-                    // is read front to back. The rescale applies once.
-                    for (int64_t js = j0; js < j1; js += kPvKeys) {
-                        attn::pv_tile<RR>(acc + r0 * D, D, sc.alpha.data(), sbuf, bs, vb, js, std::min(j1, js + kPvKeys), nk_pf);
-                        std::fill(sc.alpha.begin(), sc.alpha.begin() + RR, 1.f);
-                    }
+                    // is read front to back. The first pass rescales.
+                    const float *alpha = sc.alpha.data();
+                    for (int64_t js = j0; js < j1; js += kPvKeys, alpha = nullptr)
+                        attn::pv_tile<RR>(acc + r0 * D, D, alpha, sbuf, bs, vb, js, std::min(j1, js + kPvKeys), nk_pf);
                 });
                 nk_pf.rest();
             }

@@ -47,7 +47,7 @@ def test_advise_covers_whole_huge_pages_only():
     assert n % HUGE_PAGE == 0 and 2 * HUGE_PAGE <= n <= 3 * HUGE_PAGE
 
 
-def test_small_or_foreign_tensors_are_left_alone():
+def test_small_tensors_are_left_alone():
     assert advise_huge_pages(torch.empty(1000)) == 0  # smaller than one huge page
     assert advise_huge_pages(torch.empty(0)) == 0
     assert torch.equal(zeros_huge((3, 5), torch.float32), torch.zeros(3, 5))

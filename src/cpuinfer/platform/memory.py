@@ -12,6 +12,7 @@ was advised before it was touched; elsewhere this is a no-op.
 from __future__ import annotations
 
 import ctypes
+import functools
 import sys
 
 import torch
@@ -19,16 +20,12 @@ import torch
 MADV_HUGEPAGE = 14  # the same on every Linux architecture cpuinfer builds for
 HUGE_PAGE = 2 << 20
 
-_libc = None
-
-
+@functools.cache
 def _madvise():
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-        _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        _libc.madvise.restype = ctypes.c_int
-    return _libc.madvise
+    madvise = ctypes.CDLL(None, use_errno=True).madvise
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    madvise.restype = ctypes.c_int
+    return madvise
 
 
 def advise_huge_pages(t: torch.Tensor) -> int:
