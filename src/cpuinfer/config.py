@@ -9,6 +9,7 @@ serving gets 2048 / 128. The KV pool is `VLLM_CPU_KVCACHE_SPACE` GiB
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import os
 from dataclasses import dataclass, field, fields
@@ -140,6 +141,9 @@ class EngineArgs:
                 f"{space_gib:g} GiB holds {pool_tokens} tokens ({num_blocks} blocks of {self.block_size}, "
                 f"{per_token} bytes per token); one full-length sequence needs {need_gib:.3f} GiB. "
                 f"Raise VLLM_CPU_KVCACHE_SPACE or lower --max-model-len.")
+        # The runner sizes rotary tables and its position check from the spec: give it the effective length,
+        # never the file's declared context (2**31 in a hostile file would be a 512 GiB table).
+        spec = dataclasses.replace(spec, max_model_len=max_model_len)
         batched = self.max_num_batched_tokens or (2048 if serving else 4096)
         seqs = self.max_num_seqs or (128 if serving else 256)
         return EngineConfig(args=self, model=model, spec=spec, cache_dtype=cache_dtype, num_blocks=num_blocks,

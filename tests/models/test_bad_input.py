@@ -122,6 +122,7 @@ def _write_gguf(path, arch: str, tensor_dtype=np.float32):
     w.add_token_types([1, 1, 1, 1])
     w.add_token_merges([])
     w.add_tensor("token_embd.weight", np.ones((4, 8), dtype=tensor_dtype))
+    w.add_tensor("blk.0.attn_norm.weight", np.ones(8, dtype=np.float32))  # block_count must match the blk.N tensors
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -6,16 +6,25 @@ import os
 
 import torch
 
+from .config_check import check_config, is_int
 from .errors import ModelLoadError
 from .spec import ModelSpec, resolve_dtype
 
 __all__ = ["ModelLoadError", "ModelSpec", "load_model_spec", "load_weights"]
 
 
-def _as_list(x) -> list[int]:
+def _as_list(x) -> list:
     if x is None:
         return []
-    return [int(v) for v in x] if isinstance(x, (list, tuple)) else [int(x)]
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def _check_token_ids(ids: list, vocab_size: int, what: str, source: str) -> None:
+    """Special-token ids from a model file must be ids of the model's vocabulary (never a silent no-op stop)."""
+    for i in ids:
+        if not is_int(i) or not 0 <= i < vocab_size:
+            raise ModelLoadError(f"{source}: {what} {i!r} is not a token id of the {vocab_size}-token vocabulary; "
+                                 "the model's config is corrupt: fix it or re-download the model")
 
 
 def load_model_spec(path: str, dtype: str | torch.dtype = "auto") -> ModelSpec:
@@ -32,7 +41,16 @@ def load_model_spec(path: str, dtype: str | torch.dtype = "auto") -> ModelSpec:
     config = spec_kwargs["hf_config"]
     arch = spec_kwargs["architecture"]
     shape = registry.describe(arch, config, path)
+    _check_token_ids(spec_kwargs["eos_token_ids"], shape["vocab_size"], "eos token id", path)
+    _check_token_ids(_as_list(spec_kwargs["bos_token_id"]), shape["vocab_size"], "bos token id", path)
     tok = spec_kwargs["tokenizer"]
+    # A tokenizer smaller than the vocabulary is normal (embedding rows padded to a multiple of 64 or 128); a
+    # larger one would produce ids with no embedding row. Added tokens past it (Gemma 3's image token) are left
+    # to the request checks, which refuse ids >= vocab_size.
+    if tok is not None and tok.get_vocab_size(with_added_tokens=False) > shape["vocab_size"]:
+        raise ModelLoadError(f"{path}: the tokenizer has {tok.get_vocab_size(with_added_tokens=False)} tokens but "
+                             f"the model's vocab_size is {shape['vocab_size']}; the tokenizer belongs to another "
+                             "model: use the tokenizer files of this checkpoint")
     special = set()
     if tok is not None:
         special = {i for i, t in tok.get_added_tokens_decoder().items() if t.special}
@@ -43,6 +61,7 @@ def _hf_spec(directory: str, dtype) -> dict:
     from .hf_dir import SAMPLING_KEYS, read_json, safetensors_files, tokenizer_info
 
     config = read_json(os.path.join(directory, "config.json"))
+    check_config(config, os.path.join(directory, "config.json"))
     archs = config.get("architectures") or []
     if not archs:
         raise ModelLoadError(f"{directory}/config.json names no architectures")
@@ -72,8 +91,8 @@ def _gguf_spec(path: str, dtype) -> dict:
     eos_ids = _as_list(eos)
     eot = g.get("tokenizer.ggml.eot_token_id")
     if eot is not None and eot not in eos_ids:
-        eos_ids.append(int(eot))
-    name = lambda i: tokens[i] if i is not None and i < len(tokens) else None  # noqa: E731
+        eos_ids.append(eot)
+    name = lambda i: tokens[i] if is_int(i) and 0 <= i < len(tokens) else None  # noqa: E731
     return dict(architecture=config["architectures"][0], dtype=resolve_dtype(dtype, "bfloat16"),
                 eos_token_ids=eos_ids, bos_token_id=bos, tokenizer=tokenizer,
                 chat_template=g.get("tokenizer.chat_template"), generation_defaults={}, hf_config=config,
@@ -90,4 +109,15 @@ def load_weights(spec: ModelSpec) -> tuple[dict[str, torch.Tensor], dict]:
         return tensors, {"rope_freq_factors": g.rope_freq_factors()}
     from .hf_dir import safetensors_tensors
 
-    return dict(safetensors_tensors(spec.path, spec.dtype)), {}
+    tensors = dict(safetensors_tensors(spec.path, spec.dtype))
+    _check_hf_vocab(spec, tensors)
+    return tensors, {}
+
+
+def _check_hf_vocab(spec: ModelSpec, tensors: dict[str, torch.Tensor]) -> None:
+    """config.json's vocab_size must be the embedding's (and lm_head's) rows: it sizes the logits."""
+    config = os.path.join(spec.path, "config.json")
+    for name, t in tensors.items():
+        if (name.endswith("embed_tokens.weight") or name == "lm_head.weight") and t.shape[0] != spec.vocab_size:
+            raise ModelLoadError(f"{config}: vocab_size = {spec.vocab_size} but {name} has {t.shape[0]} rows; the "
+                                 "config and weights do not belong together: fix vocab_size or re-download the model")

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
+from .config_check import check_config
 from .errors import ModelLoadError
 from .gguf_reader import GGUFReader
 
@@ -100,12 +101,15 @@ class GGUFFile:
                 raise ModelLoadError(f"{self.path}: GGUF metadata lacks {arch}.{key}")
         if isinstance(cfg.get("num_key_value_heads"), list) or isinstance(cfg.get("num_attention_heads"), list):
             raise ModelLoadError(f"{self.path}: per-layer head counts are not supported")
+        names = {hf_key: f"{arch}.{key}" for key, hf_key in _CONFIG_KEYS.items()}
+        check_config(cfg, self.path, names)
         cfg.setdefault("num_key_value_heads", cfg["num_attention_heads"])
         if "head_dim" not in cfg:
             rope_dim = self.get(f"{arch}.rope.dimension_count")
             cfg["head_dim"] = rope_dim or cfg["hidden_size"] // cfg["num_attention_heads"]
-        if "vocab_size" not in cfg:
-            cfg["vocab_size"] = len(self.fields.get("tokenizer.ggml.tokens") or [])
+            check_config(cfg, self.path, dict(names, head_dim=f"{arch}.rope.dimension_count"))
+        self._check_layers(cfg["num_hidden_layers"])
+        cfg["vocab_size"] = self._check_vocab(cfg.get("vocab_size"))
         cfg["tie_word_embeddings"] = "output.weight" not in self.tensor_names
         rope_scaling = self._rope_scaling()
         if arch == "gemma3":
@@ -124,6 +128,43 @@ class GGUFFile:
             if value is not None:
                 cfg[hf_key] = value
         return cfg
+
+    def _check_layers(self, n_layers: int) -> None:
+        """block_count must match the blk.N tensors: it sizes per-layer lists before any weight is read."""
+        present = {int(m.group(1)) for name in self.tensor_names if (m := _BLOCK.match(name))}
+        found = max(present) + 1 if present else 0
+        if n_layers > found:
+            raise ModelLoadError(f"{self.path}: {self.arch}.block_count = {n_layers}, but the file has tensors for "
+                                 f"{found} layer(s); the file is corrupt: re-download or re-convert it")
+
+    def _check_vocab(self, declared: int | None) -> int:
+        """The model's vocabulary size, checked against the token list and the embedding's rows.
+
+        More tokens than embedding rows would look up rows that do not exist; a declared vocab_size other
+        than the rows would size the logits wrongly. Fewer tokens than rows is padding, as in HF checkpoints.
+        """
+        tokens = self.fields.get("tokenizer.ggml.tokens")
+        n_tokens = len(tokens) if isinstance(tokens, list) else 0
+        shapes = {t.name: t.shape for t in self.reader.tensors}
+        embd = shapes.get("token_embd.weight")
+        if embd is None:
+            return declared or n_tokens  # the weight load names the missing tensor
+        rows = embd[0]
+        if len(embd) != 2:
+            raise ModelLoadError(f"{self.path}: token_embd.weight has shape {list(embd)}, not [vocab, hidden]; "
+                                 "the file is corrupt: re-download or re-convert it")
+        if n_tokens > rows:
+            raise ModelLoadError(f"{self.path}: the tokenizer has {n_tokens} tokens (tokenizer.ggml.tokens) but the "
+                                 f"embedding token_embd.weight has only {rows} rows; the tokenizer and weights do "
+                                 "not belong together: re-download or re-convert the file")
+        if declared is not None and declared != rows:
+            raise ModelLoadError(f"{self.path}: {self.arch}.vocab_size = {declared} but token_embd.weight has {rows} "
+                                 "rows; the file is corrupt: re-download or re-convert it")
+        out = shapes.get("output.weight")
+        if out is not None and out[0] != rows:
+            raise ModelLoadError(f"{self.path}: output.weight has {out[0]} rows but token_embd.weight has {rows}; "
+                                 "the file is corrupt: re-download or re-convert it")
+        return rows
 
     def _rope_scaling(self) -> dict:
         kind = self.get(f"{self.arch}.rope.scaling.type")

@@ -21,6 +21,9 @@ _SPLITS = {name: _LLAMA3_SPLIT for name in ("llama3", "llama-v3", "llama-bpe", "
 _SPLITS.update({name: _QWEN2_SPLIT for name in ("qwen2", "deepseek-r1-qwen", "megrez")})
 
 CONTROL, USER_DEFINED = 3, 4
+# The longest token in real vocabularies is a few hundred characters (runs of spaces, '=' or '-'); building the
+# SentencePiece merges is quadratic in a token's length, so a 200,000-character token would take minutes.
+MAX_TOKEN_CHARS = 1024
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -42,15 +45,20 @@ def tokenizer_from_gguf(get, path: str) -> Tokenizer:
     tokens = get("tokenizer.ggml.tokens")
     if not tokens:
         raise ModelLoadError(f"{path}: GGUF file has no tokenizer (tokenizer.ggml.tokens missing)")
-    types = get("tokenizer.ggml.token_type") or [1] * len(tokens)
-    if model == "gpt2":
-        tok = _byte_level(tokens, get("tokenizer.ggml.merges") or [], get("tokenizer.ggml.pre"))
-        spelled = set(_bytes_to_unicode().values())
-    elif model == "llama":
-        tok, tokens = _sentencepiece(get, tokens)
-        spelled = None
-    else:
+    if model not in ("gpt2", "llama"):
         raise ModelLoadError(f"{path}: GGUF tokenizer model {model!r} is not supported; supported: gpt2, llama")
+    _check_tokens(get, tokens, path)
+    types = get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    try:
+        if model == "gpt2":
+            tok = _byte_level(tokens, get("tokenizer.ggml.merges") or [], get("tokenizer.ggml.pre"))
+            spelled = set(_bytes_to_unicode().values())
+        else:
+            tok, tokens = _sentencepiece(get, tokens)
+            spelled = None
+    except Exception as e:  # tokenizers raises a bare Exception for e.g. a merge of tokens not in the vocabulary
+        raise ModelLoadError(f"{path}: the GGUF tokenizer cannot be built ({e}); the file is corrupt: "
+                             "re-download or re-convert it") from e
     # Only tokens the vocabulary has (as spelled there): anything else would get a new id past the model's vocab.
     vocab = tok.get_vocab()
     control = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types, strict=False)
@@ -67,6 +75,34 @@ def tokenizer_from_gguf(get, path: str) -> Tokenizer:
         tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
                                                            special_tokens=[(bos, bos_id)])
     return tok
+
+
+def _check_tokens(get, tokens, path: str) -> None:
+    """Token list, merges and special-token ids well-formed and in range, before anything is built from them."""
+    def corrupt(what: str) -> ModelLoadError:
+        return ModelLoadError(f"{path}: {what}; the file is corrupt or hostile: re-download or re-convert it")
+
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        raise corrupt("tokenizer.ggml.tokens is not a list of strings")
+    longest = max(range(len(tokens)), key=lambda i: len(tokens[i]))
+    if len(tokens[longest]) > MAX_TOKEN_CHARS:
+        raise corrupt(f"token {longest} (tokenizer.ggml.tokens) is {len(tokens[longest])} characters long; "
+                      f"cpuinfer accepts tokens of up to {MAX_TOKEN_CHARS}")
+    merges = get("tokenizer.ggml.merges") or []
+    if not isinstance(merges, list) or not all(isinstance(m, str) and " " in m for m in merges):
+        raise corrupt('tokenizer.ggml.merges is not a list of "left right" strings')
+    # Each merge joins two tokens into a third, at one of its len - 1 split points: no more merges than that.
+    splits = sum(len(t) - 1 for t in tokens)
+    if len(merges) > splits:
+        raise corrupt(f"tokenizer.ggml.merges has {len(merges)} merges, more than the {splits} ways to split "
+                      f"the {len(tokens)} tokens in two")
+    for key in sorted(k for k in ("bos", "eos", "eot", "eom", "unknown", "padding", "sep", "cls", "mask")
+                      if get(f"tokenizer.ggml.{k}_token_id") is not None):
+        value = get(f"tokenizer.ggml.{key}_token_id")
+        for i in value if isinstance(value, list) else [value]:
+            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(tokens):
+                raise corrupt(f"tokenizer.ggml.{key}_token_id = {value!r} is not a token id "
+                              f"(0 to {len(tokens) - 1})")
 
 
 def _byte_level(tokens: list[str], merges: list[str], pre: str | None) -> Tokenizer:

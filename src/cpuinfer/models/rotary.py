@@ -35,10 +35,14 @@ def rope_parameters(config: dict, layer_type: str | None = None) -> dict:
             out = {"rope_theta": config["rope_local_base_freq"]}
     out["rope_type"] = out.get("rope_type", out.get("type", "default")) or "default"
     out.setdefault("rope_theta", 10000.0)
+    if out["rope_type"] == "yarn" and not out.get("original_max_position_embeddings"):
+        # From the model's declared context, not the table length: that follows --max-model-len.
+        factor = float(out.get("factor", 1.0) or 1.0)
+        out["original_max_position_embeddings"] = (config.get("max_position_embeddings") or 2048) / factor
     return out
 
 
-def _inv_freq(params: dict, rot_dim: int, max_positions: int) -> tuple[torch.Tensor, float]:
+def _inv_freq(params: dict, rot_dim: int) -> tuple[torch.Tensor, float]:
     base = float(params["rope_theta"])
     # float32 like transformers, so float32 runs match its tables bit for bit.
     inv_freq = 1.0 / (base ** (torch.arange(0, rot_dim, 2, dtype=torch.int64).float() / rot_dim))
@@ -61,7 +65,7 @@ def _inv_freq(params: dict, rot_dim: int, max_positions: int) -> tuple[torch.Ten
         medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
         inv_freq = torch.where(medium, smoothed, scaled)
     elif rope_type == "yarn":
-        old_len = float(params.get("original_max_position_embeddings") or max_positions / factor)
+        old_len = float(params["original_max_position_embeddings"])
         beta_fast, beta_slow = float(params.get("beta_fast") or 32), float(params.get("beta_slow") or 1)
         mscale = lambda s, m=1.0: 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0  # noqa: E731
         attention_factor = params.get("attention_factor")
@@ -91,8 +95,12 @@ def _inv_freq(params: dict, rot_dim: int, max_positions: int) -> tuple[torch.Ten
 
 def cos_sin_cache(params: dict, rot_dim: int, max_positions: int,
                   freq_factors: torch.Tensor | None = None) -> torch.Tensor:
-    """[max_positions, rot_dim] float32 table (cos | sin) for ops.rotary_embedding."""
-    inv_freq, attention_factor = _inv_freq(params, rot_dim, max_positions)
+    """[max_positions, rot_dim] float32 table (cos | sin) for ops.rotary_embedding.
+
+    max_positions is the engine's effective max_model_len, never the file's declared context: a model may
+    declare 2**31 positions, which would be a 512 GiB table at rot_dim 64.
+    """
+    inv_freq, attention_factor = _inv_freq(params, rot_dim)
     if freq_factors is not None:  # llama.cpp stores llama3 scaling as per-frequency divisors (rope_freqs.weight)
         inv_freq = inv_freq / freq_factors.float()
     freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
