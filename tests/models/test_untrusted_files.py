@@ -477,3 +477,38 @@ def test_hugging_face_cache_snapshot_symlinks_load(tiny_dir, tmp_path):
         (snapshot / f).symlink_to(os.path.relpath(blob, snapshot))
     spec = load_model_spec(str(snapshot))
     ModelRunner(spec, 16, 4, torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rope scaling metadata and the chat template.
+
+@pytest.mark.parametrize("key,value,match", [
+    ("llama.rope.scaling.factor", float("nan"), r"llama\.rope\.scaling\.factor = nan is not a finite positive"),
+    ("llama.rope.scaling.factor", "8", r"llama\.rope\.scaling\.factor = '8' is not a finite positive number"),
+    ("llama.rope.scaling.original_context_length", -5, r"original_context_length = -5 is not a positive integer"),
+    ("llama.final_logit_softcapping", float("inf"), r"final_logit_softcapping = inf is not a finite non-negative"),
+])
+def test_bad_rope_scaling_and_softcap(tmp_path, key, value, match):
+    import gguf
+
+    def meta(w):
+        w.add_string("llama.rope.scaling.type", "linear")
+        vtype = {str: gguf.GGUFValueType.STRING, float: gguf.GGUFValueType.FLOAT32}.get(type(value),
+                                                                                        gguf.GGUFValueType.INT32)
+        w.add_key_value(key, value, vtype)
+
+    refused(tiny_gguf(tmp_path / "rope.gguf", meta=meta), match)
+
+
+def test_rope_freqs_of_wrong_size(tmp_path):
+    def meta(w):
+        w.add_tensor("rope_freqs.weight", np.ones(5, dtype=np.float32))  # 64-dim heads have 32 frequencies
+
+    spec = load_model_spec(str(tiny_gguf(tmp_path / "freqs.gguf", meta=meta)))
+    with pytest.raises(ModelLoadError, match=r"rope_freqs\.weight has 5 factors, but the rotary dimension 64 has 32"):
+        ModelRunner(spec, 16, 4, torch.float32)
+
+
+def test_chat_template_not_text(tmp_path):
+    path = tiny_gguf(tmp_path / "tmpl.gguf", meta=lambda w: w.add_uint32("tokenizer.chat_template", 7))
+    refused(path, r"the chat template is a int, not text")

@@ -43,6 +43,9 @@ def load_model_spec(path: str, dtype: str | torch.dtype = "auto") -> ModelSpec:
     shape = registry.describe(arch, config, path)
     _check_token_ids(spec_kwargs["eos_token_ids"], shape["vocab_size"], "eos token id", path)
     _check_token_ids(_as_list(spec_kwargs["bos_token_id"]), shape["vocab_size"], "bos token id", path)
+    if not isinstance(spec_kwargs["chat_template"], (str, type(None))):
+        raise ModelLoadError(f"{path}: the chat template is a {type(spec_kwargs['chat_template']).__name__}, not "
+                             "text; fix tokenizer.chat_template (GGUF) or chat_template (tokenizer_config.json)")
     tok = spec_kwargs["tokenizer"]
     # A tokenizer smaller than the vocabulary is normal (embedding rows padded to a multiple of 64 or 128); a
     # larger one would produce ids with no embedding row. Added tokens past it (Gemma 3's image token) are left

@@ -170,16 +170,22 @@ class GGUFFile:
         kind = self.get(f"{self.arch}.rope.scaling.type")
         if kind in (None, "none"):
             return {}
-        out = {"rope_type": kind, "factor": float(self.get(f"{self.arch}.rope.scaling.factor", 1.0))}
+        out = {"rope_type": kind, "factor": self.get(f"{self.arch}.rope.scaling.factor", 1.0)}
         orig = self.get(f"{self.arch}.rope.scaling.original_context_length")
         if orig:
-            out["original_max_position_embeddings"] = int(orig)
+            out["original_max_position_embeddings"] = orig
+        check_config(out, self.path, {"factor": f"{self.arch}.rope.scaling.factor", "original_max_position_embeddings":
+                                      f"{self.arch}.rope.scaling.original_context_length"})
+        out["factor"] = float(out["factor"])
         return out
 
     def rope_freq_factors(self) -> torch.Tensor | None:
         """llama.cpp's precomputed llama3 rope scaling (rope_freqs.weight), if the file has it."""
         for t in self.reader.tensors:
             if t.name == "rope_freqs.weight":
+                if t.type_id != 0 or len(t.shape) != 1:  # F32 vector, one divisor per rotary frequency
+                    raise ModelLoadError(f"{self.path}: rope_freqs.weight must be a float32 vector, got type id "
+                                         f"{t.type_id} and shape {list(t.shape)}; re-convert the file")
                 return torch.from_numpy(t.data.view(np.float32).copy())
         return None
 
