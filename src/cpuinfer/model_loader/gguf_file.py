@@ -149,10 +149,10 @@ class GGUFFile:
         embd = shapes.get("token_embd.weight")
         if embd is None:
             return declared or n_tokens  # the weight load names the missing tensor
-        rows = embd[0]
         if len(embd) != 2:
             raise ModelLoadError(f"{self.path}: token_embd.weight has shape {list(embd)}, not [vocab, hidden]; "
                                  "the file is corrupt: re-download or re-convert it")
+        rows = embd[0]
         if n_tokens > rows:
             raise ModelLoadError(f"{self.path}: the tokenizer has {n_tokens} tokens (tokenizer.ggml.tokens) but the "
                                  f"embedding token_embd.weight has only {rows} rows; the tokenizer and weights do "
