@@ -64,6 +64,14 @@ class EngineArgs:
     tensor_parallel_size: int = 1
     long_prefill_token_threshold: int = 0
     max_logprobs: int = 20
+    # Request limits (cpuinfer.engine.limits) and the serving front end's bounds.
+    max_stop_strings: int = 64
+    max_stop_string_length: int = 1024
+    max_stop_token_ids: int = 1024
+    max_request_tokens: int = 2**19
+    max_retained_logprobs: int = 2**20
+    max_waiting_requests: int = 1024
+    engine_heartbeat_timeout: float = 30.0
     num_gpu_blocks_override: int | None = None  # vLLM's name; here: KV blocks instead of the GiB budget
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -89,6 +97,21 @@ class EngineArgs:
         g.add_argument("--long-prefill-token-threshold", type=int, default=0,
                        help="Cap on one request's prefill chunk per step (0 = none).")
         g.add_argument("--max-logprobs", type=int, default=20, help="Most logprobs a request may ask for.")
+        g = parser.add_argument_group("request limits (a request over one gets a clear error, nothing starts)")
+        g.add_argument("--max-stop-strings", type=int, default=64, help="Most stop strings per request.")
+        g.add_argument("--max-stop-string-length", type=int, default=1024,
+                       help="Longest stop string, in characters.")
+        g.add_argument("--max-stop-token-ids", type=int, default=1024, help="Most stop token ids per request.")
+        g.add_argument("--max-request-tokens", type=int, default=2**19,
+                       help="Most tokens one request may generate in all (n x max_tokens).")
+        g.add_argument("--max-retained-logprobs", type=int, default=2**20,
+                       help="Most logprob entries one request may keep (n x max_tokens x (logprobs + 1)).")
+        g.add_argument("--max-waiting-requests", type=int, default=1024,
+                       help="Sequences that may wait beyond --max-num-seqs running ones; past that, new requests "
+                            "are refused (HTTP 503 with Retry-After) until the queue drains.")
+        g.add_argument("--engine-heartbeat-timeout", type=float, default=30.0,
+                       help="Seconds the engine core may go without answering before it counts as hung: "
+                            "in-flight requests fail and the server exits non-zero.")
         return parser
 
     @classmethod
@@ -107,8 +130,16 @@ class EngineArgs:
                              "only 1 is (one process, one NUMA node)")
         if not isinstance(self.block_size, int) or self.block_size < 16 or self.block_size % 16:
             raise ValueError(f"--block-size={self.block_size!r} must be a positive multiple of 16")
-        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "num_gpu_blocks_override"):
+        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "num_gpu_blocks_override",
+                     "max_stop_strings", "max_stop_string_length", "max_stop_token_ids", "max_request_tokens",
+                     "max_retained_logprobs"):
             positive(name, getattr(self, name))
+        if not isinstance(self.max_logprobs, int) or self.max_logprobs < 0:
+            raise ValueError(f"--max-logprobs={self.max_logprobs!r} must be an integer >= 0")
+        if not isinstance(self.max_waiting_requests, int) or self.max_waiting_requests < 0:
+            raise ValueError(f"--max-waiting-requests={self.max_waiting_requests!r} must be an integer >= 0")
+        if not isinstance(self.engine_heartbeat_timeout, (int, float)) or not self.engine_heartbeat_timeout > 0:
+            raise ValueError(f"--engine-heartbeat-timeout={self.engine_heartbeat_timeout!r} must be > 0 seconds")
         if self.long_prefill_token_threshold < 0:
             raise ValueError(f"--long-prefill-token-threshold={self.long_prefill_token_threshold} must be >= 0")
         if self.dtype not in DTYPES:

@@ -27,7 +27,7 @@ class CompletionOutput:
     token_ids: list[int]
     cumulative_logprob: float | None
     logprobs: SampleLogprobs | None
-    finish_reason: str | None = None  # "stop", "length", "abort" or None while running
+    finish_reason: str | None = None  # "stop", "length", "abort", "error" or None while running
     stop_reason: int | str | None = None  # the stop string or stop token id that ended it
 
     def finished(self) -> bool:
@@ -47,3 +47,6 @@ class RequestOutput:
     prompt_logprobs: None = None
     num_cached_tokens: int = 0
     metrics: dict = field(default_factory=dict)
+    # Set when the request failed inside the engine (its samples end with finish_reason "error"):
+    # the id under which the engine logged the details.
+    error_id: str | None = None

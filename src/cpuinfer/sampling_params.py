@@ -8,10 +8,21 @@ starts.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 _GREEDY_EPS = 1e-5  # vLLM treats temperatures below this as greedy
+
+# The bounds of every field, shared with the HTTP schema (entrypoints/openai/protocol.py) so that a value
+# the server's schema accepts is never refused later, mid-stream, by SamplingParams (and the reverse).
+# Limits that depend on the engine (vocabulary, context, --max-logprobs, stop-list sizes) are checked
+# by the engine's request validation, cpuinfer.engine.limits.
+MAX_N = 128  # OpenAI's own cap on `n`
+PENALTY_RANGE = (-2.0, 2.0)  # presence / frequency penalty, as OpenAI
+MAX_REPETITION_PENALTY = 1e4  # > 0; 1 = no penalty
+MAX_TEMPERATURE = 1e6  # anything past ~100 is already uniform sampling
+INT32_MAX = 2**31 - 1  # token ids, token counts, top_k, logprobs
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # seed: what torch.Generator.manual_seed takes
 
 
 class RequestOutputKind(enum.Enum):
@@ -73,40 +84,44 @@ class SamplingParams:
         def is_int(v: Any) -> bool:
             return isinstance(v, int) and not isinstance(v, bool)
 
-        if not is_int(self.n) or self.n < 1:
-            raise bad("n", "must be an integer >= 1")
+        def is_num(v: Any) -> bool:
+            return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+        if not is_int(self.n) or not 1 <= self.n <= MAX_N:
+            raise bad("n", f"must be an integer in [1, {MAX_N}]")
+        lo, hi = PENALTY_RANGE
         for name in ("presence_penalty", "frequency_penalty"):
             v = getattr(self, name)
-            if not isinstance(v, (int, float)) or not -2.0 <= v <= 2.0:
-                raise bad(name, "must be in [-2, 2]")
-        if not isinstance(self.repetition_penalty, (int, float)) or not 0.0 < self.repetition_penalty <= 1e4:
-            raise bad("repetition_penalty", "must be > 0 (1 = no penalty)")
-        if not isinstance(self.temperature, (int, float)) or not 0.0 <= self.temperature < float("inf"):
-            raise bad("temperature", "must be >= 0 and finite (0 = greedy)")
-        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+            if not is_num(v) or not lo <= v <= hi:
+                raise bad(name, f"must be in [{lo:g}, {hi:g}]")
+        if not is_num(self.repetition_penalty) or not 0.0 < self.repetition_penalty <= MAX_REPETITION_PENALTY:
+            raise bad("repetition_penalty", f"must be in (0, {MAX_REPETITION_PENALTY:g}] (1 = no penalty)")
+        if not is_num(self.temperature) or not 0.0 <= self.temperature <= MAX_TEMPERATURE:
+            raise bad("temperature", f"must be in [0, {MAX_TEMPERATURE:g}] (0 = greedy)")
+        if not is_num(self.top_p) or not 0.0 < self.top_p <= 1.0:
             raise bad("top_p", "must be in (0, 1]")
-        if not is_int(self.top_k) or self.top_k < 0:
-            raise bad("top_k", "must be 0 or -1 (disabled) or an integer >= 1")
-        if not isinstance(self.min_p, (int, float)) or not 0.0 <= self.min_p <= 1.0:
+        if not is_int(self.top_k) or not 0 <= self.top_k <= INT32_MAX:
+            raise bad("top_k", f"must be 0 or -1 (disabled) or an integer in [1, {INT32_MAX}]")
+        if not is_num(self.min_p) or not 0.0 <= self.min_p <= 1.0:
             raise bad("min_p", "must be in [0, 1]")
-        if self.seed is not None and not is_int(self.seed):
-            raise bad("seed", "must be an integer or None")
-        if self.max_tokens is not None and (not is_int(self.max_tokens) or self.max_tokens < 1):
-            raise bad("max_tokens", "must be an integer >= 1 (or None: up to the context length)")
-        if not is_int(self.min_tokens) or self.min_tokens < 0:
-            raise bad("min_tokens", "must be an integer >= 0")
+        if self.seed is not None and (not is_int(self.seed) or not INT64_MIN <= self.seed <= INT64_MAX):
+            raise bad("seed", "must be a 64-bit signed integer or None")
+        if self.max_tokens is not None and (not is_int(self.max_tokens) or not 1 <= self.max_tokens <= INT32_MAX):
+            raise bad("max_tokens", f"must be an integer in [1, {INT32_MAX}] (or None: up to the context length)")
+        if not is_int(self.min_tokens) or not 0 <= self.min_tokens <= INT32_MAX:
+            raise bad("min_tokens", f"must be an integer in [0, {INT32_MAX}]")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise bad("min_tokens", f"must be <= max_tokens={self.max_tokens}")
         for name in ("logprobs", "prompt_logprobs"):
             v = getattr(self, name)
-            if v is not None and (not is_int(v) or v < 0):
+            if v is not None and (not is_int(v) or not 0 <= v <= INT32_MAX):
                 raise bad(name, "must be an integer >= 0 or None")
         if self.prompt_logprobs is not None:
             raise bad("prompt_logprobs", "is not supported yet; leave it None")
         if any(not isinstance(s, str) or s == "" for s in self.stop):
             raise bad("stop", "must be non-empty strings")
-        if any(not is_int(t) or t < 0 for t in self.stop_token_ids):
-            raise bad("stop_token_ids", "must be non-negative token ids")
+        if any(not is_int(t) or not 0 <= t <= INT32_MAX for t in self.stop_token_ids):
+            raise bad("stop_token_ids", f"must be token ids in [0, {INT32_MAX}]")
         if not isinstance(self.output_kind, RequestOutputKind):
             raise bad("output_kind", "must be a RequestOutputKind")
 
@@ -119,6 +134,8 @@ class SamplingParams:
         """A copy with some fields changed (validated again)."""
         return replace(self, **changes)
 
-    def to_dict(self) -> dict[str, Any]:
-        """The user-facing fields as a plain dict."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.repr}
+    def for_sample(self, index: int) -> SamplingParams:
+        """The params of sample `index` of an n > 1 request: n = 1, and a seeded request's seed + index
+        (as vLLM), wrapped into the 64-bit range so the largest seed still works."""
+        seed = None if self.seed is None else (self.seed + index - INT64_MIN) % 2**64 + INT64_MIN
+        return self.clone(n=1, seed=seed)

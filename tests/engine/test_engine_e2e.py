@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cpuinfer.engine.core import EngineCore
+from cpuinfer.engine.limits import RequestLimits
 from cpuinfer.engine.llm_engine import LLMEngine
 from cpuinfer.engine.scheduler import SchedulerConfig
 from cpuinfer.sampling_params import SamplingParams
@@ -23,7 +24,7 @@ NEW = 6
 
 def engine_on(runner, spec, num_blocks=NUM_BLOCKS, batched=4096, seqs=256, caching=True, threshold=0):
     core = EngineCore(runner, SchedulerConfig(batched, seqs, 1024, threshold), num_blocks, BLOCK, caching,
-                      spec.eos_token_ids, spec.vocab_size)
+                      spec.eos_token_ids, RequestLimits(max_model_len=1024, vocab_size=spec.vocab_size))
     return LLMEngine(None, core, spec.tokenizer)
 
 
@@ -110,9 +111,9 @@ def test_bad_request_does_not_disturb_others(smol_runner, smol_spec, alone):
     sp = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)
     eng.add_request("good", PROMPTS[0], sp)
     eng.step()
-    with pytest.raises(ValueError, match="max_model_len=1024"):
+    with pytest.raises(ValueError, match="maximum context length is 1024"):
         eng.add_request("long", [1] * 1025, sp)
-    with pytest.raises(ValueError, match="max_tokens=2000"):
+    with pytest.raises(ValueError, match="too large: 2000"):
         eng.add_request("overflow", PROMPTS[1], SamplingParams(max_tokens=2000))
     final = None
     while eng.has_unfinished_requests():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cpuinfer.engine.core import EngineCore
+from cpuinfer.engine.limits import RequestLimits
 from cpuinfer.engine.llm_engine import LLMEngine
 from cpuinfer.engine.scheduler import SchedulerConfig
 from cpuinfer.sampling_params import RequestOutputKind, SamplingParams
@@ -14,7 +15,8 @@ from .fake_runner import VOCAB, FakeRunner, reference_greedy
 
 @pytest.fixture
 def engine(smol_tokenizer):
-    core = EngineCore(FakeRunner(64, 16), SchedulerConfig(64, 8, 256), 64, 16, True, [], VOCAB)
+    core = EngineCore(FakeRunner(64, 16), SchedulerConfig(64, 8, 256), 64, 16, True, [],
+                      RequestLimits(max_model_len=256, vocab_size=VOCAB))
     return LLMEngine(None, core, smol_tokenizer)
 
 
@@ -84,9 +86,9 @@ def test_n_samples_seeded(engine):
 def test_bad_request_rejected_others_finish(engine):
     engine.add_request("ok", [1, 2], SamplingParams(temperature=0, max_tokens=5))
     engine.step()
-    with pytest.raises(ValueError, match="max_model_len=256"):
+    with pytest.raises(ValueError, match="maximum context length is 256"):
         engine.add_request("bad", [1] * 300, SamplingParams())
-    with pytest.raises(ValueError, match="max_tokens=250.*256"):
+    with pytest.raises(ValueError, match="too large: 250.*256"):
         engine.add_request("bad2", [1] * 10, SamplingParams(max_tokens=250))
     outs = drain(engine)
     assert outs["ok"][-1].finished and "bad" not in outs

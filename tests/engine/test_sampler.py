@@ -129,16 +129,22 @@ def test_min_tokens_masks_stop_tokens():
 
 
 @pytest.mark.parametrize("kw, match", [
-    (dict(temperature=-1), "temperature=-1.*>= 0"),
+    (dict(temperature=-1), r"temperature=-1.*\[0, 1e\+06\]"),
+    (dict(temperature=2e6), r"temperature=2000000.0.*\[0, 1e\+06\]"),
     (dict(top_p=0), r"top_p=0.*\(0, 1\]"),
     (dict(top_p=1.5), r"top_p=1.5.*\(0, 1\]"),
-    (dict(n=0), "n=0.*>= 1"),
+    (dict(n=0), r"n=0.*\[1, 128\]"),
+    (dict(n=129), r"n=129.*\[1, 128\]"),
+    (dict(seed=2**64), "seed"),
+    (dict(top_k=2**31), "top_k"),
     (dict(top_k=-2), "top_k=-2"),
     (dict(min_p=2), r"min_p=2.*\[0, 1\]"),
-    (dict(max_tokens=0), "max_tokens=0.*>= 1"),
+    (dict(max_tokens=0), r"max_tokens=0.*\[1, "),
     (dict(min_tokens=5, max_tokens=2), "min_tokens=5.*max_tokens=2"),
     (dict(presence_penalty=3), r"presence_penalty=3.*\[-2, 2\]"),
-    (dict(repetition_penalty=0), "repetition_penalty=0.*> 0"),
+    (dict(repetition_penalty=0), r"repetition_penalty=0.*\(0, 10000\]"),
+    (dict(repetition_penalty=50000), r"repetition_penalty=50000.*\(0, 10000\]"),
+    (dict(stop_token_ids=[2**31]), "stop_token_ids"),
     (dict(logprobs=-1), "logprobs=-1"),
     (dict(stop=[""]), "stop"),
 ])

@@ -9,6 +9,7 @@ import pytest
 
 from cpuinfer.engine.block_pool import BlockPool, NoFreeBlocks, block_hash
 from cpuinfer.engine.core import EngineCore
+from cpuinfer.engine.limits import RequestLimits
 from cpuinfer.engine.messages import AddRequest
 from cpuinfer.engine.scheduler import SchedulerConfig
 from cpuinfer.sampling_params import SamplingParams
@@ -20,7 +21,7 @@ def make_core(num_blocks=64, block_size=16, batched=4096, seqs=256, max_len=512,
               eos=()):
     runner = FakeRunner(num_blocks, block_size)
     core = EngineCore(runner, SchedulerConfig(batched, seqs, max_len, threshold), num_blocks, block_size, caching,
-                      list(eos), VOCAB)
+                      list(eos), RequestLimits(max_model_len=max_len, vocab_size=VOCAB))
     return core, runner
 
 
@@ -130,11 +131,11 @@ def test_abort_frees_blocks():
 
 def test_request_limits_raise_before_work():
     core, runner = make_core(max_len=64)
-    with pytest.raises(ValueError, match="65 tokens.*max_model_len=64"):
+    with pytest.raises(ValueError, match="maximum context length is 64 tokens.*65 input tokens"):
         core.add_request(AddRequest("a", [1] * 65, SamplingParams()))
-    with pytest.raises(ValueError, match="max_tokens=20.*max_model_len=64"):
+    with pytest.raises(ValueError, match="'max_tokens' is too large: 20.*64"):
         core.add_request(AddRequest("b", [1] * 50, SamplingParams(max_tokens=20)))
-    with pytest.raises(ValueError, match="out of the vocabulary"):
+    with pytest.raises(ValueError, match="outside the vocabulary"):
         core.add_request(AddRequest("c", [VOCAB], SamplingParams()))
     assert not core.has_unfinished() and not runner.steps
 

@@ -7,57 +7,44 @@ its own (`cpuinfer.engine.core_proc`).
 
 from __future__ import annotations
 
+import logging
 import time
 
+import torch
+
 from cpuinfer.engine.block_pool import BlockPool
+from cpuinfer.engine.limits import RequestLimits, validate_request
 from cpuinfer.engine.messages import AddRequest, EngineStats, SeqOutput
 from cpuinfer.engine.request import Request
-from cpuinfer.engine.scheduler import Scheduler, SchedulerConfig
+from cpuinfer.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from cpuinfer.errors import InvalidRequestError, new_error_id
 from cpuinfer.sampling.sampler import Sampler
-from cpuinfer.sampling_params import SamplingParams
+
+logger = logging.getLogger("cpuinfer.engine")
+
+# A request that fails on its own (in the model runner or the sampler) fails alone; the engine goes on.
+# This many failed requests in a row, with no successful step between them, means the engine itself
+# is broken (a bad model, a broken kernel): then the failure is fatal.
+MAX_CONSECUTIVE_FAILURES = 8
 
 
-def validate_request(prompt_token_ids: list[int], params: SamplingParams, max_model_len: int, vocab_size: int,
-                     max_logprobs: int) -> int:
-    """Check a request against the engine's limits before any work; returns its resolved max_tokens."""
-    n = len(prompt_token_ids)
-    if n == 0:
-        raise ValueError("The prompt is empty: give at least one token")
-    if n > max_model_len:
-        raise ValueError(f"The prompt has {n} tokens, more than max_model_len={max_model_len}; shorten it or "
-                         "raise --max-model-len")
-    bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab_size]
-    if bad:
-        raise ValueError(f"Prompt token id {bad[0]!r} is out of the vocabulary [0, {vocab_size})")
-    if params.max_tokens is None:
-        max_tokens = max_model_len - n
-        if max_tokens < 1:
-            raise ValueError(f"The prompt has {n} tokens, which leaves no room to generate within "
-                             f"max_model_len={max_model_len}")
-    else:
-        max_tokens = params.max_tokens
-        if n + max_tokens > max_model_len:
-            raise ValueError(f"max_tokens={max_tokens} plus the prompt's {n} tokens is {n + max_tokens}, more than "
-                             f"max_model_len={max_model_len}; ask for at most {max_model_len - n} tokens")
-    if params.logprobs is not None and params.logprobs > max_logprobs:
-        raise ValueError(f"logprobs={params.logprobs} is more than --max-logprobs={max_logprobs}")
-    return max_tokens
+class EngineBrokenError(RuntimeError):
+    """The engine cannot run any request; the core process must exit."""
 
 
 class EngineCore:
     """Owns the live sequences; `step()` runs one batch through the model and samples."""
 
     def __init__(self, runner, scheduler_config: SchedulerConfig, num_blocks: int, block_size: int,
-                 enable_prefix_caching: bool, eos_token_ids: list[int], vocab_size: int, seed: int | None = 0,
-                 max_logprobs: int = 20):
+                 enable_prefix_caching: bool, eos_token_ids: list[int], limits: RequestLimits, seed: int | None = 0):
         self.runner = runner
         self.pool = BlockPool(num_blocks, block_size, enable_prefix_caching)
         self.scheduler = Scheduler(scheduler_config, self.pool)
         self.sampler = Sampler(seed)
         self.eos_token_ids = frozenset(eos_token_ids)
-        self.vocab_size = vocab_size
-        self.max_logprobs = max_logprobs
+        self.limits = limits
         self.requests: dict[str, Request] = {}
+        self._consecutive_failures = 0
         self._arrivals = 0
         self._stats = EngineStats(num_kv_blocks=num_blocks)
         self.step_seconds = 0.0
@@ -74,24 +61,27 @@ class EngineCore:
         sched = SchedulerConfig(config.max_num_batched_tokens, config.max_num_seqs, config.max_model_len,
                                 config.args.long_prefill_token_threshold)
         return cls(runner, sched, config.num_blocks, config.block_size, config.args.enable_prefix_caching,
-                   spec.eos_token_ids, spec.vocab_size, config.args.seed, config.args.max_logprobs)
+                   spec.eos_token_ids, RequestLimits.from_config(config), config.args.seed)
 
     @property
     def max_model_len(self) -> int:
         """Context limit of every sequence."""
-        return self.scheduler.config.max_model_len
+        return self.limits.max_model_len
 
     def add_request(self, msg: AddRequest) -> None:
-        """Queue one sequence; raises ValueError (and queues nothing) if it breaks a limit."""
-        if msg.request_id in self.requests:
-            raise ValueError(f"request id {msg.request_id!r} is already running")
-        max_tokens = validate_request(msg.prompt_token_ids, msg.params, self.max_model_len, self.vocab_size,
-                                      self.max_logprobs)
-        req = Request(msg.request_id, list(msg.prompt_token_ids), msg.params, self._arrivals, max_tokens,
-                      self.eos_token_ids)
-        self._arrivals += 1
-        self.requests[msg.request_id] = req
-        self.scheduler.add(req)
+        """Queue a request's sequences; raises InvalidRequestError (and queues nothing) if it breaks a limit."""
+        ids = msg.sequence_ids
+        taken = next((i for i in ids if i in self.requests), None)
+        if taken is not None:
+            raise InvalidRequestError(f"request id {taken!r} is already running")
+        max_tokens = validate_request(msg.prompt_token_ids, msg.params, self.limits)
+        prompt = list(msg.prompt_token_ids)
+        for index, rid in enumerate(ids):
+            params = msg.params if len(ids) == 1 else msg.params.for_sample(index)
+            req = Request(rid, prompt, params, self._arrivals, max_tokens, self.eos_token_ids)
+            self._arrivals += 1
+            self.requests[rid] = req
+            self.scheduler.add(req)
 
     def abort(self, request_ids: list[str]) -> None:
         """Drop sequences (unknown or finished ids are ignored)."""
@@ -115,13 +105,17 @@ class EngineCore:
                 raise RuntimeError(f"request {req.request_id!r} ({req.num_tokens} tokens) cannot fit the KV cache "
                                    f"({self.pool.num_blocks} blocks of {self.pool.block_size})")
             return []
+        try:
+            logits = self.runner.execute(sched.seqs)
+        except Exception as exc:  # noqa: BLE001 - isolated below: one request's failure is not the engine's
+            return self._isolate_runner_failure(sched, exc)
+        tokens, lps, failed = self._sample(logits, sched.sampled)
+        if failed:
+            sched = _without(sched, {id(req) for req, _ in failed})
+        failures = [self._fail(req, exc) for req, exc in failed]
         sampled = sched.sampled
-        tokens: list[int] = []
-        lps: list = []
-        logits = self.runner.execute(sched.seqs)
         if sampled:
-            result = self.sampler(logits, sampled)
-            tokens, lps = result.token_ids, result.logprobs
+            self._consecutive_failures = 0
         finished = self.scheduler.update(sched, tokens)
         s = self._stats
         s.num_steps += 1
@@ -136,7 +130,68 @@ class EngineCore:
         for req in finished:
             self.requests.pop(req.request_id, None)
         self.step_seconds += time.perf_counter() - t0
-        return outputs
+        return outputs + failures
+
+    # ---- one request's failure ------------------------------------------------------------------
+    def _sample(self, logits: torch.Tensor, reqs: list[Request]) -> tuple[list[int], list, list]:
+        """Sample the batch; if that fails, row by row. Returns (tokens, logprobs, [(request, error)])
+        with tokens and logprobs of the requests that did not fail, in order."""
+        if not reqs:
+            return [], [], []
+        try:
+            result = self.sampler(logits, reqs)
+            return result.token_ids, result.logprobs, []
+        except Exception as exc:  # noqa: BLE001 - narrowed to the failing rows below
+            if len(reqs) == 1:
+                return [], [], [(reqs[0], exc)]
+        tokens, lps, failed = [], [], []
+        for i, req in enumerate(reqs):
+            try:
+                result = self.sampler(logits[i:i + 1], [req])
+            except Exception as exc:  # noqa: BLE001 - this request fails, the others go on
+                failed.append((req, exc))
+                continue
+            tokens += result.token_ids
+            lps += result.logprobs
+        return tokens, lps, failed
+
+    def _isolate_runner_failure(self, sched: SchedulerOutput, exc: Exception) -> list[SeqOutput]:
+        """The model step failed: rerun each request alone; those that fail alone fail, the others are
+        scheduled again next step (their state was not advanced). If each one runs fine alone, the
+        batch as a whole is what fails: that is the engine's failure, not a request's."""
+        if len(sched.requests) == 1:
+            return [self._fail(sched.requests[0], exc)]
+        failed = []
+        for req, seq in zip(sched.requests, sched.seqs, strict=True):
+            try:
+                self.runner.execute([seq])
+            except Exception as solo_exc:  # noqa: BLE001 - this request fails, the others go on
+                failed.append(self._fail(req, solo_exc))
+        if not failed:
+            raise EngineBrokenError(f"a batch of {len(sched.requests)} requests failed although each runs "
+                                    f"alone: {type(exc).__name__}: {exc}") from exc
+        return failed
+
+    def _fail(self, req: Request, exc: BaseException) -> SeqOutput:
+        """End one request with an error: log the details, free its blocks, tell the front end."""
+        if isinstance(exc, MemoryError):
+            raise exc
+        self._consecutive_failures += 1
+        error_id = new_error_id()
+        logger.error("request %s failed (error id %s): %s: %s", req.request_id, error_id, type(exc).__name__, exc,
+                     exc_info=exc)
+        self.requests.pop(req.request_id, None)
+        self.scheduler.abort(req)
+        req.finish_reason = "error"
+        if self._consecutive_failures >= MAX_CONSECUTIVE_FAILURES:
+            raise EngineBrokenError(f"{self._consecutive_failures} requests failed in a row with no successful "
+                                    f"step between them; the last: {type(exc).__name__}: {exc}") from exc
+        return SeqOutput(req.request_id, [], None, "error", None, req.num_prefix_hit_tokens, error_id=error_id)
+
+    @property
+    def vocab_size(self) -> int:
+        """Size of the model's vocabulary."""
+        return self.limits.vocab_size
 
     def stats(self) -> EngineStats:
         """Current queue sizes, KV usage, prefix-cache hit rate and counters."""
@@ -149,3 +204,15 @@ class EngineCore:
         s.prefix_cache_hits = self.pool.hit_tokens
         s.num_preemptions = self.scheduler.num_preemptions
         return EngineStats(**vars(s))
+
+
+def _without(sched: SchedulerOutput, drop: set[int]) -> SchedulerOutput:
+    """The step minus the requests whose id() is in `drop` (they failed; the rest go on)."""
+    out = SchedulerOutput(num_preempted=sched.num_preempted)
+    for req, n, seq in zip(sched.requests, sched.num_tokens, sched.seqs, strict=True):
+        if id(req) not in drop:
+            out.requests.append(req)
+            out.num_tokens.append(n)
+            out.seqs.append(seq)
+    out.sampled = [r for r in sched.sampled if id(r) not in drop]
+    return out

@@ -7,12 +7,14 @@ are live the loop never blocks on the pipe; when idle it sleeps in recv().
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import signal
-import traceback
 from dataclasses import dataclass
 
-from cpuinfer.engine.messages import AbortRequests, AddRequest, GetStats, Shutdown, StepResult
+from cpuinfer.engine.messages import AbortRequests, AddRequest, GetStats, Ping, Pong, Shutdown, StepResult
+
+logger = logging.getLogger("cpuinfer.engine")
 
 
 @dataclass
@@ -24,7 +26,8 @@ class Ready:
 
 @dataclass
 class CoreFailed:
-    """Sent when the core process dies of an exception."""
+    """Sent when the core process dies of an exception: what failed, in one line (the traceback goes to
+    the core's log, never to clients)."""
 
     message: str
 
@@ -34,6 +37,8 @@ def core_main(args, serving: bool, inbox, outbox) -> None:
     # The parent owns the core's lifetime: a Ctrl-C reaches the whole process group, and a server must be able
     # to drain its in-flight requests before it sends Shutdown. If the parent dies, the pipe closes and we exit.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s",
+                        datefmt="%m-%d %H:%M:%S")
     try:
         from cpuinfer.engine.core import EngineCore
 
@@ -49,6 +54,8 @@ def core_main(args, serving: bool, inbox, outbox) -> None:
                         core.add_request(msg)
                     except ValueError as exc:
                         errors[msg.request_id] = str(exc)
+                elif isinstance(msg, Ping):
+                    outbox.send(Pong(msg.seq))
                 elif isinstance(msg, AbortRequests):
                     core.abort(msg.request_ids)
                 elif isinstance(msg, GetStats):
@@ -61,10 +68,11 @@ def core_main(args, serving: bool, inbox, outbox) -> None:
     except (KeyboardInterrupt, EOFError, BrokenPipeError):
         return
     except BaseException as exc:  # report, then die
+        logger.critical("the engine core failed and exits", exc_info=exc)
         try:
-            outbox.send(CoreFailed(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
-        except Exception:
-            pass
+            outbox.send(CoreFailed(f"{type(exc).__name__}: {exc}"))
+        except (OSError, ValueError):
+            logger.debug("could not report the failure: the front end is gone", exc_info=True)
         raise
 
 

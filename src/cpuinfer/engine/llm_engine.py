@@ -9,9 +9,11 @@ from __future__ import annotations
 import itertools
 
 from cpuinfer.config import EngineArgs, EngineConfig
-from cpuinfer.engine.core import EngineCore, validate_request
+from cpuinfer.engine.core import EngineCore
+from cpuinfer.engine.limits import validate_request
 from cpuinfer.engine.messages import EngineStats
 from cpuinfer.engine.output_processor import OutputProcessor
+from cpuinfer.errors import InvalidRequestError
 from cpuinfer.outputs import RequestOutput
 from cpuinfer.sampling_params import SamplingParams
 
@@ -26,12 +28,13 @@ def tokenize_prompt(tokenizer, prompt: Prompt) -> tuple[str | None, list[int]]:
         if "prompt" in prompt:
             prompt = prompt["prompt"]
         else:
-            raise ValueError("A prompt dict needs a 'prompt' or 'prompt_token_ids' key")
+            raise InvalidRequestError("A prompt dict needs a 'prompt' or 'prompt_token_ids' key", "prompt")
     if isinstance(prompt, str):
         return prompt, tokenizer.encode(prompt, add_special_tokens=True).ids
     if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         return None, list(prompt)
-    raise ValueError(f"A prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+    raise InvalidRequestError(f"A prompt must be a string or a list of token ids, got {type(prompt).__name__}",
+                              "prompt")
 
 
 class LLMEngine:
@@ -55,11 +58,11 @@ class LLMEngine:
         return str(next(self._ids))
 
     def validate(self, prompt: Prompt, params: SamplingParams) -> tuple[str | None, list[int]]:
-        """Tokenize and check a request against the limits; raises ValueError before any work."""
+        """Tokenize and check a request against the limits; raises InvalidRequestError before any work."""
         if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+            raise InvalidRequestError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         text, ids = tokenize_prompt(self.tokenizer, prompt)
-        validate_request(ids, params, self.core.max_model_len, self.core.vocab_size, self.core.max_logprobs)
+        validate_request(ids, params, self.core.limits)
         return text, ids
 
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams) -> None:
@@ -69,12 +72,10 @@ class LLMEngine:
 
     def add_tokenized(self, request_id: str, text: str | None, ids: list[int], params: SamplingParams) -> None:
         """Queue an already validated, tokenized request."""
-        msgs = self.processor.add_request(request_id, text, ids, params)
+        msg = self.processor.add_request(request_id, text, ids, params)
         try:
-            for m in msgs:
-                self.core.add_request(m)
+            self.core.add_request(msg)
         except ValueError:
-            self.core.abort([m.request_id for m in msgs])
             self.processor.abort(request_id)
             raise
 

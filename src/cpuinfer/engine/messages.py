@@ -13,11 +13,18 @@ from cpuinfer.sampling_params import SamplingParams
 
 @dataclass
 class AddRequest:
-    """Start generating for one sequence (a request with n > 1 is sent as n of these)."""
+    """Start one request. Its n samples run as n sequences named `child_ids` (just `request_id` when
+    empty); the prompt and params cross the pipe once, however large n is."""
 
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
+    child_ids: list[str] = field(default_factory=list)
+
+    @property
+    def sequence_ids(self) -> list[str]:
+        """Engine-core ids of the request's sequences."""
+        return self.child_ids or [self.request_id]
 
 
 @dataclass
@@ -48,6 +55,23 @@ class SeqOutput:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
+    # Set when the sequence failed inside the engine (finish_reason "error"): the id of the log entry
+    # that holds the details. The engine goes on with the other sequences.
+    error_id: str | None = None
+
+
+@dataclass
+class Ping:
+    """Heartbeat: the core answers with a Pong between two steps."""
+
+    seq: int
+
+
+@dataclass
+class Pong:
+    """The core is alive and stepping."""
+
+    seq: int
 
 
 @dataclass
@@ -72,4 +96,4 @@ class StepResult:
     """One engine step's outputs, plus a request's failure if one could not be accepted."""
 
     outputs: list[SeqOutput] = field(default_factory=list)
-    errors: dict[str, str] = field(default_factory=dict)  # request_id -> message
+    errors: dict[str, str] = field(default_factory=dict)  # request_id -> why the core refused it

@@ -5,12 +5,16 @@ Runs where the tokenizer lives (the caller's process), never in the engine core.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from cpuinfer.detokenizer import IncrementalDetokenizer
 from cpuinfer.engine.messages import AddRequest, SeqOutput
+from cpuinfer.errors import InvalidRequestError, new_error_id
 from cpuinfer.outputs import CompletionOutput, Logprob, RequestOutput
 from cpuinfer.sampling_params import RequestOutputKind, SamplingParams
+
+logger = logging.getLogger("cpuinfer.engine")
 
 
 def child_id(request_id: str, index: int, n: int) -> str:
@@ -38,6 +42,7 @@ class _RequestState:
     params: SamplingParams
     samples: list[_Sample]
     num_cached_tokens: int = 0
+    error_id: str | None = None
 
 
 class OutputProcessor:
@@ -49,30 +54,25 @@ class OutputProcessor:
         self._child: dict[str, tuple[_RequestState, _Sample]] = {}
 
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-                    params: SamplingParams) -> list[AddRequest]:
-        """Register a request; returns the messages that start its n sequences in the core."""
+                    params: SamplingParams) -> AddRequest:
+        """Register a request; returns the one message that starts its n sequences in the core (each
+        sample draws its own numbers; a seeded one uses seed + index, as vLLM)."""
         if request_id in self.states:
-            raise ValueError(f"request id {request_id!r} is already in use")
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
         samples = []
-        msgs = []
         for i in range(params.n):
             detok = None
             if params.detokenize and self.tokenizer is not None:
                 detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.skip_special_tokens,
                                                params.stop, params.include_stop_str_in_output)
-            s = _Sample(i, detok, logprobs=[] if params.logprobs is not None else None,
-                        cumulative_logprob=0.0 if params.logprobs is not None else None)
-            samples.append(s)
-            child_params = params
-            if params.n > 1:
-                # Each sample draws its own numbers; a seeded request stays reproducible (seed + index, as vLLM).
-                child_params = params.clone(n=1, seed=None if params.seed is None else params.seed + i)
-            msgs.append(AddRequest(child_id(request_id, i, params.n), prompt_token_ids, child_params))
+            samples.append(_Sample(i, detok, logprobs=[] if params.logprobs is not None else None,
+                                   cumulative_logprob=0.0 if params.logprobs is not None else None))
         state = _RequestState(request_id, prompt, prompt_token_ids, params, samples)
         self.states[request_id] = state
-        for s, m in zip(samples, msgs, strict=False):
-            self._child[m.request_id] = (state, s)
-        return msgs
+        ids = [child_id(request_id, i, params.n) for i in range(params.n)]
+        for s, cid in zip(samples, ids, strict=True):
+            self._child[cid] = (state, s)
+        return AddRequest(request_id, prompt_token_ids, params, ids if params.n > 1 else [])
 
     def child_ids(self, request_id: str) -> list[str]:
         """Core ids of a request's unfinished sequences."""
@@ -95,7 +95,9 @@ class OutputProcessor:
         return out
 
     def process(self, outputs: list[SeqOutput]) -> tuple[list[RequestOutput], list[str]]:
-        """Apply one step; returns (RequestOutputs to hand out, core ids to abort because a stop string hit)."""
+        """Apply one step; returns (RequestOutputs to hand out, core ids to abort: a stop string hit, or the
+        request failed). A failure while processing one request (e.g. in its detokenizer) fails that request
+        alone, with an error id in its output and the details in the log."""
         touched: dict[str, _RequestState] = {}
         to_abort = []
         for o in outputs:
@@ -105,25 +107,17 @@ class OutputProcessor:
             state, s = found
             if s.finish_reason is not None:
                 continue
-            state.num_cached_tokens = max(state.num_cached_tokens, o.num_cached_tokens)
-            p = state.params
-            for k, tok in enumerate(o.new_token_ids):
-                s.token_ids.append(tok)
-                if o.new_logprobs is not None and s.logprobs is not None:
-                    s.logprobs.append(self._logprob_dict(tok, o.new_logprobs[k]))
-                    s.cumulative_logprob += o.new_logprobs[k][0]
-                if s.detok is not None:
-                    new = s.detok.add_token(tok)
-                    if new and len(s.token_ids) >= p.min_tokens:
-                        hit = s.detok.check_stop(len(new))
-                        if hit is not None:
-                            s.finish_reason, s.stop_reason = "stop", hit
-                            if o.finish_reason is None:
-                                to_abort.append(o.request_id)
-                            break
-            if s.finish_reason is None and o.finish_reason is not None:
-                s.finish_reason, s.stop_reason = o.finish_reason, o.stop_reason
             touched[state.request_id] = state
+            if o.error_id is not None:
+                to_abort += self._fail(state, o.error_id)
+                continue
+            try:
+                self._apply(state, s, o, to_abort)
+            except Exception as exc:  # noqa: BLE001 - this request fails; the others go on
+                error_id = new_error_id()
+                logger.error("request %s failed in the output processor (error id %s)", state.request_id,
+                             error_id, exc_info=exc)
+                to_abort += self._fail(state, error_id)
         results = []
         for state in touched.values():
             finished = all(s.finish_reason is not None for s in state.samples)
@@ -133,6 +127,36 @@ class OutputProcessor:
             if finished:
                 self._forget(state)
         return results, to_abort
+
+    def _apply(self, state: _RequestState, s: _Sample, o: SeqOutput, to_abort: list[str]) -> None:
+        """One sequence's new tokens: logprobs, detokenization, stop strings, finish reason."""
+        state.num_cached_tokens = max(state.num_cached_tokens, o.num_cached_tokens)
+        p = state.params
+        for k, tok in enumerate(o.new_token_ids):
+            s.token_ids.append(tok)
+            if o.new_logprobs is not None and s.logprobs is not None:
+                s.logprobs.append(self._logprob_dict(tok, o.new_logprobs[k]))
+                s.cumulative_logprob += o.new_logprobs[k][0]
+            if s.detok is not None:
+                new = s.detok.add_token(tok)
+                if new and len(s.token_ids) >= p.min_tokens:
+                    hit = s.detok.check_stop(len(new))
+                    if hit is not None:
+                        s.finish_reason, s.stop_reason = "stop", hit
+                        if o.finish_reason is None:
+                            to_abort.append(o.request_id)
+                        return
+        if s.finish_reason is None and o.finish_reason is not None:
+            s.finish_reason, s.stop_reason = o.finish_reason, o.stop_reason
+
+    def _fail(self, state: _RequestState, error_id: str) -> list[str]:
+        """End every sample of a failed request with "error"; returns the core ids still to abort."""
+        state.error_id = error_id
+        live = self.child_ids(state.request_id)
+        for s in state.samples:
+            if s.finish_reason is None:
+                s.finish_reason = "error"
+        return live
 
     def _logprob_dict(self, tok: int, lp: tuple) -> dict[int, Logprob]:
         sampled_lp, rank, ids, vals = lp
@@ -166,7 +190,7 @@ class OutputProcessor:
             outs.append(CompletionOutput(s.index, text, ids, s.cumulative_logprob, lps, s.finish_reason,
                                          s.stop_reason))
         return RequestOutput(state.request_id, state.prompt, state.prompt_token_ids, outs, finished,
-                             num_cached_tokens=state.num_cached_tokens)
+                             num_cached_tokens=state.num_cached_tokens, error_id=state.error_id)
 
     def _forget(self, state: _RequestState) -> None:
         self.states.pop(state.request_id, None)

@@ -2,8 +2,17 @@
 
 HTTP parsing, validation and tokenization run here, in the front-end
 process; the engine core runs in its own process behind the engine client.
-The app starts answering at once: /health says 503 until the engine has
-loaded the model, then 200, and 503 again if the engine process dies.
+The app starts answering at once: /health says 503 ("loading") until the
+engine has loaded the model, then 200 ("healthy").
+
+If the engine itself fails (its process exits, crashes, or stops answering
+heartbeats), in-flight requests fail at once and the server exits with code
+1, as vLLM's does, so that an orchestrator restarts it instead of a server
+answering 503 forever. A single request's failure never gets this far: the
+engine fails that request alone.
+
+With --api-key every route needs the key except the probes (/health, /ping)
+and what --allow-unauthenticated-routes lists.
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ from fastapi import Body, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from cpuinfer.entrypoints.openai.engine_adapter import EngineAdapter
-from cpuinfer.entrypoints.openai.errors import APIError, error_response, install_error_handlers
+from cpuinfer.entrypoints.openai.errors import APIError, error_body, error_response, install_error_handlers
 from cpuinfer.entrypoints.openai.metrics import CONTENT_TYPE, EngineStats, ServerMetrics
 from cpuinfer.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -40,10 +49,14 @@ from cpuinfer.entrypoints.openai.protocol import (
     dump,
 )
 from cpuinfer.entrypoints.openai.serving import OpenAIServing
+from cpuinfer.errors import EngineDeadError
 
 logger = logging.getLogger("cpuinfer.server")
 
 ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 500, 503)}
+# Probes answer without the API key: a load balancer or orchestrator has none.
+PROBE_ROUTES = ("/health", "/ping")
+ENGINE_DEATH_EXIT_DELAY = 1.0  # seconds for the failed requests' error responses to reach their clients
 
 
 @dataclass
@@ -52,6 +65,7 @@ class ServerConfig:
 
     served_model_names: list[str]
     api_key: str = ""
+    open_routes: tuple[str, ...] = ()  # paths that need no API key besides the probes (--allow-unauthenticated-routes)
     max_body_bytes: int = 8 * 1024 * 1024
     log_requests: bool = True
     log_stats_interval: float = 10.0  # seconds; 0 disables the periodic stats line
@@ -66,6 +80,7 @@ class ServerState:
     serving: OpenAIServing | None = None
     metrics: ServerMetrics | None = None
     load_error: str | None = None
+    engine_failure: str | None = None  # set when the engine died: the server exits with code 1
     last_stats: EngineStats = field(default_factory=EngineStats)
     background: list[asyncio.Task] = field(default_factory=list)
 
@@ -78,7 +93,8 @@ class ServerState:
 
 
 class BodyLimitAndAuth:
-    """ASGI middleware: 413 for bodies over the limit, 401 for /v1 routes without the API key.
+    """ASGI middleware: 413 for bodies over the limit, 401 without the API key (every route but the
+    probes and the configured open routes: deny by default).
 
     Pure ASGI (not BaseHTTPMiddleware) so streaming responses pass straight
     through and chunked uploads are counted as they arrive.
@@ -88,13 +104,14 @@ class BodyLimitAndAuth:
         self.app = app
         self.config = config
         self.expected = f"Bearer {config.api_key}".encode() if config.api_key else None
+        self.open = set(PROBE_ROUTES) | set(config.open_routes)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or [])
         limit = self.config.max_body_bytes
-        if self.expected is not None and scope["path"].startswith("/v1") and scope["method"] != "OPTIONS":
+        if self.expected is not None and scope["path"] not in self.open and scope["method"] != "OPTIONS":
             got = headers.get(b"authorization", b"")
             if not secrets.compare_digest(got, self.expected):
                 what = "missing" if not got else "invalid"
@@ -145,12 +162,12 @@ def build_app(state: ServerState,
 
     @app.get("/health", responses={503: {"model": ErrorResponse}})
     async def health() -> Response:
-        """200 when the engine serves requests; 503 while loading or when the engine has died."""
-        if state.serving is None or state.engine is None:
-            return error_response("not ready: " + (state.load_error or "loading the model"), 503)
-        if not state.engine.healthy:
-            return error_response(f"engine is not healthy: {state.engine.status_text()}", 503)
-        return Response(status_code=200)
+        """200 {"status": "healthy"} when the engine serves requests; 503 with status "loading", "dead" or
+        "shutting down" otherwise (details are in the server log, not here)."""
+        status, why = health_status(state)
+        if status == "healthy":
+            return JSONResponse({"status": status})
+        return JSONResponse({"status": status, **error_body(why, 503)}, status_code=503)
 
     @app.get("/ping", include_in_schema=False)
     async def ping() -> Response:
@@ -167,7 +184,7 @@ def build_app(state: ServerState,
         """Prometheus exposition of the server and engine metrics."""
         if state.engine is not None and state.engine.healthy:
             # shield: a timed-out scrape must not cancel the engine's pending stats reply (it answers between steps).
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(TimeoutError, asyncio.TimeoutError, EngineDeadError):
                 state.last_stats = await asyncio.wait_for(asyncio.shield(state.engine.stats()), 5.0)
         if state.metrics is None:
             return Response(b"", media_type=CONTENT_TYPE)
@@ -191,14 +208,41 @@ def build_app(state: ServerState,
     @app.post("/tokenize", response_model=TokenizeResponse, responses=ERRORS)
     async def tokenize(req: Annotated[TokenizeCompletionRequest | TokenizeChatRequest, Body()]):
         """Token ids of a prompt or of chat messages after the chat template."""
-        return JSONResponse(dump(state.require_serving().tokenize(req)))
+        return JSONResponse(dump(await state.require_serving().tokenize(req)))
 
     @app.post("/detokenize", response_model=DetokenizeResponse, responses=ERRORS)
     async def detokenize(req: DetokenizeRequest):
         """Text of token ids."""
-        return JSONResponse(dump(state.require_serving().detokenize(req)))
+        return JSONResponse(dump(await state.require_serving().detokenize(req)))
 
     return app
+
+
+def health_status(state: ServerState) -> tuple[str, str]:
+    """(status word, client-safe explanation) of the server."""
+    if state.engine_failure is not None or (state.engine is not None and state.engine.dead):
+        return "dead", "the engine has failed; the server is exiting (details in the server log)"
+    if state.serving is None or state.engine is None:
+        if state.load_error:
+            return "dead", "the engine failed to load the model (details in the server log)"
+        return "loading", "not ready: loading the model"
+    if not state.engine.healthy:
+        return "shutting down", "the server is shutting down"
+    return "healthy", ""
+
+
+async def _watch_engine(state: ServerState, interval: float = 0.25) -> None:
+    """Exit the server (code 1) once the engine has died, after its failed requests were answered."""
+    while True:
+        await asyncio.sleep(interval)
+        engine = state.engine
+        if engine is not None and engine.dead:
+            state.engine_failure = engine.status_text()
+            logger.error("the engine failed (%s): in-flight requests failed; exiting with code 1 so the server "
+                         "can be restarted", state.engine_failure)
+            await asyncio.sleep(ENGINE_DEATH_EXIT_DELAY)
+            signal.raise_signal(signal.SIGTERM)
+            return
 
 
 async def _load(state: ServerState, start_engine: Callable[[], Awaitable[EngineAdapter]]) -> None:
@@ -218,6 +262,7 @@ async def _load(state: ServerState, start_engine: Callable[[], Awaitable[EngineA
     names = state.config.served_model_names
     state.metrics = ServerMetrics(names[0], lambda: state.last_stats)
     state.serving = OpenAIServing(engine, names, state.metrics, state.config.log_requests)
+    state.background.append(asyncio.create_task(_watch_engine(state)))
     logger.info("engine ready in %.1fs: serving %s (max_model_len=%d)", time.monotonic() - t0, ", ".join(names),
                 engine.max_model_len)
     if state.config.log_stats_interval > 0:
@@ -236,7 +281,7 @@ async def _log_stats(state: ServerState, interval: float) -> None:
             continue
         try:
             s = await asyncio.wait_for(asyncio.shield(engine.stats()), 5.0)
-        except Exception:
+        except (TimeoutError, asyncio.TimeoutError, EngineDeadError):
             continue
         state.last_stats = s
         now = time.monotonic()
@@ -251,11 +296,11 @@ async def _log_stats(state: ServerState, interval: float) -> None:
 
 
 def _version() -> str:
-    try:
-        from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
+    try:
         return version("cpuinfer")
-    except Exception:
+    except PackageNotFoundError:
         return "0.0.0"
 
 
@@ -274,12 +319,17 @@ class _Server(uvicorn.Server):
 
 
 def run_server(state: ServerState, start_engine: Callable[[], Awaitable[EngineAdapter]], host: str, port: int,
-               shutdown_timeout: float, log_level: str = "info", sock=None) -> int:
-    """Serve until SIGINT/SIGTERM; in-flight requests get `shutdown_timeout` seconds to finish, then are aborted."""
+               shutdown_timeout: float, log_level: str = "info", sock=None, limit_concurrency: int | None = None
+               ) -> int:
+    """Serve until SIGINT/SIGTERM; in-flight requests get `shutdown_timeout` seconds to finish, then are aborted.
+
+    Returns the exit code: 1 if the engine failed to load or died while serving, else 0.
+    `limit_concurrency`: connections + in-flight requests past which uvicorn answers 503 at once.
+    """
     app = build_app(state, start_engine)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
                             timeout_graceful_shutdown=max(1, round(shutdown_timeout)), lifespan="on",
-                            timeout_keep_alive=5)
+                            timeout_keep_alive=5, limit_concurrency=limit_concurrency)
     server = _Server(config)
     asyncio.run(server.serve(sockets=[sock] if sock is not None else None))
-    return 1 if state.load_error else 0
+    return 1 if (state.load_error or state.engine_failure) else 0

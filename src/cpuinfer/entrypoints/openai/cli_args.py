@@ -18,7 +18,14 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     g.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     g.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' on /v1 routes (default: $CPUINFER_API_KEY/$VLLM_API_KEY)")
+                   help="require 'Authorization: Bearer KEY' on every route but /health and /ping "
+                        "(default: $CPUINFER_API_KEY/$VLLM_API_KEY)")
+    g.add_argument("--allow-unauthenticated-routes", nargs="+", default=[], metavar="PATH",
+                   help="routes that need no API key even with --api-key, e.g. /metrics /docs /openapi.json "
+                        "(deny by default; vLLM leaves /tokenize, /detokenize, /metrics and /docs open)")
+    g.add_argument("--limit-concurrency", type=_positive_int, default=None,
+                   help="connections + in-flight requests past which the server answers 503 at once "
+                        "(uvicorn's limit; default: 2 x (--max-num-seqs + --max-waiting-requests) + 64)")
     g.add_argument("--served-model-name", nargs="+", default=None,
                    help="model name(s) the API answers to (default: the model argument)")
     g.add_argument("--max-request-body-bytes", type=_positive_int, default=8 * 1024 * 1024,

@@ -14,10 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cpuinfer.entrypoints.openai.metrics import EngineStats
-
-
-class EngineDeadError(RuntimeError):
-    """The engine process is gone; the request cannot finish."""
+from cpuinfer.errors import EngineDeadError  # noqa: F401 - re-exported: what the streams raise
+from cpuinfer.sampling_params import SamplingParams
 
 
 @dataclass
@@ -54,13 +52,23 @@ class EngineAdapter:
         """True while the engine serves requests."""
         raise NotImplementedError
 
+    @property
+    def dead(self) -> bool:
+        """True once the engine has failed for good (not merely shutting down)."""
+        raise NotImplementedError
+
     def status_text(self) -> str:
         """Why the engine is not healthy (or 'ready')."""
         raise NotImplementedError
 
-    def generate(self, request_id: str, prompt_token_ids: list[int], sampling: dict
-                 ) -> AsyncIterator[list[ChoiceDelta]]:
-        """Run one request (all n choices); leaving the iterator early aborts it in the engine."""
+    def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+               ) -> AsyncIterator[list[ChoiceDelta]]:
+        """Start one request (all n choices) now and return its deltas; leaving the iterator early aborts it.
+
+        Raises at once, before anything is sent to the client: InvalidRequestError (a limit),
+        EngineOverloadedError (the queue is full), EngineDeadError. The iterator raises
+        RequestFailedError or EngineDeadError if the request fails later.
+        """
         raise NotImplementedError
 
     def abort(self, request_id: str) -> None:

@@ -14,10 +14,11 @@ import logging
 import os
 from collections.abc import AsyncIterator
 
-from cpuinfer.entrypoints.openai.engine_adapter import ChoiceDelta, EngineAdapter, EngineDeadError, TokenLogprob
-from cpuinfer.entrypoints.openai.errors import APIError
+from cpuinfer.entrypoints.openai.engine_adapter import ChoiceDelta, EngineAdapter, TokenLogprob
 from cpuinfer.entrypoints.openai.metrics import EngineStats
 from cpuinfer.entrypoints.openai.tokenization import Tokenization
+from cpuinfer.errors import EngineDeadError
+from cpuinfer.sampling_params import SamplingParams
 
 logger = logging.getLogger("cpuinfer.server")
 
@@ -63,6 +64,11 @@ class AsyncLLMAdapter(EngineAdapter):
         """The core process is alive and has not reported a failure."""
         return not self._shut and self.engine.dead_reason is None
 
+    @property
+    def dead(self) -> bool:
+        """The core process exited, crashed or stopped answering."""
+        return not self._shut and self.engine.dead_reason is not None
+
     def status_text(self) -> str:
         """Why the engine is not healthy."""
         if self._shut:
@@ -70,24 +76,15 @@ class AsyncLLMAdapter(EngineAdapter):
         dead = self.engine.dead_reason
         return f"engine core died: {dead}" if dead else "ready"
 
-    async def generate(self, request_id: str, prompt_token_ids: list[int], sampling: dict
-                       ) -> AsyncIterator[list[ChoiceDelta]]:
-        """Stream a request's choices as deltas; leaving early aborts it in the engine at once."""
-        from cpuinfer.engine.async_llm import EngineDeadError as CoreDead
-        from cpuinfer.sampling_params import RequestOutputKind, SamplingParams
-
+    def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+               ) -> AsyncIterator[list[ChoiceDelta]]:
+        """Start a request now (validated by the engine) and return its deltas."""
         if not self.healthy:
-            raise APIError(f"The engine is not running ({self.status_text()}); retry later.", 503)
-        try:
-            params = SamplingParams(**sampling, output_kind=RequestOutputKind.DELTA)
-        except (ValueError, TypeError) as e:
-            raise APIError(str(e), 400) from e
-        try:
-            stream = self.engine.add_request(request_id, prompt_token_ids, params)
-        except CoreDead as e:
-            raise APIError(f"The engine is not running ({e}); retry later.", 503) from e
-        except ValueError as e:
-            raise APIError(str(e), 400) from e
+            raise EngineDeadError(self.status_text())
+        stream = self.engine.add_request(request_id, prompt_token_ids, params)
+        return self._deltas(request_id, stream)
+
+    async def _deltas(self, request_id: str, stream) -> AsyncIterator[list[ChoiceDelta]]:
         finished = False
         done_choices: set[int] = set()
         try:
@@ -106,27 +103,20 @@ class AsyncLLMAdapter(EngineAdapter):
                 finished = out.finished
                 if deltas:
                     yield deltas
-        except CoreDead as e:
-            raise EngineDeadError(str(e)) from e
         finally:
             if not finished:
                 # Synchronous on purpose: this runs inside a cancelled task, where awaiting is not possible.
                 self.abort(request_id)
 
     def abort(self, request_id: str) -> None:
-        """Abort now (frees the request's KV blocks in the core)."""
-        try:
-            self.engine.abort_nowait(request_id)
-        except Exception:  # the engine may already be gone
-            logger.debug("abort of %s failed", request_id, exc_info=True)
+        """Abort now (frees the request's KV blocks in the core); a no-op for a finished request."""
+        self.engine.abort_nowait(request_id)
 
     async def stats(self) -> EngineStats:
         """The engine core's counters, in the server's terms."""
         s = await self.engine.get_stats()
-        total = int(getattr(s, "num_kv_blocks", 0) or self.num_blocks)
-        used = getattr(s, "num_used_kv_blocks", None)
-        if used is None:
-            used = round(s.kv_cache_usage * total)
+        total = s.num_kv_blocks or self.num_blocks
+        used = round(s.kv_cache_usage * total)
         return EngineStats(num_running=s.num_running, num_waiting=s.num_waiting, kv_usage=s.kv_cache_usage,
                            num_blocks_total=total, num_blocks_free=total - int(used),
                            prefix_cache_queries=s.prefix_cache_queries, prefix_cache_hits=s.prefix_cache_hits,

@@ -1,5 +1,8 @@
-"""OpenAI-shaped errors: one exception type and the handlers that render every failure as
-``{"error": {"message", "type", "param", "code"}}`` with the fitting HTTP status."""
+"""OpenAI-shaped errors: one exception type, the map from engine errors to HTTP, and the handlers that
+render every failure as ``{"error": {"message", "type", "param", "code"}}`` with the fitting status.
+
+Client-facing messages never carry a traceback or a file path: an unexpected failure answers with an
+error id, and the log holds the details under the same id."""
 
 from __future__ import annotations
 
@@ -12,6 +15,13 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from cpuinfer.entrypoints.openai.protocol import ErrorResponse, dump
+from cpuinfer.errors import (
+    EngineDeadError,
+    EngineOverloadedError,
+    InvalidRequestError,
+    RequestFailedError,
+    new_error_id,
+)
 
 logger = logging.getLogger("cpuinfer.server")
 
@@ -32,11 +42,51 @@ ERROR_TYPES = {
 class APIError(Exception):
     """A request failure with its HTTP status and the offending field, if any."""
 
-    def __init__(self, message: str, status: int = 400, param: str | None = None):
+    def __init__(self, message: str, status: int = 400, param: str | None = None,
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
         self.message = message
         self.status = status
         self.param = param
+        self.headers = headers
+
+    def body(self) -> dict:
+        """The OpenAI error body."""
+        return error_body(self.message, self.status, self.param)
+
+    def response(self) -> JSONResponse:
+        """The error as an HTTP response."""
+        return error_response(self.message, self.status, self.param, self.headers)
+
+
+def _sampling_param(message: str) -> str | None:
+    """The field a SamplingParams error names ("SamplingParams.top_p=2 is invalid: ...")."""
+    prefix = "SamplingParams."
+    if message.startswith(prefix):
+        return message[len(prefix):].split("=", 1)[0] or None
+    return None
+
+
+def to_api_error(exc: BaseException, request_id: str | None = None) -> APIError:
+    """The HTTP error for an engine error (one map for every route; the engine owns the rules)."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, InvalidRequestError):
+        return APIError(exc.message, 400, exc.param)
+    if isinstance(exc, (ValueError, TypeError)) and not isinstance(exc, RequestFailedError):
+        # SamplingParams checks its fields with ValueError (TypeError: a field it does not know).
+        return APIError(str(exc), 400, _sampling_param(str(exc)))
+    if isinstance(exc, EngineOverloadedError):
+        return APIError(str(exc), 503, headers={"Retry-After": str(exc.retry_after)})
+    if isinstance(exc, RequestFailedError):
+        return APIError(f"Internal error while generating (error id {exc.error_id}); the server log has the "
+                        "details. Other requests are unaffected; retry.", 500)
+    if isinstance(exc, EngineDeadError):
+        what = "while running the request" if request_id else "before the request could start"
+        return APIError(f"The engine is not running: it failed {what}. Retry on another replica.", 503)
+    error_id = new_error_id()
+    logger.error("internal error (error id %s) in request %s", error_id, request_id or "-", exc_info=exc)
+    return APIError(f"Internal server error (error id {error_id}); the server log has the details.", 500)
 
 
 def error_body(message: str, status: int, param: str | None = None) -> dict:
@@ -45,9 +95,10 @@ def error_body(message: str, status: int, param: str | None = None) -> dict:
     return dump(ErrorResponse.make(message, type_, status, param))
 
 
-def error_response(message: str, status: int, param: str | None = None) -> JSONResponse:
+def error_response(message: str, status: int, param: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
     """A JSONResponse carrying an OpenAI error body."""
-    return JSONResponse(error_body(message, status, param), status_code=status)
+    return JSONResponse(error_body(message, status, param), status_code=status, headers=headers)
 
 
 def describe_validation_errors(errors: list[dict]) -> tuple[str, str | None]:
@@ -88,7 +139,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError):
-        return error_response(exc.message, exc.status, exc.param)
+        return exc.response()
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError):
@@ -104,5 +155,4 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception):
-        logger.exception("internal error while serving a request")
-        return error_response(f"internal server error: {type(exc).__name__}: {exc}", 500)
+        return to_api_error(exc).response()

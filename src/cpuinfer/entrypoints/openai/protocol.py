@@ -14,10 +14,20 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-# torch.Generator.manual_seed takes any int64; OpenAI documents seed as an integer.
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-MAX_N = 128  # OpenAI's own cap on `n`
-MAX_LOGPROBS = 20  # OpenAI's cap on top_logprobs / completions logprobs (vLLM's default max_logprobs)
+# The same bounds as SamplingParams (one table, in cpuinfer.sampling_params): a value this schema
+# accepts is never refused later, after the response has started. Limits that depend on the engine
+# (vocabulary, context, --max-logprobs, stop-list sizes) are the engine's request validation's.
+from cpuinfer.sampling_params import (
+    INT32_MAX,
+    INT64_MAX,
+    INT64_MIN,
+    MAX_N,
+    MAX_REPETITION_PENALTY,
+    MAX_TEMPERATURE,
+    PENALTY_RANGE,
+)
+
+PENALTY = Field(ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1], allow_inf_nan=False)
 
 
 def random_id(prefix: str) -> str:
@@ -43,18 +53,18 @@ class SamplingFields(OpenAIModel):
 
     model: str | None = None
     n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
-    temperature: Annotated[float, Field(ge=0.0, le=1e6, allow_inf_nan=False)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=MAX_TEMPERATURE, allow_inf_nan=False)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)] | None = None
-    top_k: Annotated[int, Field(ge=-1, le=2**31 - 1)] | None = None
+    top_k: Annotated[int, Field(ge=-1, le=INT32_MAX)] | None = None
     min_p: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] | None = None
-    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0, allow_inf_nan=False)] | None = 0.0
-    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0, allow_inf_nan=False)] | None = 0.0
-    repetition_penalty: Annotated[float, Field(gt=0.0, le=1e6, allow_inf_nan=False)] | None = None
+    presence_penalty: Annotated[float, PENALTY] | None = 0.0
+    frequency_penalty: Annotated[float, PENALTY] | None = 0.0
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=MAX_REPETITION_PENALTY, allow_inf_nan=False)] | None = None
     seed: Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)] | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[Annotated[int, Field(ge=0, le=2**31 - 1)]] | None = None
-    max_tokens: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = None
-    min_tokens: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
+    stop_token_ids: list[Annotated[int, Field(ge=0, le=INT32_MAX)]] | None = None
+    max_tokens: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = None
+    min_tokens: Annotated[int, Field(ge=0, le=INT32_MAX)] = 0
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
@@ -82,9 +92,9 @@ class CompletionRequest(SamplingFields):
     """POST /v1/completions."""
 
     prompt: str | list[str] | list[Annotated[int, Field(ge=0)]] | list[list[Annotated[int, Field(ge=0)]]]
-    max_tokens: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = 16
+    max_tokens: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = 16
     echo: bool = False
-    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    logprobs: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = None  # at most --max-logprobs (the engine's)
     best_of: Annotated[int, Field(ge=1, le=MAX_N)] | None = None
     suffix: str | None = None
     add_special_tokens: bool = True
@@ -133,9 +143,9 @@ class ChatCompletionRequest(SamplingFields):
     """POST /v1/chat/completions."""
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_completion_tokens: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = None
     logprobs: bool | None = False
-    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = None  # at most --max-logprobs
     response_format: ResponseFormat | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -187,7 +197,7 @@ class DetokenizeRequest(OpenAIModel):
     """POST /detokenize."""
 
     model: str | None = None
-    tokens: list[Annotated[int, Field(ge=0, le=2**31 - 1)]]
+    tokens: list[Annotated[int, Field(ge=0, le=INT32_MAX)]]
 
 
 class DetokenizeResponse(BaseModel):

@@ -1,5 +1,12 @@
-"""What each OpenAI route does: validate against the model, run the request on the engine,
-and shape the engine's output as OpenAI's JSON or server-sent events.
+"""What each OpenAI route does: turn the body into prompts and SamplingParams, start the request
+on the engine, and shape the engine's output as OpenAI's JSON or server-sent events.
+
+Every request is started (and so validated, by the engine's one request check) before any byte of
+the response is sent: an invalid streaming request gets the same 400 as a non-streaming one. A
+failure after that ends a stream with an OpenAI-shaped error event and `data: [DONE]`.
+
+Completions and chat differ only in how prompts are made and how a delta is shaped (a
+`_Format` each); the streaming generator and the non-streaming responder are shared.
 
 The engine is reached only through :class:`~cpuinfer.entrypoints.openai.engine_adapter.EngineAdapter`,
 which yields per-choice deltas (new text, token ids, logprobs, finish reason).
@@ -8,6 +15,7 @@ which yields per-choice deltas (new text, token ids, logprobs, finish reason).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -19,10 +27,11 @@ from typing import Any
 import anyio
 from fastapi import Request
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.responses import StreamingResponse
 
-from cpuinfer.entrypoints.openai.engine_adapter import ChoiceDelta, EngineAdapter, EngineDeadError, TokenLogprob
-from cpuinfer.entrypoints.openai.errors import APIError, error_body
+from cpuinfer.entrypoints.openai.engine_adapter import ChoiceDelta, EngineAdapter, TokenLogprob
+from cpuinfer.entrypoints.openai.errors import APIError, to_api_error
 from cpuinfer.entrypoints.openai.metrics import RequestTimer, ServerMetrics
 from cpuinfer.entrypoints.openai.protocol import (
     ChatChoice,
@@ -51,10 +60,16 @@ from cpuinfer.entrypoints.openai.protocol import (
     dump,
     random_id,
 )
+from cpuinfer.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger("cpuinfer.server")
 
 MIN_LOGPROB = -9999.0  # JSON has no -inf; vLLM clamps to this too
+MAX_SEQUENCES = 1024  # prompts x n of one completions request
+# Texts longer than this are tokenized (and chat templates rendered) on a worker thread: the
+# tokenizer holds the GIL in encode() but not in encode_batch(), so a multi-MB prompt would
+# otherwise stall every other request and /health for seconds.
+INLINE_TEXT_CHARS = 16 * 1024
 
 
 def _lp(x: float) -> float:
@@ -87,10 +102,8 @@ class DisconnectAwareStream(StreamingResponse):
         async with anyio.create_task_group() as tg:
 
             async def stream_then_stop():
-                try:
+                with contextlib.suppress(OSError):  # peer gone mid-write
                     await self.stream_response(send)
-                except OSError:
-                    pass  # peer gone mid-write
                 tg.cancel_scope.cancel()
 
             tg.start_soon(stream_then_stop)
@@ -116,10 +129,8 @@ async def run_until_disconnect(request: Request, coro) -> Any:
     if task in done:
         return task.result()
     task.cancel()
-    try:
+    with contextlib.suppress(asyncio.CancelledError):
         await task
-    except (asyncio.CancelledError, Exception):
-        pass
     return None
 
 
@@ -133,14 +144,151 @@ class ChoiceState:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
 
+    def absorb(self, d: ChoiceDelta) -> None:
+        """Add a delta."""
+        self.text += d.text
+        self.token_ids += d.token_ids
+        if d.logprobs:
+            self.logprobs += d.logprobs
+        if d.finish_reason is not None:
+            self.finish_reason, self.stop_reason = d.finish_reason, d.stop_reason
+
 
 @dataclass
-class PreparedPrompt:
-    """One prompt after tokenization and length checks."""
+class Prompt:
+    """One tokenized prompt (text kept for echo)."""
 
     token_ids: list[int]
     text: str | None
-    max_tokens: int
+
+
+@dataclass
+class Job:
+    """One HTTP request running on the engine: one engine request per prompt, n choices each."""
+
+    request_id: str
+    prompts: list[Prompt]
+    n: int
+    streams: list[tuple[str, AsyncIterator[list[ChoiceDelta]]]]
+    timer: RequestTimer
+    states: list[ChoiceState] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.states = [ChoiceState() for _ in range(self.n * len(self.prompts))]
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Prompt tokens of all prompts."""
+        return sum(len(p.token_ids) for p in self.prompts)
+
+    def usage(self) -> UsageInfo:
+        """Token counts so far."""
+        c = sum(len(s.token_ids) for s in self.states)
+        return UsageInfo(prompt_tokens=self.prompt_tokens, completion_tokens=c, total_tokens=self.prompt_tokens + c)
+
+
+class _Format:
+    """How one route shapes its chunks and its response (completions and chat each have one)."""
+
+    def __init__(self, serving: OpenAIServing, job: Job):
+        self.serving = serving
+        self.job = job
+        self.created = int(time.time())
+
+    def opening(self) -> list[dict]:
+        """Chunks sent before the first delta."""
+        return []
+
+    def chunk(self, d: ChoiceDelta, state: ChoiceState) -> dict | None:
+        """The chunk for one delta (state is before the delta), or None when it carries nothing."""
+        raise NotImplementedError
+
+    def usage_chunk(self, usage: UsageInfo) -> dict:
+        """The final usage-only chunk."""
+        raise NotImplementedError
+
+    def response(self) -> BaseModel:
+        """The whole non-streaming response."""
+        raise NotImplementedError
+
+
+class _CompletionFormat(_Format):
+    def __init__(self, serving: OpenAIServing, job: Job, req: CompletionRequest):
+        super().__init__(serving, job)
+        self.req = req
+
+    def _body(self, choices: list[CompletionChoice], usage: UsageInfo | None) -> dict:
+        return dump(CompletionResponse(id=self.job.request_id, created=self.created, model=self.serving.model_name,
+                                       choices=choices, usage=usage))
+
+    def _echo(self, i: int) -> str:
+        return (self.job.prompts[i // self.job.n].text or "") if self.req.echo else ""
+
+    def opening(self) -> list[dict]:
+        if not self.req.echo:
+            return []
+        return [self._body([CompletionChoice(index=i, text=self._echo(i))], None) for i in range(len(self.job.states))]
+
+    def chunk(self, d: ChoiceDelta, state: ChoiceState) -> dict | None:
+        k = self.req.logprobs
+        lp = self.serving.completion_logprobs(d.logprobs or [], k, len(state.text)) if k is not None else None
+        if not (d.text or d.finish_reason is not None or (lp and lp.tokens)):
+            return None
+        return self._body([CompletionChoice(index=d.index, text=d.text, logprobs=lp, finish_reason=d.finish_reason,
+                                            stop_reason=d.stop_reason)], None)
+
+    def usage_chunk(self, usage: UsageInfo) -> dict:
+        return self._body([], usage)
+
+    def response(self) -> CompletionResponse:
+        k = self.req.logprobs
+        choices = []
+        for i, s in enumerate(self.job.states):
+            prefix = self._echo(i)
+            lp = self.serving.completion_logprobs(s.logprobs, k, len(prefix)) if k is not None else None
+            choices.append(CompletionChoice(index=i, text=prefix + s.text, logprobs=lp, finish_reason=s.finish_reason,
+                                            stop_reason=s.stop_reason))
+        return CompletionResponse(id=self.job.request_id, model=self.serving.model_name, choices=choices,
+                                  usage=self.job.usage())
+
+
+class _ChatFormat(_Format):
+    def __init__(self, serving: OpenAIServing, job: Job, req: ChatCompletionRequest):
+        super().__init__(serving, job)
+        self.req = req
+        self.k = (req.top_logprobs or 0) if req.logprobs else None
+
+    def _body(self, choices: list[ChatStreamChoice], usage: UsageInfo | None) -> dict:
+        return chat_chunk_json(ChatCompletionChunk(id=self.job.request_id, created=self.created,
+                                                   model=self.serving.model_name, choices=choices, usage=usage))
+
+    def opening(self) -> list[dict]:
+        usage = self.job.usage() if _continuous(self.req) else None
+        return [self._body([ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))], usage)
+                for i in range(len(self.job.states))]
+
+    def chunk(self, d: ChoiceDelta, state: ChoiceState) -> dict | None:
+        lp = self.serving.chat_logprobs(d.logprobs or [], self.k) if self.k is not None else None
+        if not (d.text or d.finish_reason is not None or (lp and lp.content)):
+            return None
+        delta = DeltaMessage(content=d.text) if d.text else DeltaMessage()
+        return self._body([ChatStreamChoice(index=d.index, delta=delta, logprobs=lp, finish_reason=d.finish_reason,
+                                            stop_reason=d.stop_reason)], None)
+
+    def usage_chunk(self, usage: UsageInfo) -> dict:
+        return self._body([], usage)
+
+    def response(self) -> ChatCompletionResponse:
+        choices = [ChatChoice(index=i, message=ChatResponseMessage(content=s.text),
+                              logprobs=self.serving.chat_logprobs(s.logprobs, self.k) if self.k is not None else None,
+                              finish_reason=s.finish_reason, stop_reason=s.stop_reason)
+                   for i, s in enumerate(self.job.states)]
+        return ChatCompletionResponse(id=self.job.request_id, model=self.serving.model_name, choices=choices,
+                                      usage=self.job.usage())
+
+
+def _continuous(req: SamplingFields) -> bool:
+    return bool(req.stream_options and req.stream_options.continuous_usage_stats)
 
 
 class OpenAIServing:
@@ -171,30 +319,15 @@ class OpenAIServing:
         if not self.engine.healthy:
             raise APIError(f"The engine is not running ({self.engine.status_text()}); retry later.", 503)
 
-    def prepare(self, token_ids: list[int], text: str | None, max_tokens: int | None,
-                param: str = "max_tokens") -> PreparedPrompt:
-        """Check a tokenized prompt against the context length and vocabulary; resolve max_tokens."""
-        limit = self.engine.max_model_len
-        n = len(token_ids)
-        if n == 0:
-            raise APIError("The prompt is empty (0 tokens); send at least one token.", 400, "prompt")
-        vocab = self.engine.tokenization.vocab_size
-        bad = next((t for t in token_ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise APIError(f"Token id {bad} is out of the vocabulary (valid ids are 0..{vocab - 1}).", 400, "prompt")
-        if n >= limit:
-            raise APIError(f"This model's maximum context length is {limit} tokens. However, your request has "
-                           f"{n} input tokens. Please reduce the length of the input.", 400, "prompt")
-        if max_tokens is None:
-            max_tokens = limit - n
-        elif n + max_tokens > limit:
-            raise APIError(f"'{param}' is too large: {max_tokens}. This model's maximum context length is {limit} "
-                           f"tokens and your request has {n} input tokens ({max_tokens} > {limit} - {n}).",
-                           400, param)
-        return PreparedPrompt(token_ids, text, max_tokens)
+    async def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        """Token ids of a text; a long one off the event loop."""
+        tok = self.engine.tokenization
+        if len(text) <= INLINE_TEXT_CHARS:
+            return tok.encode(text, add_special_tokens)
+        return await anyio.to_thread.run_sync(tok.encode, text, add_special_tokens)
 
-    def sampling_kwargs(self, req: SamplingFields, max_tokens: int, logprobs: int | None) -> dict:
-        """vLLM SamplingParams keyword arguments for a request (model defaults fill unset fields)."""
+    def sampling_params(self, req: SamplingFields, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+        """The request's SamplingParams (model defaults fill unset fields); a bad field is a 400 naming it."""
         defaults = self.engine.generation_defaults
         kw: dict[str, Any] = {
             "n": req.n,
@@ -210,6 +343,7 @@ class OpenAIServing:
             "skip_special_tokens": req.skip_special_tokens,
             "spaces_between_special_tokens": req.spaces_between_special_tokens,
             "include_stop_str_in_output": req.include_stop_str_in_output,
+            "output_kind": RequestOutputKind.DELTA,
         }
         for name, fallback in (("temperature", 1.0), ("top_p", 1.0), ("top_k", 0), ("min_p", 0.0),
                                ("repetition_penalty", 1.0)):
@@ -217,31 +351,50 @@ class OpenAIServing:
             kw[name] = value if value is not None else defaults.get(name, fallback)
         if kw["top_k"] is None or kw["top_k"] == -1:
             kw["top_k"] = 0
-        return kw
+        try:
+            return SamplingParams(**kw)
+        except (ValueError, TypeError) as e:
+            raise to_api_error(e) from e
 
-    async def _stream_choices(self, request_id: str, prompts: list[PreparedPrompt], sampling: dict,
-                              timer: RequestTimer) -> AsyncIterator[tuple[int, ChoiceDelta]]:
-        """Run every prompt on the engine; yield (prompt index, delta) as they arrive."""
-        n = sampling["n"]
-        if len(prompts) == 1:
-            async for deltas in self.engine.generate(request_id, prompts[0].token_ids, sampling):
-                timer.tokens(sum(len(d.token_ids) for d in deltas))
+    def start(self, request_id: str, prompts: list[Prompt], params: SamplingParams, timer: RequestTimer,
+              max_tokens_name: str = "max_tokens") -> Job:
+        """Start every prompt on the engine, all or none (each is validated as it starts)."""
+        streams: list[tuple[str, AsyncIterator[list[ChoiceDelta]]]] = []
+        try:
+            for i, p in enumerate(prompts):
+                rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
+                streams.append((rid, self.engine.submit(rid, p.token_ids, params)))
+        except Exception as e:
+            for rid, _ in streams:
+                self.engine.abort(rid)
+            err = to_api_error(e)
+            if err.param == "max_tokens" and max_tokens_name != "max_tokens":
+                err.param = max_tokens_name
+                err.message = err.message.replace("'max_tokens'", f"'{max_tokens_name}'")
+            raise err from e
+        return Job(request_id, prompts, params.n, streams, timer)
+
+    async def _deltas(self, job: Job) -> AsyncIterator[ChoiceDelta]:
+        """Every prompt's deltas as they arrive, with choice indexes over the whole request."""
+        n = job.n
+        if len(job.streams) == 1:
+            async for deltas in job.streams[0][1]:
+                job.timer.tokens(sum(len(d.token_ids) for d in deltas))
                 for d in deltas:
-                    yield 0, d
+                    yield d
             return
         queue: asyncio.Queue = asyncio.Queue()
         done = object()
 
-        async def pump(i: int, p: PreparedPrompt):
+        async def pump(i: int, stream: AsyncIterator[list[ChoiceDelta]]):
             try:
-                params = dict(sampling, max_tokens=p.max_tokens)
-                async for deltas in self.engine.generate(f"{request_id}-{i}", p.token_ids, params):
+                async for deltas in stream:
                     await queue.put((i, deltas))
                 await queue.put((i, done))
-            except BaseException as e:  # noqa: B036 - forwarded to the consumer
+            except Exception as e:  # noqa: BLE001 - forwarded to the consumer
                 await queue.put((i, e))
 
-        tasks = [asyncio.ensure_future(pump(i, p)) for i, p in enumerate(prompts)]
+        tasks = [asyncio.ensure_future(pump(i, stream)) for i, (_, stream) in enumerate(job.streams)]
         remaining = len(tasks)
         try:
             while remaining:
@@ -249,58 +402,86 @@ class OpenAIServing:
                 if item is done:
                     remaining -= 1
                     continue
-                if isinstance(item, BaseException):
+                if isinstance(item, Exception):
                     raise item
-                timer.tokens(sum(len(d.token_ids) for d in item))
+                job.timer.tokens(sum(len(d.token_ids) for d in item))
                 for d in item:
-                    yield i, ChoiceDelta(i * n + d.index, d.text, d.token_ids, d.logprobs, d.finish_reason,
-                                         d.stop_reason)
+                    yield ChoiceDelta(i * n + d.index, d.text, d.token_ids, d.logprobs, d.finish_reason, d.stop_reason)
         finally:
             for t in tasks:
                 t.cancel()
 
-    def _finish_log(self, request_id: str, prompt_tokens: int, states: list[ChoiceState], timer: RequestTimer,
-                    outcome: str) -> None:
-        completion = sum(len(s.token_ids) for s in states)
+    def _end(self, job: Job, outcome: str) -> None:
+        """Abort whatever still runs (idempotent: frees KV blocks on a disconnect), count and log the request."""
+        for rid, _ in job.streams:
+            self.engine.abort(rid)
+        completion = sum(len(s.token_ids) for s in job.states)
         if self.metrics:
             m = self.metrics
-            m.prompt_tokens.inc(prompt_tokens)
+            m.prompt_tokens.inc(job.prompt_tokens)
             m.generation_tokens.inc(completion)
-            m.request_prompt_tokens.observe(prompt_tokens)
+            m.request_prompt_tokens.observe(job.prompt_tokens)
             m.request_generation_tokens.observe(completion)
             if outcome == "ok":
-                m.e2e.observe(timer.elapsed())
-                for s in states:
+                m.e2e.observe(job.timer.elapsed())
+                for s in job.states:
                     m.request_finished(s.finish_reason)
             else:
                 m.aborted.inc()
         if self.log_requests:
-            ttft = f"{timer.ttft * 1000:.1f}ms" if timer.ttft is not None else "-"
-            logger.info("request %s %s: prompt_tokens=%d completion_tokens=%d ttft=%s total=%.1fms", request_id,
-                        outcome, prompt_tokens, completion, ttft, timer.elapsed() * 1000)
+            ttft = f"{job.timer.ttft * 1000:.1f}ms" if job.timer.ttft is not None else "-"
+            logger.info("request %s %s: prompt_tokens=%d completion_tokens=%d ttft=%s total=%.1fms", job.request_id,
+                        outcome, job.prompt_tokens, completion, ttft, job.timer.elapsed() * 1000)
 
-    async def _collect(self, request_id: str, prompts: list[PreparedPrompt], sampling: dict,
-                       timer: RequestTimer) -> list[ChoiceState]:
-        """Run to completion; the per-choice results in choice order."""
-        n = sampling["n"]
-        states = [ChoiceState() for _ in range(n * len(prompts))]
+    async def _collect(self, job: Job) -> bool:
+        """Run to completion (the non-streaming responder's work); True when done."""
         outcome = "aborted"
         try:
-            async for _, d in self._stream_choices(request_id, prompts, sampling, timer):
-                s = states[d.index]
-                s.text += d.text
-                s.token_ids += d.token_ids
-                if d.logprobs:
-                    s.logprobs += d.logprobs
-                if d.finish_reason is not None:
-                    s.finish_reason, s.stop_reason = d.finish_reason, d.stop_reason
+            async for d in self._deltas(job):
+                job.states[d.index].absorb(d)
             outcome = "ok"
-            return states
-        except EngineDeadError as e:
+            return True
+        except Exception as e:
             outcome = "failed"
-            raise APIError(f"The engine failed while running the request: {e}", 500) from e
+            raise to_api_error(e, job.request_id) from e
         finally:
-            self._finish_log(request_id, sum(len(p.token_ids) for p in prompts), states, timer, outcome)
+            self._end(job, outcome)
+
+    async def _events(self, fmt: _Format, req: SamplingFields) -> AsyncIterator[str]:
+        """The server-sent events of a streaming response; always ends with [DONE] (after an error event if the
+        request failed), unless the client is gone."""
+        job = fmt.job
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        continuous = _continuous(req)
+        outcome = "aborted"
+        try:
+            for chunk in fmt.opening():
+                yield sse(chunk)
+            async for d in self._deltas(job):
+                state = job.states[d.index]
+                body = fmt.chunk(d, state)
+                state.absorb(d)
+                if body is not None:
+                    if continuous:
+                        body["usage"] = dump(job.usage())
+                    yield sse(body)
+            if include_usage:
+                yield sse(fmt.usage_chunk(job.usage()))
+            outcome = "ok"
+        except Exception as e:  # noqa: BLE001 - any failure mid-stream becomes an OpenAI error event
+            outcome = "failed"
+            yield sse(to_api_error(e, job.request_id).body())
+        finally:
+            self._end(job, outcome)
+        yield sse("[DONE]")
+
+    async def _respond(self, raw: Request, req: SamplingFields, fmt: _Format):
+        """A started job as SSE (stream) or one JSON body."""
+        if req.stream:
+            return DisconnectAwareStream(self._events(fmt, req), media_type="text/event-stream")
+        if not await run_until_disconnect(raw, self._collect(fmt.job)):
+            return JSONResponse({}, status_code=499)  # the client left (nginx's code); nobody reads this
+        return JSONResponse(dump(fmt.response()))
 
     # ---- logprobs shaping ----------------------------------------------------------------------
 
@@ -334,186 +515,68 @@ class OpenAIServing:
 
     # ---- /v1/completions -----------------------------------------------------------------------
 
-    def _completion_prompts(self, req: CompletionRequest) -> list[PreparedPrompt]:
-        tok = self.engine.tokenization
+    async def _completion_prompts(self, req: CompletionRequest) -> list[Prompt]:
         p = req.prompt
+        add = req.add_special_tokens
         if isinstance(p, str):
-            raw: list[tuple[list[int], str | None]] = [(tok.encode(p, req.add_special_tokens), p)]
+            texts: list[str] | None = [p]
         elif all(isinstance(x, int) for x in p):
-            raw = [(list(p), None)]
+            return [Prompt(list(p), None)]
         elif all(isinstance(x, str) for x in p):
-            raw = [(tok.encode(x, req.add_special_tokens), x) for x in p]
+            texts = list(p)
         else:
-            raw = [(list(x), None) for x in p]
-        if len(raw) * req.n > 1024:
-            raise APIError(f"Too many sequences: {len(raw)} prompts x n={req.n} exceeds 1024.", 400, "prompt")
-        return [self.prepare(ids, text, req.max_tokens) for ids, text in raw]
+            texts = None
+        count = len(texts) if texts is not None else len(p)
+        if count * req.n > MAX_SEQUENCES:
+            raise APIError(f"Too many sequences: {count} prompts x n={req.n} exceeds {MAX_SEQUENCES}.", 400, "prompt")
+        if texts is None:
+            return [Prompt(list(x), None) for x in p]
+        return [Prompt(await self.encode(t, add), t) for t in texts]
 
     async def completions(self, req: CompletionRequest, raw: Request):
         """POST /v1/completions."""
         self.check_model(req.model)
         self.check_ready()
-        prompts = self._completion_prompts(req)
         if req.echo and req.logprobs is not None:
             raise APIError("echo together with logprobs is not supported; drop one of them.", 400, "echo")
-        sampling = self.sampling_kwargs(req, prompts[0].max_tokens, req.logprobs)
-        request_id = random_id("cmpl")
-        timer = RequestTimer(self.metrics)
-        tok = self.engine.tokenization
+        prompts = await self._completion_prompts(req)
+        params = self.sampling_params(req, req.max_tokens, req.logprobs)
         if req.echo:
+            tok = self.engine.tokenization
             for p in prompts:
                 if p.text is None:
                     p.text = tok.decode(p.token_ids, skip_special_tokens=False)
-        if req.stream:
-            return DisconnectAwareStream(self._completion_stream(req, request_id, prompts, sampling, timer),
-                                         media_type="text/event-stream")
-        states = await run_until_disconnect(raw, self._collect(request_id, prompts, sampling, timer))
-        if states is None:
-            return JSONResponse({}, status_code=499)
-        choices = []
-        for i, s in enumerate(states):
-            prefix = prompts[i // req.n].text if req.echo else ""
-            lp = (self.completion_logprobs(s.logprobs, req.logprobs, len(prefix or ""))
-                  if req.logprobs is not None else None)
-            choices.append(CompletionChoice(index=i, text=(prefix or "") + s.text, logprobs=lp,
-                                            finish_reason=s.finish_reason, stop_reason=s.stop_reason))
-        prompt_tokens = sum(len(p.token_ids) for p in prompts)
-        completion_tokens = sum(len(s.token_ids) for s in states)
-        body = CompletionResponse(id=request_id, model=self.model_name, choices=choices,
-                                  usage=UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                                                  total_tokens=prompt_tokens + completion_tokens))
-        return JSONResponse(dump(body))
-
-    async def _completion_stream(self, req: CompletionRequest, request_id: str, prompts: list[PreparedPrompt],
-                                 sampling: dict, timer: RequestTimer) -> AsyncIterator[str]:
-        n = req.n
-        states = [ChoiceState() for _ in range(n * len(prompts))]
-        prompt_tokens = sum(len(p.token_ids) for p in prompts)
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
-        created = int(time.time())
-
-        def chunk(choices: list[CompletionChoice], usage: UsageInfo | None = None) -> str:
-            return sse(dump(CompletionResponse(id=request_id, created=created, model=self.model_name,
-                                               choices=choices, usage=usage)))
-
-        def usage_now() -> UsageInfo:
-            c = sum(len(s.token_ids) for s in states)
-            return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=c, total_tokens=prompt_tokens + c)
-
-        outcome = "aborted"
-        try:
-            if req.echo:
-                for i in range(len(states)):
-                    yield chunk([CompletionChoice(index=i, text=prompts[i // n].text or "")])
-            async for _, d in self._stream_choices(request_id, prompts, sampling, timer):
-                s = states[d.index]
-                lp = None
-                if req.logprobs is not None:
-                    lp = self.completion_logprobs(d.logprobs or [], req.logprobs, len(s.text))
-                s.text += d.text
-                s.token_ids += d.token_ids
-                if d.finish_reason is not None:
-                    s.finish_reason, s.stop_reason = d.finish_reason, d.stop_reason
-                if d.text or d.finish_reason is not None or (lp and lp.tokens):
-                    yield chunk([CompletionChoice(index=d.index, text=d.text, logprobs=lp,
-                                                  finish_reason=d.finish_reason, stop_reason=d.stop_reason)],
-                                usage_now() if continuous else None)
-            if include_usage:
-                yield chunk([], usage_now())
-            outcome = "ok"
-        except EngineDeadError as e:
-            outcome = "failed"
-            yield sse(error_body(f"The engine failed while running the request: {e}", 500))
-        finally:
-            self._finish_log(request_id, prompt_tokens, states, timer, outcome)
-        yield sse("[DONE]")
+        job = self.start(random_id("cmpl"), prompts, params, RequestTimer(self.metrics))
+        return await self._respond(raw, req, _CompletionFormat(self, job, req))
 
     # ---- /v1/chat/completions ------------------------------------------------------------------
 
-    def _chat_prompt(self, req: ChatCompletionRequest | TokenizeChatRequest, add_special_tokens: bool,
-                     continue_final: bool = False) -> tuple[list[int], str]:
+    async def _chat_prompt(self, req: ChatCompletionRequest | TokenizeChatRequest, add_special_tokens: bool,
+                           continue_final: bool = False) -> Prompt:
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        tok = self.engine.tokenization
+        render = tok.chat_prompt
         try:
-            text = self.engine.tokenization.chat_prompt(messages, req.add_generation_prompt, continue_final)
+            if sum(len(m["content"]) for m in messages) <= INLINE_TEXT_CHARS:
+                text = render(messages, req.add_generation_prompt, continue_final)
+            else:
+                text = await anyio.to_thread.run_sync(render, messages, req.add_generation_prompt, continue_final)
         except APIError:
             raise
-        except Exception as e:  # template errors are about the conversation the client sent
+        except Exception as e:  # noqa: BLE001 - template errors are about the conversation the client sent
             raise APIError(f"The chat template cannot format these messages: {e}", 400, "messages") from e
-        return self.engine.tokenization.encode(text, add_special_tokens), text
+        return Prompt(await self.encode(text, add_special_tokens), text)
 
     async def chat(self, req: ChatCompletionRequest, raw: Request):
         """POST /v1/chat/completions."""
         self.check_model(req.model)
         self.check_ready()
-        ids, text = self._chat_prompt(req, req.add_special_tokens, req.continue_final_message)
-        param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-        prompt = self.prepare(ids, text, req.output_limit(), param)
+        prompt = await self._chat_prompt(req, req.add_special_tokens, req.continue_final_message)
         k = (req.top_logprobs or 0) if req.logprobs else None
-        sampling = self.sampling_kwargs(req, prompt.max_tokens, k)
-        request_id = random_id("chatcmpl")
-        timer = RequestTimer(self.metrics)
-        if req.stream:
-            return DisconnectAwareStream(self._chat_stream(req, request_id, prompt, sampling, timer),
-                                         media_type="text/event-stream")
-        states = await run_until_disconnect(raw, self._collect(request_id, [prompt], sampling, timer))
-        if states is None:
-            return JSONResponse({}, status_code=499)
-        choices = [ChatChoice(index=i, message=ChatResponseMessage(content=s.text),
-                              logprobs=self.chat_logprobs(s.logprobs, k) if k is not None else None,
-                              finish_reason=s.finish_reason, stop_reason=s.stop_reason)
-                   for i, s in enumerate(states)]
-        completion_tokens = sum(len(s.token_ids) for s in states)
-        n_prompt = len(prompt.token_ids)
-        body = ChatCompletionResponse(id=request_id, model=self.model_name, choices=choices,
-                                      usage=UsageInfo(prompt_tokens=n_prompt, completion_tokens=completion_tokens,
-                                                      total_tokens=n_prompt + completion_tokens))
-        return JSONResponse(dump(body))
-
-    async def _chat_stream(self, req: ChatCompletionRequest, request_id: str, prompt: PreparedPrompt,
-                           sampling: dict, timer: RequestTimer) -> AsyncIterator[str]:
-        n = req.n
-        states = [ChoiceState() for _ in range(n)]
-        n_prompt = len(prompt.token_ids)
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
-        k = (req.top_logprobs or 0) if req.logprobs else None
-        created = int(time.time())
-
-        def usage_now() -> UsageInfo:
-            c = sum(len(s.token_ids) for s in states)
-            return UsageInfo(prompt_tokens=n_prompt, completion_tokens=c, total_tokens=n_prompt + c)
-
-        def chunk(choices: list[ChatStreamChoice], usage: UsageInfo | None = None) -> str:
-            return sse(chat_chunk_json(ChatCompletionChunk(id=request_id, created=created, model=self.model_name,
-                                                           choices=choices, usage=usage)))
-
-        outcome = "aborted"
-        try:
-            for i in range(n):
-                yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))],
-                            usage_now() if continuous else None)
-            async for _, d in self._stream_choices(request_id, [prompt], sampling, timer):
-                s = states[d.index]
-                s.text += d.text
-                s.token_ids += d.token_ids
-                if d.finish_reason is not None:
-                    s.finish_reason, s.stop_reason = d.finish_reason, d.stop_reason
-                lp = self.chat_logprobs(d.logprobs or [], k) if k is not None else None
-                if d.text or d.finish_reason is not None or (lp and lp.content):
-                    delta = DeltaMessage(content=d.text) if d.text else DeltaMessage()
-                    yield chunk([ChatStreamChoice(index=d.index, delta=delta, logprobs=lp,
-                                                  finish_reason=d.finish_reason, stop_reason=d.stop_reason)],
-                                usage_now() if continuous else None)
-            if include_usage:
-                yield chunk([], usage_now())
-            outcome = "ok"
-        except EngineDeadError as e:
-            outcome = "failed"
-            yield sse(error_body(f"The engine failed while running the request: {e}", 500))
-        finally:
-            self._finish_log(request_id, n_prompt, states, timer, outcome)
-        yield sse("[DONE]")
+        params = self.sampling_params(req, req.output_limit(), k)
+        name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+        job = self.start(random_id("chatcmpl"), [prompt], params, RequestTimer(self.metrics), name)
+        return await self._respond(raw, req, _ChatFormat(self, job, req))
 
     # ---- models, tokenize ----------------------------------------------------------------------
 
@@ -523,20 +586,23 @@ class OpenAIServing:
         return ModelList(data=[ModelCard(id=name, root=root, max_model_len=self.engine.max_model_len)
                                for name in self.model_names])
 
-    def tokenize(self, req: TokenizeCompletionRequest | TokenizeChatRequest) -> TokenizeResponse:
+    async def tokenize(self, req: TokenizeCompletionRequest | TokenizeChatRequest) -> TokenizeResponse:
         """POST /tokenize."""
         self.check_model(req.model)
         if isinstance(req, TokenizeChatRequest):
-            ids, _ = self._chat_prompt(req, req.add_special_tokens)
+            ids = (await self._chat_prompt(req, req.add_special_tokens)).token_ids
         else:
-            ids = self.engine.tokenization.encode(req.prompt, req.add_special_tokens)
+            ids = await self.encode(req.prompt, req.add_special_tokens)
         return TokenizeResponse(count=len(ids), max_model_len=self.engine.max_model_len, tokens=ids)
 
-    def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
+    async def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
         """POST /detokenize."""
+        from cpuinfer.engine.limits import check_token_ids
+
         self.check_model(req.model)
-        vocab = self.engine.tokenization.vocab_size
-        bad = next((t for t in req.tokens if t >= vocab), None)
-        if bad is not None:
-            raise APIError(f"Token id {bad} is out of the vocabulary (valid ids are 0..{vocab - 1}).", 400, "tokens")
-        return DetokenizeResponse(prompt=self.engine.tokenization.decode(req.tokens, skip_special_tokens=False))
+        try:
+            check_token_ids(req.tokens, self.engine.tokenization.vocab_size, "tokens")
+        except ValueError as e:
+            raise to_api_error(e) from e
+        text = await anyio.to_thread.run_sync(self.engine.tokenization.decode, req.tokens, False)
+        return DetokenizeResponse(prompt=text)

@@ -21,12 +21,13 @@ class Tokenization:
         self._token_text = lru_cache(maxsize=65536)(self._decode_one)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of `text`."""
-        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+        """Token ids of `text`. Through encode_batch, which releases the GIL (encode holds it): a long text
+        tokenized on a worker thread then leaves the event loop free."""
+        return list(self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids)
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
-        """Text of `token_ids`."""
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+        """Text of `token_ids` (decode_batch releases the GIL, as encode_batch does)."""
+        return self.tokenizer.decode_batch([list(token_ids)], skip_special_tokens=skip_special_tokens)[0]
 
     def _decode_one(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
