@@ -39,7 +39,7 @@ def _cap(node) -> None:
 @pytest.fixture(scope="module")
 def operations(server):
     """Every operation of the server's own OpenAPI document (with the costly maxima lowered)."""
-    doc = httpx.get(server.url + "/openapi.json", timeout=10).json()
+    doc = httpx.get(server.url + "/openapi.json", headers=server.headers(), timeout=10).json()
     _cap(doc)
     schema = schemathesis.openapi.from_dict(doc)
     ops = [result.ok() for result in schema.get_all_operations()]

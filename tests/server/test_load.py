@@ -56,7 +56,7 @@ def test_concurrent_streams_with_disconnects(server, model_name):
     # Every KV block must be free again (aborted requests included) almost at once.
     deadline = time.monotonic() + 10
     while True:
-        text = httpx.get(server.url + "/metrics", timeout=10).text
+        text = httpx.get(server.url + "/metrics", headers=server.headers(), timeout=10).text
         free, total = metric(text, "cpuinfer:kv_cache_blocks_free"), metric(text, "cpuinfer:kv_cache_blocks_total")
         running, waiting = metric(text, "vllm:num_requests_running"), metric(text, "vllm:num_requests_waiting")
         if (free, running, waiting) == (total, 0, 0) or time.monotonic() > deadline:

@@ -64,7 +64,7 @@ def hf_chat_prompt(messages: list[dict]) -> str:
 
 def tokenize(server, text: str) -> list[int]:
     """Token ids of `text` from the server's /tokenize."""
-    r = httpx.post(server.url + "/tokenize", json={"prompt": text}, timeout=30)
+    r = httpx.post(server.url + "/tokenize", json={"prompt": text}, headers=server.headers(), timeout=30)
     assert r.status_code == 200, r.text
     return r.json()["tokens"]
 
@@ -212,9 +212,10 @@ def test_tokenize_and_detokenize_round_trip(server):
     text = "Hello, world! Ünïcödé ✓"
     ids = tokenize(server, text)
     assert ids
-    r = httpx.post(server.url + "/detokenize", json={"tokens": ids}, timeout=30)
+    r = httpx.post(server.url + "/detokenize", json={"tokens": ids}, headers=server.headers(), timeout=30)
     assert r.status_code == 200 and r.json()["prompt"] == text
-    r = httpx.post(server.url + "/tokenize", json={"messages": [{"role": "user", "content": "hi"}]}, timeout=30)
+    r = httpx.post(server.url + "/tokenize", json={"messages": [{"role": "user", "content": "hi"}]},
+                   headers=server.headers(), timeout=30)
     assert r.status_code == 200
     body = r.json()
     assert body["count"] == len(body["tokens"]) and body["max_model_len"] == MAX_MODEL_LEN
@@ -222,16 +223,16 @@ def test_tokenize_and_detokenize_round_trip(server):
 
 def test_health_version_openapi(server):
     assert httpx.get(server.url + "/health", timeout=10).status_code == 200
-    doc = httpx.get(server.url + "/openapi.json", timeout=10).json()
+    doc = httpx.get(server.url + "/openapi.json", headers=server.headers(), timeout=10).json()
     for path in ("/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/detokenize", "/health"):
         assert path in doc["paths"]
 
 
 def test_metrics_count_what_was_served(server, client, model_name):
-    before = httpx.get(server.url + "/metrics", timeout=10).text
+    before = httpx.get(server.url + "/metrics", headers=server.headers(), timeout=10).text
     out = client.completions.create(model=model_name, prompt=PROMPTS[0], max_tokens=4, temperature=0,
                                     extra_body={"ignore_eos": True})
-    after = httpx.get(server.url + "/metrics", timeout=10).text
+    after = httpx.get(server.url + "/metrics", headers=server.headers(), timeout=10).text
     assert metric(after, "vllm:prompt_tokens_total") - metric(before, "vllm:prompt_tokens_total") == \
         out.usage.prompt_tokens
     assert metric(after, "vllm:generation_tokens_total") - metric(before, "vllm:generation_tokens_total") == 4
