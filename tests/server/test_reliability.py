@@ -126,29 +126,23 @@ def test_a_huge_prompt_is_tokenized_off_the_event_loop(server):
 
 def test_a_full_queue_answers_503_with_retry_after(server):
     # MAX_NUM_SEQS running + MAX_WAITING waiting sequences fill the engine; the next one is refused.
-    results: list = []
-
-    def long_request():
-        r = post(server, "/completions", {"prompt": "Once upon a time", "n": MAX_NUM_SEQS + MAX_WAITING,
-                                          "max_tokens": 300, "ignore_eos": True, "temperature": 1.0},
-                 timeout=300)
-        results.append(r.status_code)
-
-    t = threading.Thread(target=long_request, daemon=True)
-    t.start()
-    deadline = time.monotonic() + 60
-    while True:
+    body = {"prompt": "Once upon a time", "n": MAX_NUM_SEQS + MAX_WAITING, "max_tokens": 300, "ignore_eos": True,
+            "temperature": 1.0, "stream": True}
+    with httpx.stream("POST", server.v1 + "/completions", json=body, headers=server.headers(), timeout=120) as long:
+        assert long.status_code == 200
+        lines = long.iter_lines()  # kept: a collected iterator closes the response (a hang-up)
+        next(lines)  # accepted and running
         r = post(server, "/completions", {"prompt": "hi", "max_tokens": 2})
-        if r.status_code == 503:
-            break
-        assert r.status_code == 200, r.text
-        assert time.monotonic() < deadline, "the queue never filled"
-        time.sleep(0.05)
-    assert r.headers.get("retry-after") == "1"
-    assert "capacity" in r.json()["error"]["message"] and "Traceback" not in r.text
-    assert httpx.get(server.url + "/health", timeout=5).status_code == 200
-    t.join(300)
-    assert results == [200]
+        assert r.status_code == 503, r.text
+        assert r.headers.get("retry-after") == "1"
+        assert "capacity" in r.json()["error"]["message"] and "Traceback" not in r.text
+        assert httpx.get(server.url + "/health", timeout=5).status_code == 200
+    # The client hung up: its sequences are aborted, and the queue has room again.
+    deadline = time.monotonic() + 30
+    while (r := post(server, "/completions", {"prompt": "hi", "max_tokens": 2})).status_code == 503:
+        assert time.monotonic() < deadline, "the queue did not drain after the client left"
+        time.sleep(0.1)
+    assert r.status_code == 200, r.text
     assert_alive(server)
 
 
@@ -174,6 +168,8 @@ def test_no_internals_in_any_error_body(server):
         ("/completions", b'{"prompt": "hi", "temperature": "hot"}'),
         ("/chat/completions", b'{"messages": []}'),
         ("/completions", b'{"prompt": "hi", "n": 2, "seed": 9223372036854775807, "max_tokens": 2}'),
+        ("/completions", b'{"prompt": [[4294967296]], "echo": true}'),  # found by the fuzz test: was a 500
+        ("/completions", b'{"prompt": [[60000]], "echo": true}'),
     ]
     for path, raw in bad_bodies:
         r = httpx.post(server.v1 + path, content=raw, timeout=30,

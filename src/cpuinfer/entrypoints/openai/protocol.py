@@ -91,7 +91,8 @@ class SamplingFields(OpenAIModel):
 class CompletionRequest(SamplingFields):
     """POST /v1/completions."""
 
-    prompt: str | list[str] | list[Annotated[int, Field(ge=0)]] | list[list[Annotated[int, Field(ge=0)]]]
+    prompt: (str | list[str] | list[Annotated[int, Field(ge=0, le=INT32_MAX)]]
+              | list[list[Annotated[int, Field(ge=0, le=INT32_MAX)]]])
     max_tokens: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = 16
     echo: bool = False
     logprobs: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = None  # at most --max-logprobs (the engine's)

@@ -541,12 +541,12 @@ class OpenAIServing:
             raise APIError("echo together with logprobs is not supported; drop one of them.", 400, "echo")
         prompts = await self._completion_prompts(req)
         params = self.sampling_params(req, req.max_tokens, req.logprobs)
-        if req.echo:
+        job = self.start(random_id("cmpl"), prompts, params, RequestTimer(self.metrics))
+        if req.echo:  # the ids are known to be in the vocabulary now
             tok = self.engine.tokenization
             for p in prompts:
                 if p.text is None:
                     p.text = tok.decode(p.token_ids, skip_special_tokens=False)
-        job = self.start(random_id("cmpl"), prompts, params, RequestTimer(self.metrics))
         return await self._respond(raw, req, _CompletionFormat(self, job, req))
 
     # ---- /v1/chat/completions ------------------------------------------------------------------
