@@ -23,14 +23,16 @@ from .conftest import metric, running_server, server_env
 SECONDS = float(os.environ.get("CPUINFER_SOAK_SECONDS", "300"))
 CLIENTS = 6  # threads sending requests back to back
 PROMPTS = [f"Write a short note about the number {i}:" for i in range(6)]
-GREEDY_TOKENS = (4, 12, 24)
+GREEDY_TOKENS = (4, 24, 64)
 HEALTH_BOUND = 1.0
 
 
 @pytest.fixture(scope="module")
 def server():
-    # 0.012 GiB holds ~4 blocks of 128 tokens: six clients at once do not fit, so requests are preempted.
-    with running_server("--max-num-seqs", "8", env=server_env(VLLM_CPU_KVCACHE_SPACE="0.012")) as s:
+    # 0.006 GiB holds 17 blocks of 16 tokens (272 tokens): what six clients ask for at once does not fit,
+    # so running requests are preempted (and recomputed) all along.
+    with running_server("--max-num-seqs", "8", "--block-size", "16", "--max-model-len", "256",
+                        env=server_env(VLLM_CPU_KVCACHE_SPACE="0.006")) as s:
         yield s
 
 
@@ -55,7 +57,7 @@ INVALID = [
     {"prompt": [1, 2, 10**9], "max_tokens": 4},
     {"prompt": "hi", "max_tokens": 4, "min_tokens": 2, "stop_token_ids": [2000000000]},
     {"prompt": "hi", "stream": True, "repetition_penalty": 50000},
-    {"prompt": "hi" * 2000, "max_tokens": 4},
+    {"prompt": "hi" * 300, "max_tokens": 4},
     {"prompt": "hi", "max_tokens": 100000},
     {"prompt": "hi", "stop": [f"s{i}" for i in range(500)]},
 ]
@@ -72,7 +74,7 @@ def client_loop(server, seed: int, deadline: float, answers: list, counts: dict,
                 assert r.status_code == 200, r.text
                 answers.append((prompt, n_tokens, r.json()["choices"][0]["text"]))
             elif kind == "sampled":
-                r = complete(c, server, {"prompt": rng.choice(PROMPTS), "max_tokens": rng.randint(4, 40), "n": 3,
+                r = complete(c, server, {"prompt": rng.choice(PROMPTS), "max_tokens": rng.randint(4, 64), "n": 3,
                                          "temperature": 1.0, "top_p": 0.9, "seed": rng.randint(0, 2**63 - 1)})
                 assert r.status_code == 200, r.text
             elif kind == "invalid":
@@ -81,7 +83,7 @@ def client_loop(server, seed: int, deadline: float, answers: list, counts: dict,
                 assert r.status_code == 400, (body, r.status_code, r.text[:300])
                 assert "Traceback" not in r.text
             else:  # start a long stream, read a little, hang up
-                body = {"prompt": rng.choice(PROMPTS), "max_tokens": 200, "stream": True, "ignore_eos": True}
+                body = {"prompt": rng.choice(PROMPTS), "max_tokens": 150, "stream": True, "ignore_eos": True}
                 with c.stream("POST", server.v1 + "/completions", json=body, headers=server.headers()) as r:
                     assert r.status_code == 200
                     for i, _ in enumerate(r.iter_lines()):
@@ -145,5 +147,6 @@ def test_soak(server):
     mismatched = [(p, n, t, reference[(p, n)]) for p, n, t in answers if t != reference[(p, n)]]
     assert not mismatched, mismatched[:3]
     assert answers and counts.get("invalid") and counts.get("disconnect")
+    assert report["preemptions"] > 0, "the soak never reached the KV cache's limit"
     assert p99 < HEALTH_BOUND, report
     assert abs(rss_end / rss_start - 1) <= 0.10, report
