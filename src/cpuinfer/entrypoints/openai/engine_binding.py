@@ -135,7 +135,8 @@ def pin_front_end() -> None:
         from cpuinfer.platform.threads import resolve_binding
 
         binding = resolve_binding()
-    except Exception:
+    except (ValueError, OSError) as e:  # the engine core already refused a bad binding with this message
+        logger.warning("front end not pinned: %s", e)
         return
     if not binding.cpus:
         return
