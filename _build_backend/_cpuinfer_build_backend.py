@@ -188,7 +188,8 @@ def _checkout_version() -> str | None:
 
         version = get_version(root=str(ROOT), fallback_version="0.0.0")
     except Exception as e:  # noqa: BLE001 - no git, no scm metadata: a development checkout
-        print(f"cpuinfer: no release version from git ({type(e).__name__}: {e}); taking the newest wheel", file=sys.stderr)
+        print(f"cpuinfer: no release version from git ({type(e).__name__}: {e}); taking the newest wheel",
+              file=sys.stderr)
         return None
     return None if any(part in version for part in ("dev", "+")) else version
 
