@@ -36,10 +36,13 @@ template <typename T>
 struct PanelKernel {
     static constexpr int kPair = 1;
     static constexpr const char *kName = "fma";
+    // The tile's x: rows widened to f32 once per row chunk by the caller
+    // (a scalar f16 -> f32 per row and k would cost more than the FMAs).
+    using X = float;
 
     // acc[r * 2W + j] = sum_k x[r * xs + k] * panel(k, j), r < MR, j < 2W.
     template <int MR>
-    static void tile(const T *x, int64_t xs, const T *w, int64_t K, float *acc) {
+    static void tile(const X *x, int64_t xs, const T *w, int64_t K, float *acc) {
         static_assert(MR >= 1 && MR <= kMaxRows, "tile rows");
         using namespace vec;
         const int W = width();
@@ -51,7 +54,7 @@ struct PanelKernel {
             vf b0 = in_register(load(wk)), b1 = in_register(load(wk + W));
 #define CPUINFER_ROW(i)                                   \
     if constexpr (i < MR) {                               \
-        vf a = splat(to_f32(x[i * xs + k]));              \
+        vf a = splat(x[i * xs + k]);                        \
         c##i##a = fma(a, b0, c##i##a);                    \
         c##i##b = fma(a, b1, c##i##b);                    \
     }

@@ -31,6 +31,7 @@ template <>
 struct PanelKernel<bf16_t> {
     static constexpr int kPair = 2;
     static constexpr const char *kName = "avx512bf16";
+    using X = bf16_t;  // x as it lies: the pair broadcast reads it directly
 
     template <int MR>
     static void tile(const bf16_t *x, int64_t xs, const bf16_t *w, int64_t K, float *acc) {
