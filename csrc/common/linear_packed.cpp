@@ -39,14 +39,21 @@ namespace {
 constexpr int64_t kChunkBytes = 192 * 1024;  // x bytes per row chunk: half of a 1-2 MB L2 with the panel
 constexpr int kMaxLanes = 64;                // f32 lanes of the widest vector (SVE 2048-bit)
 
+// Calls f(integral_constant<MR>, integral_constant<NP>) for mr rows and np <= panels_for_rows(mr) panels.
 template <typename F>
-inline void with_tile_rows(int r, F &&f) {
-    switch (r) {
-#define CPUINFER_CASE(i) \
-    case i + 1:          \
-        if constexpr (i < panel::kMaxRows) f(std::integral_constant<int, i + 1>{}); \
+inline void with_tile_shape(int mr, int np, F &&f) {
+    switch (mr) {
+#define CPUINFER_CASE(i)                                                                      \
+    case i + 1:                                                                               \
+        if constexpr (i < panel::kMaxRows) {                                                  \
+            constexpr int kNP = panel::panels_for_rows(i + 1);                                \
+            using R = std::integral_constant<int, i + 1>;                                     \
+            if (kNP >= 4 && np == 4) f(R{}, std::integral_constant<int, (kNP >= 4 ? 4 : 1)>{}); \
+            else if (kNP >= 2 && np >= 2) f(R{}, std::integral_constant<int, (kNP >= 2 ? 2 : 1)>{}); \
+            else f(R{}, std::integral_constant<int, 1>{});                                    \
+        }                                                                                     \
         break;
-        CPUINFER_PANEL_ROWS(CPUINFER_CASE)
+        CPUINFER_PANEL_SLOTS(CPUINFER_CASE)
 #undef CPUINFER_CASE
         default: break;
     }
@@ -77,12 +84,13 @@ void run(T *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, 
     // a decode step's small projections do not pay for waking the team.
     const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / (C * K * std::min<int64_t>(chunk, 64)));
     parallel_for(tasks, grain, [&](int64_t b, int64_t e) {
-        alignas(64) float acc[panel::kMaxRows * 2 * kMaxLanes];
-        alignas(64) float bias_f[2 * kMaxLanes];
+        alignas(64) float acc[12 * 2 * kMaxLanes];  // up to 12 slots of (row, panel)
+        alignas(64) float bias_f[4 * 2 * kMaxLanes];
         thread_local std::vector<float> x_f32;  // the row chunk widened, for tiles that take f32 x
         int64_t widened = -1;                   // which chunk x_f32 holds
         for (int64_t t = b; t < e; ++t) {
             const int64_t c = t / panels, p = t % panels;
+            int np_done = 1;
             const int64_t m_begin = c * chunk, rows = std::min(chunk, M - m_begin);
             if (rows <= 0) continue;
             const X *xc;
@@ -105,24 +113,52 @@ void run(T *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, 
                 xc = x_f32.data();
                 xcs = K;
             }
-            const T *wp = w + p * C * K;
-            if (bias)
-                for (int64_t j = 0; j < C; j += W) vec::store(bias_f + j, vec::load(bias + p * C + j));
             const int64_t groups = (rows + MR - 1) / MR, per = (rows + groups - 1) / groups;
-            for (int64_t r0 = 0; r0 < rows; r0 += per) {
-                const int mr = int(std::min(per, rows - r0));
-                const int64_t m0 = m_begin + r0;
-                with_tile_rows(mr, [&](auto R) { Kernel::template tile<decltype(R)::value>(xc + r0 * xcs, xcs, wp, K, acc); });
-                for (int r = 0; r < mr; ++r) {
-                    T *o = out + (m0 + r) * os + p * C;
-                    const float *a = acc + r * C;
-                    for (int64_t j = 0; j < C; j += W) {
-                        vec::vf v = vec::load(a + j);
-                        if (bias) v = vec::add(v, vec::load(bias_f + j));
-                        vec::store(o + j, v);
+            // Panels side by side: only for one or two rows (then this
+            // task's run holds one row chunk, and the next tasks are the next
+            // panels of it).
+            const int64_t np_max = std::min<int64_t>({panel::panels_for_rows(int(per)), e - t, panels - p});
+            const int np = np_max >= 4 ? 4 : np_max >= 2 ? 2 : 1;
+            const T *wp = w + p * C * K;
+            if (bias) {
+                for (int64_t j = 0; j < np * C; j += C) {
+                    if constexpr (Kernel::kPairOrder) {
+                        vec::store(bias_f + j, vec::load2a(bias + p * C + j));
+                        vec::store(bias_f + j + W, vec::load2b(bias + p * C + j));
+                    } else {
+                        vec::store(bias_f + j, vec::load(bias + p * C + j));
+                        vec::store(bias_f + j + W, vec::load(bias + p * C + j + W));
                     }
                 }
             }
+            for (int64_t r0 = 0; r0 < rows; r0 += per) {
+                const int mr = int(std::min(per, rows - r0));
+                const int64_t m0 = m_begin + r0;
+                int used = 1;
+                with_tile_shape(mr, np, [&](auto R, auto NP) {
+                    Kernel::template tile<decltype(R)::value, decltype(NP)::value>(xc + r0 * xcs, xcs, wp, C * K, K, acc);
+                    used = decltype(NP)::value;
+                });
+                for (int r = 0; r < mr; ++r) {
+                    for (int q = 0; q < used; ++q) {
+                        T *o = out + (m0 + r) * os + (p + q) * C;
+                        const float *a = acc + (r * used + q) * C;
+                        vec::vf va = vec::load(a), vb = vec::load(a + W);
+                        if (bias) {
+                            va = vec::add(va, vec::load(bias_f + q * C));
+                            vb = vec::add(vb, vec::load(bias_f + q * C + W));
+                        }
+                        if constexpr (Kernel::kPairOrder) {
+                            vec::store2(o, va, vb);
+                        } else {
+                            vec::store(o, va);
+                            vec::store(o + W, vb);
+                        }
+                    }
+                }
+                np_done = used;
+            }
+            t += np_done - 1;
         }
     });
 }

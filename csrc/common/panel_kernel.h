@@ -15,6 +15,7 @@
 // VDPBF16PS, kPair = 2); the layout follows the specialisation's kPair.
 // Accumulators are named variables, not arrays: SVE vectors are sizeless.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 
 #include "dtype.h"
@@ -23,14 +24,39 @@
 namespace cpuinfer::panel {
 
 // Rows per tile: 2 * MR accumulators plus 2 weight vectors and one broadcast
-// must fit the register file (16 on AVX2, and NEON spends two per vf).
-#if defined(CPUINFER_VEC_AVX2) || defined(CPUINFER_VEC_NEON) || defined(CPUINFER_VEC_SCALAR)
+// must fit the register file (16 on AVX2, where MR = 6 made GCC spill an
+// accumulator of the bf16 tile, halving its speed; NEON spends two per vf).
+#if defined(CPUINFER_VEC_AVX2)
+constexpr int kMaxRows = 5;
+#elif defined(CPUINFER_VEC_NEON) || defined(CPUINFER_VEC_SCALAR)
 constexpr int kMaxRows = 6;
 #else
 constexpr int kMaxRows = 12;
 #endif
 
-#define CPUINFER_PANEL_ROWS(OP) OP(0) OP(1) OP(2) OP(3) OP(4) OP(5) OP(6) OP(7) OP(8) OP(9) OP(10) OP(11)
+// Panels per tile for MR rows. One or two rows give too few independent
+// accumulator chains to hide the multiply-add latency (M = 1 on one panel:
+// 2 chains, ~0.6x the row-major GEMV on AVX2), so they take 4 or 2 adjacent
+// panels at once; each output element still sees the same chain in k order.
+constexpr int panels_for_rows(int mr) { return mr == 1 ? 4 : mr <= 3 ? 2 : 1; }
+
+// Accumulator slots: slot s is row s / NP, panel s % NP (at most 12 slots).
+#define CPUINFER_PANEL_SLOTS(OP) OP(0) OP(1) OP(2) OP(3) OP(4) OP(5) OP(6) OP(7) OP(8) OP(9) OP(10) OP(11)
+
+// The q-th of four values (named variables, since SVE vectors cannot be array elements).
+template <int Q, typename V>
+inline V pick(V a, V b, V c, V d) {
+    if constexpr (Q == 0) return a;
+    else if constexpr (Q == 1) return b;
+    else if constexpr (Q == 2) return c;
+    else return d;
+}
+
+// Fetch ahead in a weight stream when few rows use it (decode: memory-bound).
+inline void prefetch_stream(const void *p, int64_t bytes) {
+    const char *c = static_cast<const char *>(p) + 2048;
+    for (int64_t off = 0; off < bytes; off += tuning::kCacheLine) __builtin_prefetch(c + off);
+}
 
 template <typename T>
 struct PanelKernel {
@@ -39,34 +65,61 @@ struct PanelKernel {
     // The tile's x: rows widened to f32 once per row chunk by the caller
     // (a scalar f16 -> f32 per row and k would cost more than the FMAs).
     using X = float;
+    // Weights are read through load2a/load2b (x86 splits bf16 into even and
+    // odd columns with one shift or mask per 2W elements, half the widening
+    // work of two plain loads: AVX2 decode 0.7x -> ~1x the row-major GEMV),
+    // so accumulators hold the columns in that lane order; the caller stores
+    // them through store2, which puts them back.
+    static constexpr bool kPairOrder = true;
 
-    // acc[r * 2W + j] = sum_k x[r * xs + k] * panel(k, j), r < MR, j < 2W.
-    template <int MR>
-    static void tile(const X *x, int64_t xs, const T *w, int64_t K, float *acc) {
-        static_assert(MR >= 1 && MR <= kMaxRows, "tile rows");
+    // acc[(r * NP + q) * 2W + j] = sum_k x[r * xs + k] * panel_q(k, j) for
+    // r < MR, q < NP, j < 2W (j in load2a/load2b lane order if kPairOrder);
+    // panel q starts at w + q * ps.
+    template <int MR, int NP>
+    static void tile(const X *x, int64_t xs, const T *w, int64_t ps, int64_t K, float *acc) {
+        static_assert(MR >= 1 && MR <= kMaxRows && NP >= 1 && NP <= 4 && MR * NP <= 12, "tile shape");
         using namespace vec;
         const int W = width();
-#define CPUINFER_DECL(i) vf c##i##a = zero(), c##i##b = zero();
-        CPUINFER_PANEL_ROWS(CPUINFER_DECL)
+        const int64_t step = 2 * int64_t(W);  // elements of one k in a panel
+        // Prefetch: a cache line per line consumed, when the weight comes from memory.
+        const int64_t every = std::max<int64_t>(1, tuning::kCacheLine / int64_t(step * sizeof(T)));
+        const T *w0 = w, *w1 = w + (NP > 1 ? ps : 0), *w2 = w + (NP > 2 ? 2 * ps : 0), *w3 = w + (NP > 3 ? 3 * ps : 0);
+#define CPUINFER_DECL(s) vf c##s##a = zero(), c##s##b = zero();
+        CPUINFER_PANEL_SLOTS(CPUINFER_DECL)
 #undef CPUINFER_DECL
         for (int64_t k = 0; k < K; ++k) {
-            const T *wk = w + k * 2 * W;
-            vf b0 = in_register(load(wk)), b1 = in_register(load(wk + W));
-#define CPUINFER_ROW(i)                                   \
-    if constexpr (i < MR) {                               \
-        vf a = splat(x[i * xs + k]);                        \
-        c##i##a = fma(a, b0, c##i##a);                    \
-        c##i##b = fma(a, b1, c##i##b);                    \
+            const int64_t o = k * step;
+            if (MR <= 4 && k % every == 0) {
+                prefetch_stream(w0 + o, step * int64_t(sizeof(T)));
+                if constexpr (NP > 1) prefetch_stream(w1 + o, step * int64_t(sizeof(T)));
+                if constexpr (NP > 2) prefetch_stream(w2 + o, step * int64_t(sizeof(T)));
+                if constexpr (NP > 3) prefetch_stream(w3 + o, step * int64_t(sizeof(T)));
+            }
+            // A weight vector used by several rows is loaded once into a
+            // register; with one row, pinning all 2 * NP of them would spill
+            // an accumulator on AVX2 (measured: M = 1 at half speed).
+            auto pin = [](vf v) { return MR > 1 ? in_register(v) : v; };
+            vf b0a = pin(load2a(w0 + o)), b0b = pin(load2b(w0 + o));
+            vf b1a = b0a, b1b = b0b, b2a = b0a, b2b = b0b, b3a = b0a, b3b = b0b;
+            if constexpr (NP > 1) b1a = pin(load2a(w1 + o)), b1b = pin(load2b(w1 + o));
+            if constexpr (NP > 2) b2a = pin(load2a(w2 + o)), b2b = pin(load2b(w2 + o));
+            if constexpr (NP > 3) b3a = pin(load2a(w3 + o)), b3b = pin(load2b(w3 + o));
+#define CPUINFER_SLOT(s)                                                              \
+    if constexpr (s < MR * NP) {                                                      \
+        constexpr int r = s / NP, q = s % NP;                                         \
+        vf a = splat(x[r * xs + k]);                                                  \
+        c##s##a = fma(a, pick<q>(b0a, b1a, b2a, b3a), c##s##a);                       \
+        c##s##b = fma(a, pick<q>(b0b, b1b, b2b, b3b), c##s##b);                       \
     }
-            CPUINFER_PANEL_ROWS(CPUINFER_ROW)
-#undef CPUINFER_ROW
+            CPUINFER_PANEL_SLOTS(CPUINFER_SLOT)
+#undef CPUINFER_SLOT
         }
-#define CPUINFER_STORE(i)                          \
-    if constexpr (i < MR) {                        \
-        store(acc + i * 2 * W, c##i##a);           \
-        store(acc + i * 2 * W + W, c##i##b);       \
+#define CPUINFER_STORE(s)                          \
+    if constexpr (s < MR * NP) {                   \
+        store(acc + s * step, c##s##a);            \
+        store(acc + s * step + W, c##s##b);        \
     }
-        CPUINFER_PANEL_ROWS(CPUINFER_STORE)
+        CPUINFER_PANEL_SLOTS(CPUINFER_STORE)
 #undef CPUINFER_STORE
     }
 
@@ -76,16 +129,16 @@ struct PanelKernel {
         using namespace vec;
         vf a = splat(1e-9f);
 #define CPUINFER_DECL(i) vf c##i = zero(), b##i = splat(1.0f + 0.125f * i);
-        CPUINFER_PANEL_ROWS(CPUINFER_DECL)
+        CPUINFER_PANEL_SLOTS(CPUINFER_DECL)
 #undef CPUINFER_DECL
         for (int64_t it = 0; it < iters; ++it) {
 #define CPUINFER_STEP(i) c##i = fma(a, b##i, c##i);
-            CPUINFER_PANEL_ROWS(CPUINFER_STEP)
+            CPUINFER_PANEL_SLOTS(CPUINFER_STEP)
 #undef CPUINFER_STEP
         }
         vf s = zero();
 #define CPUINFER_SUM(i) s = add(s, c##i);
-        CPUINFER_PANEL_ROWS(CPUINFER_SUM)
+        CPUINFER_PANEL_SLOTS(CPUINFER_SUM)
 #undef CPUINFER_SUM
         *sink = reduce_add(s);
         return 12 * iters * width();

@@ -32,40 +32,49 @@ struct PanelKernel<bf16_t> {
     static constexpr int kPair = 2;
     static constexpr const char *kName = "avx512bf16";
     using X = bf16_t;  // x as it lies: the pair broadcast reads it directly
+    static constexpr bool kPairOrder = false;  // accumulators in natural column order
 
-    template <int MR>
-    static void tile(const bf16_t *x, int64_t xs, const bf16_t *w, int64_t K, float *acc) {
-        static_assert(MR >= 1 && MR <= kMaxRows, "tile rows");
-#define CPUINFER_DECL(i) __m512 c##i##a = _mm512_setzero_ps(), c##i##b = _mm512_setzero_ps();
-        CPUINFER_PANEL_ROWS(CPUINFER_DECL)
+    template <int MR, int NP>
+    static void tile(const bf16_t *x, int64_t xs, const bf16_t *w, int64_t ps, int64_t K, float *acc) {
+        static_assert(MR >= 1 && MR <= kMaxRows && NP >= 1 && NP <= 4 && MR * NP <= 12, "tile shape");
+        const bf16_t *w0 = w, *w1 = w + (NP > 1 ? ps : 0), *w2 = w + (NP > 2 ? 2 * ps : 0), *w3 = w + (NP > 3 ? 3 * ps : 0);
+#define CPUINFER_DECL(s) __m512 c##s##a = _mm512_setzero_ps(), c##s##b = _mm512_setzero_ps();
+        CPUINFER_PANEL_SLOTS(CPUINFER_DECL)
 #undef CPUINFER_DECL
         const int64_t pairs = K / 2;
         for (int64_t p = 0; p < pairs; ++p) {
-            const bf16_t *wp = w + p * 64;
+            const int64_t o = p * 64;  // a pair of k for 32 columns
             // Few rows (decode) stream the weight from memory: fetch ahead
             // as in the GEMV. With many rows the panel is already in cache.
             if constexpr (MR <= 4) {
-                __builtin_prefetch(reinterpret_cast<const char *>(wp) + 2048);
-                __builtin_prefetch(reinterpret_cast<const char *>(wp) + 2048 + 64);
+                prefetch_stream(w0 + o, 128);
+                if constexpr (NP > 1) prefetch_stream(w1 + o, 128);
+                if constexpr (NP > 2) prefetch_stream(w2 + o, 128);
+                if constexpr (NP > 3) prefetch_stream(w3 + o, 128);
             }
-            __m512bh b0 = as_bh(_mm512_loadu_si512(wp)), b1 = as_bh(_mm512_loadu_si512(wp + 32));
-#define CPUINFER_ROW(i)                                                       \
-    if constexpr (i < MR) {                                                   \
-        int32_t xp;                                                           \
-        std::memcpy(&xp, x + i * xs + 2 * p, 4);                              \
-        __m512bh a = as_bh(_mm512_set1_epi32(xp));                            \
-        c##i##a = _mm512_dpbf16_ps(c##i##a, a, b0);                           \
-        c##i##b = _mm512_dpbf16_ps(c##i##b, a, b1);                           \
+            __m512bh b0a = as_bh(_mm512_loadu_si512(w0 + o)), b0b = as_bh(_mm512_loadu_si512(w0 + o + 32));
+            __m512bh b1a = b0a, b1b = b0b, b2a = b0a, b2b = b0b, b3a = b0a, b3b = b0b;
+            if constexpr (NP > 1) b1a = as_bh(_mm512_loadu_si512(w1 + o)), b1b = as_bh(_mm512_loadu_si512(w1 + o + 32));
+            if constexpr (NP > 2) b2a = as_bh(_mm512_loadu_si512(w2 + o)), b2b = as_bh(_mm512_loadu_si512(w2 + o + 32));
+            if constexpr (NP > 3) b3a = as_bh(_mm512_loadu_si512(w3 + o)), b3b = as_bh(_mm512_loadu_si512(w3 + o + 32));
+#define CPUINFER_SLOT(s)                                                              \
+    if constexpr (s < MR * NP) {                                                      \
+        constexpr int r = s / NP, q = s % NP;                                         \
+        int32_t xp;                                                                   \
+        std::memcpy(&xp, x + r * xs + 2 * p, 4);                                      \
+        __m512bh a = as_bh(_mm512_set1_epi32(xp));                                    \
+        c##s##a = _mm512_dpbf16_ps(c##s##a, a, pick<q>(b0a, b1a, b2a, b3a));          \
+        c##s##b = _mm512_dpbf16_ps(c##s##b, a, pick<q>(b0b, b1b, b2b, b3b));          \
     }
-            CPUINFER_PANEL_ROWS(CPUINFER_ROW)
-#undef CPUINFER_ROW
+            CPUINFER_PANEL_SLOTS(CPUINFER_SLOT)
+#undef CPUINFER_SLOT
         }
-#define CPUINFER_STORE(i)                           \
-    if constexpr (i < MR) {                         \
-        _mm512_storeu_ps(acc + i * 32, c##i##a);    \
-        _mm512_storeu_ps(acc + i * 32 + 16, c##i##b); \
+#define CPUINFER_STORE(s)                             \
+    if constexpr (s < MR * NP) {                      \
+        _mm512_storeu_ps(acc + s * 32, c##s##a);      \
+        _mm512_storeu_ps(acc + s * 32 + 16, c##s##b); \
     }
-        CPUINFER_PANEL_ROWS(CPUINFER_STORE)
+        CPUINFER_PANEL_SLOTS(CPUINFER_STORE)
 #undef CPUINFER_STORE
     }
 
@@ -73,16 +82,16 @@ struct PanelKernel<bf16_t> {
     static int64_t peak(int64_t iters, float *sink) {
         const __m512bh a = as_bh(_mm512_set1_epi16(0x3000));  // bf16 ~4.7e-10
 #define CPUINFER_DECL(i) __m512 c##i = _mm512_setzero_ps(); const __m512bh b##i = as_bh(_mm512_set1_epi16(0x3f80 + i));
-        CPUINFER_PANEL_ROWS(CPUINFER_DECL)
+        CPUINFER_PANEL_SLOTS(CPUINFER_DECL)
 #undef CPUINFER_DECL
         for (int64_t it = 0; it < iters; ++it) {
 #define CPUINFER_STEP(i) c##i = _mm512_dpbf16_ps(c##i, a, b##i);
-            CPUINFER_PANEL_ROWS(CPUINFER_STEP)
+            CPUINFER_PANEL_SLOTS(CPUINFER_STEP)
 #undef CPUINFER_STEP
         }
         __m512 s = _mm512_setzero_ps();
 #define CPUINFER_SUM(i) s = _mm512_add_ps(s, c##i);
-        CPUINFER_PANEL_ROWS(CPUINFER_SUM)
+        CPUINFER_PANEL_SLOTS(CPUINFER_SUM)
 #undef CPUINFER_SUM
         *sink = _mm512_reduce_add_ps(s);
         return 12 * iters * 32;
