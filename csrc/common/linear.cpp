@@ -192,8 +192,10 @@ void linear_row_major(DType dt, void *out, int64_t out_stride, const void *x, in
 // tile is the GEMV for M <= kMaxRows (one pass over W, split over panels) and
 // the blocked GEMM above (split over row chunks); both are the same chain of
 // multiply-adds per output, so results do not depend on M. Measured on 2 Zen 4
-// cores, bf16 (avx512bf16, VDPBF16PS): ~2.5x the row-major kernel from M = 32
-// up, and at M = 1 the same weight bandwidth (benchmarks/bench_linear.py).
+// cores against this row-major kernel, bf16 SmolLM2/Gemma 3 shapes, 1 thread
+// at M = 1: avx512bf16 (VDPBF16PS) 1.5-1.8x at M = 1, 2.4-2.8x from M = 8;
+// avx512 / avx2 (f32 FMA tile) 1.2x / 1.3-1.5x at M = 1, 1.1-1.3x / 1.6-1.8x
+// from M = 8 (benchmarks/bench_linear.py has the GEMM against torch).
 // A row-major weight keeps the row-major kernel at every M, for the same
 // reason (batch invariance): pack the weight (the model loader does) to get
 // the GEMM. Panels need K % linear_pack_pair(dt) == 0 (the binding checks).

@@ -85,14 +85,23 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
     packed: weight is in the layout pack_weight() writes (our kernel only).
     """
-    # Decode steps (a few rows) are memory-bound mat-vecs: our kernel reads the
-    # bf16/f16 weight once, at half the bytes of f32, while torch's bf16 GEMM
-    # on CPUs without native bf16 dot products (AVX2, AVX-512 without BF16) is
-    # ~5x slower than even its f32 path. Measured on AVX2 it is also 4-5x
-    # slower than our kernel at 64-256 rows, so prefill uses the kernel too;
-    # one kernel for every row count also makes each row's result independent
-    # of how tokens were batched (the engine's greedy outputs rely on that).
-    # f32 stays on torch (its f32 GEMM is fast and bandwidth is the same).
+    # Dispatch (the rule itself is in csrc/common/linear.cpp, so the fused
+    # decoder layer follows it too). bf16/f16 take our kernel at every M:
+    # - packed weights (what the model loader keeps): one register-tile kernel
+    #   that is the GEMV for a few rows and a blocked GEMM for many (VDPBF16PS
+    #   on avx512bf16/amx, f32 FMA elsewhere). Measured on 2 Zen 4 cores
+    #   (benchmarks/bench_linear.py, SmolLM2 and Gemma 3 shapes): 3.5-6x torch
+    #   bf16 at M = 1, 1.3-1.7x at M = 32, 1.03-1.07x at M = 512 (94-96% of the
+    #   measured VDPBF16PS peak; torch runs at ~90% of it there). On CPUs
+    #   without native bf16 dot products torch's bf16 GEMM is far slower still.
+    # - row-major weights: the GEMV kernel at every M (from M = 32 on
+    #   avx512bf16 ~2.5x slower than the packed GEMM, and slower than torch:
+    #   pack the weight to get the GEMM).
+    # Either way one kernel per weight for every row count, so each row's
+    # result is independent of how tokens were batched (the engine's greedy
+    # outputs rely on that; tests/kernels/test_linear.py checks it across the
+    # GEMV/GEMM boundary). f32 stays on torch (its f32 GEMM is fast and
+    # bandwidth is the same).
     if (x.dtype in (torch.bfloat16, torch.float16) and x.ndim >= 1 and weight.dtype == x.dtype
             and weight.ndim == 2 and weight.is_contiguous() and (bias is None or bias.dtype == x.dtype)):
         x2 = x.reshape(-1, x.shape[-1])

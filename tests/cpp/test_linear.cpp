@@ -85,3 +85,31 @@ CPUINFER_TEST(linear_matches_reference_row_major_and_packed) {
 CPUINFER_TEST(linear_peak_is_measured) {
     for (DType dt : kFloatTypes) expect_true(std::string("peak > 0 for ") + dtype_name(dt), linear_peak_flops(dt, 0.01) > 0);
 }
+
+// Many rows and a long K: several row chunks (each a bounded number of bytes
+// of x), split over threads when there are any, with a tail past the last
+// panel; each row alone gives the bits it had in the batch.
+CPUINFER_TEST(linear_packed_gemm_row_chunks) {
+    const int64_t C = linear_pack_cols();
+    for (DType dt : {DType::bf16, DType::f16}) {
+        const int64_t M = 150, N = 2 * C + 3, K = 2050;
+        Buffer x(dt, M * K), w(dt, N * K), packed(dt, N * K), bias(dt, N), out(dt, M * N), one(dt, N);
+        x.fill_normal(1.f);
+        w.fill_normal(1.f / float(K));
+        bias.fill_normal(0.5f);
+        auto want = ref_linear(x, w, &bias, M, N, K);
+        linear_pack_weight(dt, packed.data(), w.data(), N, K);
+        linear(dt, out.data(), N, x.data(), K, packed.data(), bias.data(), M, N, K, true);
+        Tol t = tol_for(dt);
+        expect_close(label("linear packed, row chunks", dt, M, N, K), out.to_floats().data(), want.data(), M * N,
+                     t.atol + 1e-5 * double(K), t.rtol);
+        bool same = true;
+        for (int64_t m : {int64_t(0), int64_t(47), int64_t(48), int64_t(149)}) {
+            Buffer xm(dt, K);
+            for (int64_t k = 0; k < K; ++k) xm.set(k, x.get(m * K + k));
+            linear(dt, one.data(), N, xm.data(), K, packed.data(), bias.data(), 1, N, K, true);
+            for (int64_t n = 0; n < N; ++n) same = same && one.get(n) == out.get(m * N + n);
+        }
+        expect_true(label("packed rows independent of the batch, row chunks", dt, M, N, K), same);
+    }
+}
