@@ -10,8 +10,10 @@ pack_weight's layout, as the model loader keeps them.
 The peak is measured, not looked up: each variant's tile instruction in an
 in-register loop (VDPBF16PS where the packed bf16 tile uses it, else f32 FMA),
 run on every thread at once. Times are medians of alternating rounds (ours,
-torch, ours, ...), and each ratio is the median of per-round ratios, so load
-drifting on a shared machine moves both sides alike.
+torch, peak, ours, ...), and each ratio (to torch, to the peak) is the median
+of per-round ratios, so load drifting on a shared machine moves both sides
+alike. Other processes on the cores still distort a 2-thread run (a
+descheduled team member stalls the whole call): run on an idle machine.
 
 Targets (exit 1 if missed): decode [1, 576] x [3072, 576]^T >= 1.5x torch bf16;
 M >= 128 on every listed shape: >= 70% of peak and never slower than torch.
@@ -70,21 +72,22 @@ def bench(fn, seconds: float) -> float:
     return statistics.median(samples)
 
 
-def paired(fns: dict, rounds: int, seconds: float) -> dict[str, list[float]]:
-    """Per-round seconds per call of each function, timed in alternating rounds."""
-    per_round = {name: [] for name in fns}
+def rounds_of(fns: dict, rounds: int, seconds: float, peak) -> dict[str, list[float]]:
+    """Per-round seconds per call of each function, and the peak (flop/s), timed in alternating rounds."""
+    per_round = {name: [] for name in [*fns, "peak"]}
     for _ in range(rounds):
         for name, fn in fns.items():
             per_round[name].append(bench(fn, seconds))
+        per_round["peak"].append(peak())
     return per_round
 
 
-def peak_flops(module, threads: int) -> float:
+def peak_flops(module, threads: int, seconds: float) -> float:
     """The variant's tile-instruction peak with `threads` threads running it at once (flop/s)."""
     results = [0.0] * threads
 
     def one(i):
-        results[i] = module.linear_peak_flops("bfloat16", 0.3)
+        results[i] = module.linear_peak_flops("bfloat16", seconds)
 
     workers = [threading.Thread(target=one, args=(i,)) for i in range(threads)]  # the call releases the GIL
     for w in workers:
@@ -122,9 +125,9 @@ def main(argv=None) -> int:
           f"bf16 out = x[M, K] @ W[N, K]^T, packed weights; medians of {rounds} alternating rounds")
     failed, notes = [], []
     for v, mod in modules.items():
-        peak = peak_flops(mod, threads)
+        peak = peak_flops(mod, threads, 0.3)
         print(f"\n[{v}] tile {mod.linear_tile_impl('bfloat16')}; measured peak {peak / 1e9:.0f} GFLOP/s "
-              f"({threads} threads, in-register loop)")
+              f"({threads} threads, in-register loop; %peak below is against the peak of each round)")
         print(f"{'model':<9}{'proj':<9}{'N':>6}{'K':>6}{'M':>6}{'ours':>10}{'torch':>10}"
               f"{'GFLOP/s':>9}{'%peak':>7}{'vs torch':>10}")
         for (model, proj), (n, k) in SHAPES.items():
@@ -138,11 +141,12 @@ def main(argv=None) -> int:
                 out = torch.empty(m, n, dtype=torch.bfloat16)
                 fns = {"ours": lambda mod=mod, out=out, x=x, wp=wp: mod.linear(out, x, wp, None, True),
                        "torch": lambda x=x, w=w: F.linear(x, w)}
-                t = paired(fns, rounds, seconds)
+                t = rounds_of(fns, rounds, seconds, lambda mod=mod: peak_flops(mod, threads, seconds / 2))
+                peaks = t["peak"]
                 ours, ref = statistics.median(t["ours"]), statistics.median(t["torch"])
                 vs_torch = statistics.median(b / a for a, b in zip(t["ours"], t["torch"], strict=True))
                 gflops = 2 * m * n * k / ours / 1e9
-                share = gflops * 1e9 / peak
+                share = statistics.median(2 * m * n * k / a / p for a, p in zip(t["ours"], peaks, strict=True))
                 print(f"{model:<9}{proj:<9}{n:>6}{k:>6}{m:>6}{ours * 1e6:>8.1f}us{ref * 1e6:>8.1f}us"
                       f"{gflops:>9.1f}{share * 100:>6.1f}%{vs_torch:>9.2f}x")
                 if (m, n, k) == DECODE_TARGET[:3] and vs_torch < DECODE_TARGET[3]:
