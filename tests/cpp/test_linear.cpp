@@ -88,11 +88,12 @@ CPUINFER_TEST(linear_peak_is_measured) {
 
 // Many rows and a long K: several row chunks (each a bounded number of bytes
 // of x), split over threads when there are any, with a tail past the last
-// panel; each row alone gives the bits it had in the batch.
+// panel; each row alone gives the bits it had in the batch. K = 2048 puts
+// bf16 rows 4 KB apart, which the kernel reads through a copy.
 CPUINFER_TEST(linear_packed_gemm_row_chunks) {
     const int64_t C = linear_pack_cols();
     for (DType dt : {DType::bf16, DType::f16}) {
-        const int64_t M = 150, N = 2 * C + 3, K = 2050;
+        const int64_t M = 150, N = 2 * C + 3, K = 2048;
         Buffer x(dt, M * K), w(dt, N * K), packed(dt, N * K), bias(dt, N), out(dt, M * N), one(dt, N);
         x.fill_normal(1.f);
         w.fill_normal(1.f / float(K));
