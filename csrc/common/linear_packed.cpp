@@ -39,33 +39,13 @@ namespace {
 constexpr int64_t kChunkBytes = 192 * 1024;  // x bytes per row chunk: half of a 1-2 MB L2 with the panel
 constexpr int kMaxLanes = 64;                // f32 lanes of the widest vector (SVE 2048-bit)
 
-// Calls f(integral_constant<MR>, integral_constant<NP>) for mr rows and np <= panels_for_rows(mr) panels.
-template <typename F>
-inline void with_tile_shape(int mr, int np, F &&f) {
-    switch (mr) {
-#define CPUINFER_CASE(i)                                                                      \
-    case i + 1:                                                                               \
-        if constexpr (i < panel::kMaxRows) {                                                  \
-            constexpr int kNP = panel::panels_for_rows(i + 1);                                \
-            using R = std::integral_constant<int, i + 1>;                                     \
-            if (kNP >= 4 && np == 4) f(R{}, std::integral_constant<int, (kNP >= 4 ? 4 : 1)>{}); \
-            else if (kNP >= 2 && np >= 2) f(R{}, std::integral_constant<int, (kNP >= 2 ? 2 : 1)>{}); \
-            else f(R{}, std::integral_constant<int, 1>{});                                    \
-        }                                                                                     \
-        break;
-        CPUINFER_PANEL_SLOTS(CPUINFER_CASE)
-#undef CPUINFER_CASE
-        default: break;
-    }
-}
-
 template <typename T>
 void run(T *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, int64_t M, int64_t panels,
          int64_t K) {
     using Kernel = panel::PanelKernel<T>;
     using X = typename Kernel::X;
     const int W = vec::width();
-    const int64_t C = 2 * int64_t(W), MR = panel::kMaxRows;
+    const int64_t C = 2 * int64_t(W), MR = Kernel::kMaxRows;
     // Row chunks: at most kChunkBytes of x each, of equal size, and a
     // multiple of the thread count of them (while that leaves chunks of
     // at least 2 tiles), so that every thread gets the same rows:
@@ -88,15 +68,16 @@ void run(T *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, 
     // tile's rows fall into one L1 set and evict each other (measured: Gemma 3
     // down, K = 2048, M = 2048: 413 -> 449 GFLOP/s). The copy's rows are
     // one cache line further apart than that.
-    const bool copy_x = !std::is_same_v<X, T> || (M > 8 && (xs * int64_t(sizeof(T))) % 4096 == 0);
+    const bool copy_x = Kernel::kCopyX || !std::is_same_v<X, T> || (M > 8 && (xs * int64_t(sizeof(T))) % 4096 == 0);
     const int64_t line = int64_t(tuning::kCacheLine / sizeof(X));
     int64_t xbs = K + line;
     if ((xbs * int64_t(sizeof(X))) % 4096 == 0) xbs += line;
     parallel_for(tasks, grain, [&](int64_t b, int64_t e) {
-        alignas(64) float acc[12 * 2 * kMaxLanes];  // up to 12 slots of (row, panel)
+        alignas(64) float acc[32 * 2 * kMaxLanes];  // up to 32 slots of (row, panel)
         alignas(64) float bias_f[4 * 2 * kMaxLanes];
         thread_local std::vector<X> x_copy;  // the row chunk as the tile reads it (see copy_x)
         int64_t copied = -1;                 // which chunk x_copy holds
+        Kernel::begin();
         for (int64_t t = b; t < e; ++t) {
             const int64_t c = t / panels, p = t % panels;
             int np_done = 1;
@@ -106,7 +87,10 @@ void run(T *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, 
             int64_t xcs = xs;
             if (copy_x) {
                 if (copied != c) {
-                    if (int64_t(x_copy.size()) < rows * xbs) x_copy.resize(size_t(rows * xbs));
+                    // Rows up to a multiple of kRowPad, zero (AMX tiles read 16 rows).
+                    const int64_t padded = (rows + Kernel::kRowPad - 1) / Kernel::kRowPad * Kernel::kRowPad;
+                    if (int64_t(x_copy.size()) < padded * xbs) x_copy.resize(size_t(padded * xbs));
+                    if (padded > rows) std::memset(x_copy.data() + rows * xbs, 0, size_t((padded - rows) * xbs) * sizeof(X));
                     for (int64_t r = 0; r < rows; ++r) {
                         const T *src = x + (m_begin + r) * xs;
                         X *dst = x_copy.data() + r * xbs;
@@ -127,7 +111,7 @@ void run(T *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, 
             // Panels side by side: only for one or two rows (then this
             // task's run holds one row chunk, and the next tasks are the next
             // panels of it).
-            const int64_t np_max = std::min<int64_t>({panel::panels_for_rows(int(per)), e - t, panels - p});
+            const int64_t np_max = std::min<int64_t>({Kernel::panels(int(per)), e - t, panels - p});
             const int np = np_max >= 4 ? 4 : np_max >= 2 ? 2 : 1;
             const T *wp = w + p * C * K;
             if (bias) {
@@ -144,11 +128,8 @@ void run(T *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, 
             for (int64_t r0 = 0; r0 < rows; r0 += per) {
                 const int mr = int(std::min(per, rows - r0));
                 const int64_t m0 = m_begin + r0;
-                int used = 1;
-                with_tile_shape(mr, np, [&](auto R, auto NP) {
-                    Kernel::template tile<decltype(R)::value, decltype(NP)::value>(xc + r0 * xcs, xcs, wp, C * K, K, acc);
-                    used = decltype(NP)::value;
-                });
+                const int used = np;  // run() takes np panels for every mr <= per
+                Kernel::run(mr, np, xc + r0 * xcs, xcs, wp, C * K, K, acc);
                 for (int r = 0; r < mr; ++r) {
                     for (int q = 0; q < used; ++q) {
                         T *o = out + (m0 + r) * os + (p + q) * C;
@@ -170,6 +151,7 @@ void run(T *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, 
             }
             t += np_done - 1;
         }
+        Kernel::end();
     });
 }
 

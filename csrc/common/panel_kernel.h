@@ -60,8 +60,40 @@ inline void prefetch_stream(const void *p, int64_t bytes) {
     for (int64_t off = 0; off < bytes; off += tuning::kCacheLine) __builtin_prefetch(c + off);
 }
 
+// What the driver (linear_packed.cpp) needs of a kernel besides its layout
+// (kPair, X, kPairOrder): for register tiles, rows and panels are template
+// arguments of Derived::tile, dispatched here from the runtime counts.
+template <typename Derived>
+struct RegisterTiles {
+    static constexpr int kMaxRows = panel::kMaxRows;  // rows per call of run()
+    static constexpr int kRowPad = 1;                  // x copies padded to a multiple of this many rows
+    static constexpr bool kCopyX = false;              // read x through a copy even when X is T
+    static int panels(int mr) { return panels_for_rows(mr); }
+    static void begin() {}  // per thread, before a run of calls (tile registers, ...)
+    static void end() {}
+
+    // Derived::tile<mr, np>, for np <= panels(mr).
+    template <typename X, typename T>
+    static void run(int mr, int np, const X *x, int64_t xs, const T *w, int64_t ps, int64_t K, float *acc) {
+        switch (mr) {
+#define CPUINFER_CASE(i)                                                                                  \
+    case i + 1:                                                                                           \
+        if constexpr (i < kMaxRows) {                                                                     \
+            constexpr int kNP = panels_for_rows(i + 1);                                                   \
+            if (kNP >= 4 && np == 4) Derived::template tile<i + 1, (kNP >= 4 ? 4 : 1)>(x, xs, w, ps, K, acc); \
+            else if (kNP >= 2 && np >= 2) Derived::template tile<i + 1, (kNP >= 2 ? 2 : 1)>(x, xs, w, ps, K, acc); \
+            else Derived::template tile<i + 1, 1>(x, xs, w, ps, K, acc);                                  \
+        }                                                                                                 \
+        break;
+            CPUINFER_PANEL_SLOTS(CPUINFER_CASE)
+#undef CPUINFER_CASE
+            default: break;
+        }
+    }
+};
+
 template <typename T>
-struct PanelKernel {
+struct PanelKernel : RegisterTiles<PanelKernel<T>> {
     static constexpr int kPair = 1;
     static constexpr const char *kName = "fma";
     // The tile's x: rows widened to f32 once per row chunk by the caller

@@ -27,8 +27,9 @@ inline __m512bh as_bh(__m512i x) {
 #endif
 }
 
-template <>
-struct PanelKernel<bf16_t> {
+// The VDPBF16PS register tile (the avx512bf16 variant's bf16 kernel; the amx
+// variant's for K not a multiple of 32).
+struct DpBf16Tiles : RegisterTiles<DpBf16Tiles> {
     static constexpr int kPair = 2;
     static constexpr const char *kName = "avx512bf16";
     using X = bf16_t;  // x as it lies: the pair broadcast reads it directly
@@ -97,6 +98,11 @@ struct PanelKernel<bf16_t> {
         return 12 * iters * 32;
     }
 };
+
+#if !(defined(__AMX_BF16__) || defined(CPUINFER_SIMDE_AMX))
+template <>
+struct PanelKernel<bf16_t> : DpBf16Tiles {};
+#endif
 
 }  // namespace cpuinfer::panel
 
