@@ -107,7 +107,9 @@ void run(T *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, 
                 xc = x_copy.data();
                 xcs = xbs;
             }
-            const int64_t groups = (rows + MR - 1) / MR, per = (rows + groups - 1) / groups;
+            const int64_t groups = (rows + MR - 1) / MR;
+            const int64_t per = std::min<int64_t>(MR, ((rows + groups - 1) / groups + Kernel::kRowPad - 1) /
+                                                          Kernel::kRowPad * Kernel::kRowPad);
             // Panels side by side: only for one or two rows (then this
             // task's run holds one row chunk, and the next tasks are the next
             // panels of it).

@@ -83,7 +83,13 @@ CPUINFER_TEST(linear_matches_reference_row_major_and_packed) {
 }
 
 CPUINFER_TEST(linear_peak_is_measured) {
-    for (DType dt : kFloatTypes) expect_true(std::string("peak > 0 for ") + dtype_name(dt), linear_peak_flops(dt, 0.01) > 0);
+    for (DType dt : kFloatTypes) {
+        expect_true(std::string("peak > 0 for ") + dtype_name(dt), linear_peak_flops(dt, 0.01) > 0);
+        expect_true(std::string("a tile name for ") + dtype_name(dt), std::string(linear_tile_impl(dt)).size() > 0);
+    }
+    // The x86 bf16 fast paths are the ones that run (a build slip would silently test the portable tile).
+    const std::string variant = CPUINFER_TEST_VARIANT, tile = linear_tile_impl(DType::bf16);
+    if (variant == "amx" || variant == "avx512bf16") expect_true("bf16 tile of " + variant, tile == variant);
 }
 
 // Many rows and a long K: several row chunks (each a bounded number of bytes
