@@ -1,6 +1,7 @@
 """Linear layer speed: our packed kernel vs torch F.linear (bf16), as GFLOP/s, share of peak and ratios.
 
     python benchmarks/bench_linear.py [--quick] [--threads N] [--variants all|name,...] [--rows 1,32,...]
+                                      [--models smollm2,gemma3]
 
 SmolLM2-135M and Gemma 3 270M projection shapes (fused qkv, o, fused
 gate_up, down; SmolLM2's lm_head at decode sizes), bf16, M rows from decode
@@ -104,6 +105,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=0, help="torch/kernel threads (default: torch's)")
     ap.add_argument("--variants", default="", help="'all', or names (default: the selected variant)")
     ap.add_argument("--rows", default="", help=f"comma-separated row counts (default: {ROWS})")
+    ap.add_argument("--models", default="", help="comma-separated models of SHAPES to run (default: all)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -131,6 +133,8 @@ def main(argv=None) -> int:
         print(f"{'model':<9}{'proj':<9}{'N':>6}{'K':>6}{'M':>6}{'ours':>10}{'torch':>10}"
               f"{'GFLOP/s':>9}{'%peak':>7}{'vs torch':>10}")
         for (model, proj), (n, k) in SHAPES.items():
+            if args.models and model not in args.models.split(","):
+                continue
             w = (torch.randn(n, k) / k**0.5).to(torch.bfloat16)
             wp = torch.empty_like(w)
             mod.linear_pack_weight(wp, w)
