@@ -87,7 +87,7 @@ void linear(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_st
 int64_t linear_pack_cols();
 int64_t linear_pack_pair(DType dt);
 void linear_pack_weight(DType dt, void *dst, const void *src, int64_t N, int64_t K);
-// Which register tile the packed kernel uses for dt ("avx512bf16", "fma").
+// Which tile the packed kernel uses for dt ("amx", "avx512bf16", "fma").
 const char *linear_tile_impl(DType dt);
 
 // Peak multiply-add rate of one core on this variant's tile instruction

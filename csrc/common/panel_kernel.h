@@ -12,7 +12,8 @@
 // PanelKernel<T> is the portable tile, written against vec.h (elements
 // widened to f32, then FMA; kPair = 1). An ISA folder may specialise it for a
 // type with a faster tile (csrc/x86/panel_kernel_x86.h: bf16 pairs through
-// VDPBF16PS, kPair = 2); the layout follows the specialisation's kPair.
+// VDPBF16PS on avx512bf16, AMX-BF16 tiles on amx, both kPair = 2); the layout
+// follows the specialisation's kPair.
 // Accumulators are named variables, not arrays: SVE vectors are sizeless.
 #pragma once
 #include <algorithm>
