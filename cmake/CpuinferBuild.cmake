@@ -41,6 +41,8 @@ set(CPUINFER_KERNEL_SOURCES
   "${CPUINFER_SRC_ROOT}/csrc/common/rotary.cpp"
   "${CPUINFER_SRC_ROOT}/csrc/common/activation.cpp"
   "${CPUINFER_SRC_ROOT}/csrc/common/linear.cpp"
+  "${CPUINFER_SRC_ROOT}/csrc/common/linear_packed.cpp"
+  "${CPUINFER_SRC_ROOT}/csrc/common/linear_peak.cpp"
   "${CPUINFER_SRC_ROOT}/csrc/common/kv_cache.cpp"
   "${CPUINFER_SRC_ROOT}/csrc/common/paged_attention.cpp"
   "${CPUINFER_SRC_ROOT}/csrc/common/decoder_layer.cpp"

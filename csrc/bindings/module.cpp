@@ -147,10 +147,18 @@ void py_act_and_mul(Activation act, Out out, In input) {
     act_and_mul(dt, act, out.data(), o.stride, input.data(), x.stride, x.rows, o.cols);
 }
 
-void check_packable(int64_t K, const char *name) {
-    if (K % linear_pack_step() != 0)
+void check_packable(int64_t K, DType dt, const char *name) {
+    if (K % linear_pack_pair(dt) != 0)
         fail_value(std::string(name) + " has " + std::to_string(K) + " input features; the packed layout needs a " +
-                   "multiple of " + std::to_string(linear_pack_step()) + " (LINEAR_PACK_STEP)");
+                   "multiple of " + std::to_string(linear_pack_pair(dt)) + " for " + dtype_label(dt) +
+                   " (linear_pack_pair)");
+}
+
+DType dtype_from_name(const std::string &name) {
+    if (name == "float32") return DType::f32;
+    if (name == "bfloat16") return DType::bf16;
+    if (name == "float16") return DType::f16;
+    fail_value("dtype must be 'float32', 'bfloat16' or 'float16', got '" + name + "'");
 }
 
 void py_linear(Out out, In input, In weight, std::optional<In> bias, bool packed) {
@@ -178,7 +186,7 @@ void py_linear(Out out, In input, In weight, std::optional<In> bias, bool packed
         check_no_overlap(o, "out", br, "bias");
         b = bias->data();
     }
-    if (packed) check_packable(w.cols, "weight");
+    if (packed) check_packable(w.cols, dt, "weight");
     nb::gil_scoped_release nogil;
     linear(dt, out.data(), o.stride, input.data(), x.stride, weight.data(), b, x.rows, w.rows, w.cols, packed);
 }
@@ -192,7 +200,7 @@ void py_linear_pack_weight(Out out, In weight) {
     if (o.rows > 1 && o.stride != o.cols) fail_value("out must be contiguous");
     if (o.rows != w.rows || o.cols != w.cols) fail_value("out must have the shape of weight");
     check_no_overlap(o, "out", w, "weight");
-    check_packable(w.cols, "weight");
+    check_packable(w.cols, dt, "weight");
     nb::gil_scoped_release nogil;
     linear_pack_weight(dt, out.data(), weight.data(), w.rows, w.cols);
 }
@@ -232,11 +240,21 @@ NB_MODULE(CPUINFER_MODULE(CPUINFER_VARIANT), m) {
     bind_decoder(m);
     m.def("linear", &py_linear, nb::arg("out"), nb::arg("input"), nb::arg("weight"), nb::arg("bias").none(),
           nb::arg("packed") = false,
-          "out = input @ weight.T (+ bias), f32 accumulation; fast for few rows (decode). packed: weight is in "
-          "linear_pack_weight's layout.");
+          "out = input @ weight.T (+ bias), f32 accumulation, rounded once. packed: weight is in "
+          "linear_pack_weight's layout (GEMV for few rows, blocked GEMM for many); else a GEMV at every M.");
     m.def("linear_pack_weight", &py_linear_pack_weight, nb::arg("out"), nb::arg("weight"),
-          "Write weight [N, K] into out in the packed layout linear reads as one stream (K % LINEAR_PACK_STEP == 0).");
-    m.attr("LINEAR_PACK_STEP") = linear_pack_step();
+          "Write weight [N, K] into out in the packed panel layout (K % linear_pack_pair(dtype) == 0).");
+    m.attr("LINEAR_PACK_COLS") = linear_pack_cols();
+    m.def("linear_pack_pair", [](const std::string &dtype) { return linear_pack_pair(dtype_from_name(dtype)); },
+          nb::arg("dtype"), "Consecutive k per column in the packed layout for dtype ('bfloat16', ...).");
+    m.def("linear_tile_impl", [](const std::string &dtype) { return std::string(linear_tile_impl(dtype_from_name(dtype))); },
+          nb::arg("dtype"), "Tile of the packed linear for dtype ('amx', 'avx512bf16', 'fma').");
+    m.def("linear_peak_flops", [](const std::string &dtype, double seconds) {
+              DType dt = dtype_from_name(dtype);
+              nb::gil_scoped_release nogil;
+              return linear_peak_flops(dt, seconds);
+          }, nb::arg("dtype"), nb::arg("seconds") = 0.2,
+          "One core's peak flop/s on the packed tile's instruction for dtype (an in-register loop).");
     m.def("threading_runtime", &threading_runtime, "Path of the OpenMP runtime kernels run on ('' = serial).");
     m.def("max_threads", &max_threads, "Threads a parallel kernel uses.");
     m.def("bind_threads", &py_bind_threads, nb::arg("cpus"),

@@ -68,20 +68,33 @@ void paged_attention(const PagedAttentionArgs &args);
 
 // out[m, n] = sum_k x[m, k] * weight[n, k] (+ bias[n]) for m < M, n < N, in f32,
 // rounded once to dt. weight is contiguous [N, K], row-major or packed by
-// linear_pack_weight; bias is [N] or null; x and out are row-strided. Tuned
-// for small M (decode batches): W is read once. Results do not depend on M
-// nor on packing.
+// linear_pack_weight; bias is [N] or null; x and out are row-strided (any
+// alignment). Row-major: a GEMV tuned for small M. Packed: one kernel that is
+// the GEMV for a few rows and a blocked GEMM (the variant's matrix
+// instructions) for many. Either way each row's result does not depend on M
+// (see the dispatch comment in linear.cpp).
 void linear(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_stride, const void *weight,
             const void *bias, int64_t M, int64_t N, int64_t K, bool packed = false);
 
-// The packed weight layout: rows in blocks of 4, each block's rows interleaved
-// per step of linear_pack_step() elements (2 vectors of this build), so that a
-// block streams from memory as one sequence instead of four; rows past the
-// last full block stay row-major. Needs K % linear_pack_step() == 0. Measured
-// on 2 AVX2 cores: decode projections ~19 -> ~23 GB/s, the streaming-read rate.
-// The step depends on the vector width: pack with the variant that runs.
-int64_t linear_pack_step();
+// The packed weight layout: output features in panels of
+// C = linear_pack_cols() (2 vectors of this build), each panel K x C elements,
+// k-major, with each column's P = linear_pack_pair(dt) consecutive k adjacent
+// (P = 2 for bf16 where VDPBF16PS multiplies pairs, else 1): element (n, k) of
+// panel p = n / C is at p*C*K + (k/P)*C*P + (n%C)*P + k%P. Rows past the last
+// full panel stay row-major. Needs K % P == 0. A panel streams from memory as
+// one sequence (the GEMV) and is the GEMM tile's B operand as it lies. The
+// layout depends on the vector width: pack with the variant that runs.
+int64_t linear_pack_cols();
+int64_t linear_pack_pair(DType dt);
 void linear_pack_weight(DType dt, void *dst, const void *src, int64_t N, int64_t K);
+// Which tile the packed kernel uses for dt ("amx", "avx512bf16", "fma").
+const char *linear_tile_impl(DType dt);
+
+// Peak multiply-add rate of one core on this variant's tile instruction
+// (VDPBF16PS for bf16 where the packed kernel uses it, else f32 FMA), from an
+// in-register loop of independent chains: flops per second (2 per
+// multiply-add) over `seconds`. For benchmarks: share of peak.
+double linear_peak_flops(DType dt, double seconds);
 
 // One pre-norm decoder layer (Llama family, Qwen2/3, Gemma 3) as a single
 // call: the same kernels, in the same order, as the Python composition in

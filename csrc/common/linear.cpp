@@ -1,4 +1,6 @@
-// Linear layer tuned for decode (small M, a GEMV): out = x · Wᵀ (+ bias).
+// Linear layer on a row-major weight, tuned for decode (small M, a GEMV):
+// out = x · Wᵀ (+ bias). Packed weights take linear_packed.cpp; linear()
+// below chooses.
 //
 // Decode multiplies a handful of activation rows by a large weight, so the
 // cost is reading W once. Each task owns a block of output features; per
@@ -8,11 +10,13 @@
 // L1 for the next group. Accumulation is f32; the result is rounded once.
 // Large M works too (prefill), chunked over rows; it is compute-bound there.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <type_traits>
 
 #include "dispatch_dtype.h"
 #include "kernels.h"
+#include "linear_packed.h"
 #include "parallel.h"
 #include "vec.h"
 
@@ -25,7 +29,6 @@ namespace {
 
 constexpr int kNR = 4;  // weight rows per tile
 constexpr int kMR = 4;  // x rows per tile (4 x 4 accumulators fill AVX2's 16 registers with some spill)
-constexpr int64_t kPackedPrefetch = 2048;  // bytes ahead of a packed weight stream
 
 // c_j += a * b_j for j < NR.
 template <int NR>
@@ -39,14 +42,11 @@ inline void mac(vec::vf a, vec::vf b0, vec::vf b1, vec::vf b2, vec::vf b3, vec::
 
 // acc[m * NR + j] = dot(x row m, W row j) over K, for m < MR, j < NR.
 // Accumulators are named variables, not arrays: SVE vectors are sizeless.
-// Packed: the NR rows are interleaved per step of 2W elements (see
-// linear_pack_weight), so the tile reads one sequential stream.
-template <typename T, int NR, int MR, bool Packed>
+template <typename T, int NR, int MR>
 inline void tile(const T *x, int64_t xs, const T *w, int64_t K, float *acc) {
     using namespace vec;
     const int W = width();
-    // Row j's element k is at wj + k (row-major) or, packed, at w + k * NR + j * 2W.
-    const int64_t rs = Packed ? 2 * W : K;
+    const int64_t rs = K;
     const T *w0 = w, *w1 = w + (NR > 1 ? rs : 0), *w2 = w + (NR > 2 ? 2 * rs : 0), *w3 = w + (NR > 3 ? 3 * rs : 0);
     const T *x0 = x, *x1 = x + (MR > 1 ? xs : 0), *x2 = x + (MR > 2 ? 2 * xs : 0), *x3 = x + (MR > 3 ? 3 * xs : 0);
     vf c00 = zero(), c01 = zero(), c02 = zero(), c03 = zero();
@@ -56,7 +56,7 @@ inline void tile(const T *x, int64_t xs, const T *w, int64_t K, float *acc) {
     // One step: for every (x row m, weight row j), c_mj += LD(x_m + k) * LD(w_j + k).
 #define CPUINFER_TILE_STEP(LD)                                                                  \
     do {                                                                                        \
-        const int64_t kw = Packed ? k * NR : k;                                                 \
+        const int64_t kw = k;                                                                                                        \
         vf b0 = LD(w0 + kw), b1 = b0, b2 = b0, b3 = b0;                                         \
         if constexpr (NR > 1) b1 = LD(w1 + kw);                                                 \
         if constexpr (NR > 2) b2 = LD(w2 + kw);                                                 \
@@ -74,26 +74,17 @@ inline void tile(const T *x, int64_t xs, const T *w, int64_t K, float *acc) {
     // how many rows are computed together.
     for (; k + 2 * W <= K; k += 2 * W) {
         // The weight streams from memory and each task walks its rows in
-        // order: fetch ahead, one cache line per line consumed. Row-major:
-        // the rows two tiles ahead (adjacent in memory); measured on 2 cores,
-        // decode projections from ~13 to ~17 GB/s. Packed: the one stream,
-        // kPackedPrefetch bytes ahead.
-        if constexpr (Packed) {
-            if (CPUINFER_LINEAR_PREFETCH) {
-                const char *next = reinterpret_cast<const char *>(w0 + k * NR) + kPackedPrefetch;
-                for (int64_t off = 0; off < int64_t(2 * W * NR * sizeof(T)); off += tuning::kCacheLine)
-                    __builtin_prefetch(next + off);
-            }
-        } else if (CPUINFER_LINEAR_PREFETCH && (k * int64_t(sizeof(T))) % tuning::kCacheLine == 0) {
+        // order: fetch ahead, one cache line per line consumed: the rows two
+        // tiles ahead (adjacent in memory); measured on 2 cores, decode
+        // projections from ~13 to ~17 GB/s.
+        if (CPUINFER_LINEAR_PREFETCH && (k * int64_t(sizeof(T))) % tuning::kCacheLine == 0) {
             const T *next = w0 + 2 * NR * K + k;
             for (int j = 0; j < NR; ++j) __builtin_prefetch(next + j * K);
         }
         CPUINFER_TILE_STEP(load2a);
         CPUINFER_TILE_STEP(load2b);
     }
-    if constexpr (!Packed) {  // packing requires K % 2W == 0
-        for (; k + W <= K; k += W) CPUINFER_TILE_STEP(load);
-    }
+    for (; k + W <= K; k += W) CPUINFER_TILE_STEP(load);
 #undef CPUINFER_TILE_STEP
     acc[0] = reduce_add(c00);
     if constexpr (NR > 1) acc[1] = reduce_add(c01);
@@ -117,18 +108,19 @@ inline void tile(const T *x, int64_t xs, const T *w, int64_t K, float *acc) {
         if constexpr (NR > 2) acc[3 * NR + 2] = reduce_add(c32);
         if constexpr (NR > 3) acc[3 * NR + 3] = reduce_add(c33);
     }
-    // K tail, scalar.
+    // K tail, scalar. An explicit fma: left to -ffp-contract, whether the
+    // multiply and add fuse depended on MR (how GCC vectorised each tile), so
+    // a row's f32 result depended on its batch.
     for (; k < K; ++k) {
         for (int m = 0; m < MR; ++m) {
             float xv = to_f32(x[m * xs + k]);
-            for (int j = 0; j < NR; ++j) acc[m * NR + j] += xv * to_f32(w[j * K + k]);
+            for (int j = 0; j < NR; ++j) acc[m * NR + j] = std::fma(xv, to_f32(w[j * K + k]), acc[m * NR + j]);
         }
     }
 }
 
-// Output features [n0, n0 + NR) for every row of x (a packed weight keeps its
-// block at the same place as row-major: rows n0.. start at n0 * K either way).
-template <typename T, int NR, bool Packed>
+// Output features [n0, n0 + NR) for every row of x.
+template <typename T, int NR>
 inline void rows_block(T *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, int64_t M,
                        int64_t K, int64_t n0) {
     float acc[kMR * NR];
@@ -137,10 +129,10 @@ inline void rows_block(T *out, int64_t os, const T *x, int64_t xs, const T *w, c
         const T *xm = x + m0 * xs;
         int64_t mr = std::min<int64_t>(kMR, M - m0);
         switch (mr) {
-            case 1: tile<T, NR, 1, Packed>(xm, xs, wn, K, acc); break;
-            case 2: tile<T, NR, 2, Packed>(xm, xs, wn, K, acc); break;
-            case 3: tile<T, NR, 3, Packed>(xm, xs, wn, K, acc); break;
-            default: tile<T, NR, 4, Packed>(xm, xs, wn, K, acc); break;
+            case 1: tile<T, NR, 1>(xm, xs, wn, K, acc); break;
+            case 2: tile<T, NR, 2>(xm, xs, wn, K, acc); break;
+            case 3: tile<T, NR, 3>(xm, xs, wn, K, acc); break;
+            default: tile<T, NR, 4>(xm, xs, wn, K, acc); break;
         }
         for (int64_t m = 0; m < mr; ++m) {
             T *o = out + (m0 + m) * os + n0;
@@ -153,7 +145,7 @@ inline void rows_block(T *out, int64_t os, const T *x, int64_t xs, const T *w, c
     }
 }
 
-template <typename T, bool Packed>
+template <typename T>
 void run(T *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, int64_t M, int64_t N, int64_t K) {
     const int64_t blocks = N / kNR;
     // Each task gets at least ~64K multiply-adds (~128 KB of bf16 weight,
@@ -174,11 +166,10 @@ void run(T *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, 
             int64_t mc = std::min(m_chunk, M - m0);
             for (int64_t t = b; t < e; ++t) {
                 if (t < blocks) {
-                    rows_block<T, kNR, Packed>(om, os, xm, xs, w, bias, mc, K, t * kNR);
+                    rows_block<T, kNR>(om, os, xm, xs, w, bias, mc, K, t * kNR);
                 } else {
-                    // A single row is the same packed or not: the tail rows stay row-major.
                     for (int64_t n = blocks * kNR; n < N; ++n)
-                        rows_block<T, 1, false>(om, os, xm, xs, w, bias, mc, K, n);
+                        rows_block<T, 1>(om, os, xm, xs, w, bias, mc, K, n);
                 }
             }
         }
@@ -187,37 +178,40 @@ void run(T *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, 
 
 }  // namespace
 
-void linear(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_stride, const void *weight,
-            const void *bias, int64_t M, int64_t N, int64_t K, bool packed) {
+void linear_row_major(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_stride, const void *weight,
+                      const void *bias, int64_t M, int64_t N, int64_t K) {
     if (M <= 0 || N <= 0) return;
     with_float_type(dt, [&](auto tag) {
         using T = decltype(tag);
-        auto go = [&](auto p) {
-            run<T, decltype(p)::value>(static_cast<T *>(out), out_stride, static_cast<const T *>(x), x_stride,
-                                       static_cast<const T *>(weight), static_cast<const T *>(bias), M, N, K);
-        };
-        if (packed) go(std::true_type{});
-        else go(std::false_type{});
+        run<T>(static_cast<T *>(out), out_stride, static_cast<const T *>(x), x_stride, static_cast<const T *>(weight),
+               static_cast<const T *>(bias), M, N, K);
     });
 }
 
-int64_t linear_pack_step() { return 2 * int64_t(vec::width()); }
-
-void linear_pack_weight(DType dt, void *dst, const void *src, int64_t N, int64_t K) {
-    const int64_t S = linear_pack_step(), es = dtype_size(dt);
-    const char *in = static_cast<const char *>(src);
-    char *o = static_cast<char *>(dst);
-    const int64_t blocks = N / kNR;
-    parallel_for(blocks, 64, [&](int64_t b, int64_t e) {
-        for (int64_t blk = b; blk < e; ++blk) {
-            const char *rows = in + blk * kNR * K * es;
-            char *to = o + blk * kNR * K * es;
-            for (int64_t k = 0; k < K; k += S)
-                for (int j = 0; j < kNR; ++j, to += S * es) std::memcpy(to, rows + (j * K + k) * es, size_t(S * es));
-        }
-    });
-    // The tail rows stay row-major.
-    std::memcpy(o + blocks * kNR * K * es, in + blocks * kNR * K * es, size_t((N - blocks * kNR) * K * es));
+// Dispatch. A packed weight takes the panel kernel at every M: its register
+// tile is the GEMV for M <= kMaxRows (one pass over W, split over panels) and
+// the blocked GEMM above (split over row chunks); both are the same chain of
+// multiply-adds per output, so results do not depend on M. Measured on 2 Zen 4
+// cores against this row-major kernel, bf16 SmolLM2/Gemma 3 shapes, 1 thread
+// at M = 1: avx512bf16 (VDPBF16PS) 1.5-1.8x at M = 1, 2.4-2.8x from M = 8;
+// avx512 / avx2 (f32 FMA tile) 1.2x / 1.3-1.5x at M = 1, 1.1-1.3x / 1.6-1.8x
+// from M = 8 (benchmarks/bench_linear.py has the GEMM against torch).
+// A row-major weight keeps the row-major kernel at every M, for the same
+// reason (batch invariance): pack the weight (the model loader does) to get
+// the GEMM. Panels need K % linear_pack_pair(dt) == 0 (the binding checks).
+void linear(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_stride, const void *weight,
+            const void *bias, int64_t M, int64_t N, int64_t K, bool packed) {
+    if (M <= 0 || N <= 0) return;
+    if (!packed) {
+        linear_row_major(dt, out, out_stride, x, x_stride, weight, bias, M, N, K);
+        return;
+    }
+    const int64_t C = linear_pack_cols(), panels = N / C, es = dtype_size(dt), tail = panels * C;
+    linear_panels(dt, out, out_stride, x, x_stride, weight, bias, M, panels, K);
+    if (tail < N)  // rows past the last full panel are row-major
+        linear_row_major(dt, static_cast<char *>(out) + tail * es, out_stride, x, x_stride,
+                         static_cast<const char *>(weight) + tail * K * es,
+                         bias ? static_cast<const char *>(bias) + tail * es : nullptr, M, N - tail, K);
 }
 
 }  // namespace cpuinfer

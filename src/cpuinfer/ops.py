@@ -85,14 +85,23 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
     packed: weight is in the layout pack_weight() writes (our kernel only).
     """
-    # Decode steps (a few rows) are memory-bound mat-vecs: our kernel reads the
-    # bf16/f16 weight once, at half the bytes of f32, while torch's bf16 GEMM
-    # on CPUs without native bf16 dot products (AVX2, AVX-512 without BF16) is
-    # ~5x slower than even its f32 path. Measured on AVX2 it is also 4-5x
-    # slower than our kernel at 64-256 rows, so prefill uses the kernel too;
-    # one kernel for every row count also makes each row's result independent
-    # of how tokens were batched (the engine's greedy outputs rely on that).
-    # f32 stays on torch (its f32 GEMM is fast and bandwidth is the same).
+    # Dispatch (the rule itself is in csrc/common/linear.cpp, so the fused
+    # decoder layer follows it too). bf16/f16 take our kernel at every M:
+    # - packed weights (what the model loader keeps): one register-tile kernel
+    #   that is the GEMV for a few rows and a blocked GEMM for many (VDPBF16PS
+    #   on avx512bf16/amx, f32 FMA elsewhere). Measured on 2 Zen 4 cores
+    #   (benchmarks/bench_linear.py, SmolLM2 and Gemma 3 shapes): 3.5-6x torch
+    #   bf16 at M = 1, 1.3-1.7x at M = 32, 1.03-1.07x at M = 512 (94-96% of the
+    #   measured VDPBF16PS peak; torch runs at ~90% of it there). On CPUs
+    #   without native bf16 dot products torch's bf16 GEMM is far slower still.
+    # - row-major weights: the GEMV kernel at every M (from M = 32 on
+    #   avx512bf16 ~2.5x slower than the packed GEMM, and slower than torch:
+    #   pack the weight to get the GEMM).
+    # Either way one kernel per weight for every row count, so each row's
+    # result is independent of how tokens were batched (the engine's greedy
+    # outputs rely on that; tests/kernels/test_linear.py checks it across the
+    # GEMV/GEMM boundary). f32 stays on torch (its f32 GEMM is fast and
+    # bandwidth is the same).
     if (x.dtype in (torch.bfloat16, torch.float16) and x.ndim >= 1 and weight.dtype == x.dtype
             and weight.ndim == 2 and weight.is_contiguous() and (bias is None or bias.dtype == x.dtype)):
         x2 = x.reshape(-1, x.shape[-1])
@@ -107,17 +116,27 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return torch.nn.functional.linear(x, weight, bias)
 
 
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def pack_layout(dtype: torch.dtype) -> tuple[int, int]:
+    """(panel columns C, pair P) of the packed layout for dtype on the selected variant (see pack_weight)."""
+    return _C.LINEAR_PACK_COLS, _C.linear_pack_pair(_DTYPE_NAMES[dtype])
+
+
 def can_pack(weight: torch.Tensor) -> bool:
-    """True if pack_weight() can take this weight: 2-D bf16/f16, in_features a multiple of the pack step."""
-    step = getattr(_C, "LINEAR_PACK_STEP", 0)
-    return (step > 0 and weight.ndim == 2 and weight.dtype in (torch.bfloat16, torch.float16)
-            and weight.shape[1] % step == 0 and weight.shape[0] > 0)
+    """True if pack_weight() can take this weight: 2-D bf16/f16, in_features a multiple of the layout's pair."""
+    if not (hasattr(_C, "LINEAR_PACK_COLS") and weight.ndim == 2 and weight.dtype in (torch.bfloat16, torch.float16)):
+        return False
+    return weight.shape[1] % pack_layout(weight.dtype)[1] == 0 and weight.shape[0] > 0
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    """weight [N, K] in the layout linear(packed=True) streams in one pass (rows interleaved in blocks of 4).
+    """weight [N, K] in the panel layout linear(packed=True) reads: the GEMV's one stream, the GEMM's B tiles.
 
-    The layout depends on the kernel variant's vector width: pack in the process that runs the model.
+    Output features in panels of C (2 vectors of the variant), each panel k-major with P consecutive k
+    per column adjacent (P = 2 for bf16 on VDPBF16PS variants, else 1); rows past the last full panel stay
+    row-major. The layout depends on the kernel variant: pack in the process that runs the model.
     """
     out = torch.empty_like(weight, memory_format=torch.contiguous_format)
     _C.linear_pack_weight(out, weight.contiguous())
@@ -127,20 +146,20 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
 def packed_rows(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """weight_original[ids] read from a packed weight (an embedding table that doubles as the tied lm_head)."""
     n, k = weight.shape
-    step = _C.LINEAR_PACK_STEP
-    full = n // 4 * 4
+    cols, pair = pack_layout(weight.dtype)
+    full = n // cols * cols
     ids = ids.reshape(-1)
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= n):
         raise IndexError(f"token ids must be in [0, {n}), got {int(ids.min())}..{int(ids.max())}")
-    blocks = weight[:full].view(full // 4, k // step, 4, step)
+    panels = weight[:full].view(full // cols, k // pair, cols, pair)
     inside = ids < full
     if bool(inside.all()):
-        return blocks[ids // 4, :, ids % 4, :].reshape(ids.shape[0], k)
+        return panels[ids // cols, :, ids % cols, :].reshape(ids.shape[0], k)
     out = torch.empty(ids.shape[0], k, dtype=weight.dtype)
     sel = inside.nonzero().reshape(-1)
-    out[sel] = blocks[ids[sel] // 4, :, ids[sel] % 4, :].reshape(-1, k)
+    out[sel] = panels[ids[sel] // cols, :, ids[sel] % cols, :].reshape(-1, k)
     rest = (~inside).nonzero().reshape(-1)
-    out[rest] = weight[ids[rest]]  # rows past the last block of 4 stay row-major
+    out[rest] = weight[ids[rest]]  # rows past the last full panel stay row-major
     return out
 
 

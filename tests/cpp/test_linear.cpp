@@ -31,12 +31,16 @@ std::vector<double> ref_linear(const Buffer &x, const Buffer &w, const Buffer *b
 }  // namespace
 
 CPUINFER_TEST(linear_matches_reference_row_major_and_packed) {
-    const int64_t step = linear_pack_step();
-    expect_true("pack step is positive and even", step >= 2 && step % 2 == 0);
+    const int64_t C = linear_pack_cols();
+    expect_true("pack panel is positive and even", C >= 2 && C % 2 == 0);
     for (DType dt : kFloatTypes) {
-        for (int64_t M : {1, 3, 5, 9}) {
-            for (int64_t N : {1, 4, 7, 13}) {
-                for (int64_t K : {step, 3 * step, 3 * step + 5}) {
+        const int64_t P = linear_pack_pair(dt);
+        expect_true("pack pair is 1 or 2", P == 1 || P == 2);
+        // M crosses the GEMV / GEMM boundary (the tile's rows, 6 or 12) and the
+        // row chunks; N has whole panels and a tail; K odd where the pair allows.
+        for (int64_t M : {1, 3, 5, 9, 13, 25, 40, 131}) {
+            for (int64_t N : {int64_t(1), int64_t(7), C, 2 * C + 3}) {
+                for (int64_t K : {int64_t(2), C, 3 * C + 5, 3 * C + 6}) {
                     Buffer x(dt, M * K), w(dt, N * K), bias(dt, N), out(dt, M * N), outp(dt, M * N);
                     x.fill_normal(1.f);
                     w.fill_normal(1.f / float(K));
@@ -47,25 +51,72 @@ CPUINFER_TEST(linear_matches_reference_row_major_and_packed) {
                     Tol t = tol_for(dt);
                     expect_close(label("linear", dt, M, N, K), out.to_floats().data(), want.data(), M * N,
                                  t.atol + 1e-5 * double(K), t.rtol);
-                    if (K % step != 0) continue;
+                    if (K % P != 0) continue;
                     Buffer packed(dt, N * K);
                     linear_pack_weight(dt, packed.data(), w.data(), N, K);
-                    // The documented layout: blocks of 4 rows interleaved per step, tail rows as they were.
+                    // The documented layout: panels of C rows, k-major, P k per column adjacent; tail rows as they were.
                     bool layout_ok = true;
                     for (int64_t n = 0; n < N; ++n)
                         for (int64_t k = 0; k < K; ++k) {
-                            const int64_t blk = n / 4, j = n % 4;
-                            const int64_t at = n < N / 4 * 4 ? blk * 4 * K + (k / step) * 4 * step + j * step + k % step
+                            const int64_t at = n < N / C * C ? n / C * C * K + k / P * C * P + n % C * P + k % P
                                                              : n * K + k;
                             layout_ok = layout_ok && packed.get(at) == w.get(n * K + k);
                         }
                     expect_true(label("packed layout", dt, M, N, K), layout_ok);
                     linear(dt, outp.data(), N, x.data(), K, packed.data(), bias.data(), M, N, K, true);
-                    bool same = true;  // the same sums in the same order: bit for bit
-                    for (int64_t i = 0; i < M * N; ++i) same = same && outp.get(i) == out.get(i);
-                    expect_true(label("packed equals row-major", dt, M, N, K), same);
+                    expect_close(label("linear packed", dt, M, N, K), outp.to_floats().data(), want.data(), M * N,
+                                 t.atol + 1e-5 * double(K), t.rtol);
+                    // Batch invariance: each row alone gives the bits it had in the batch.
+                    bool same = true;
+                    Buffer one(dt, N);
+                    for (int64_t m = 0; m < M; ++m) {
+                        Buffer xm(dt, K);
+                        for (int64_t k = 0; k < K; ++k) xm.set(k, x.get(m * K + k));
+                        linear(dt, one.data(), N, xm.data(), K, packed.data(), bias.data(), 1, N, K, true);
+                        for (int64_t n = 0; n < N; ++n) same = same && one.get(n) == outp.get(m * N + n);
+                    }
+                    expect_true(label("packed rows independent of the batch", dt, M, N, K), same);
                 }
             }
         }
+    }
+}
+
+CPUINFER_TEST(linear_peak_is_measured) {
+    for (DType dt : kFloatTypes) {
+        expect_true(std::string("peak > 0 for ") + dtype_name(dt), linear_peak_flops(dt, 0.01) > 0);
+        expect_true(std::string("a tile name for ") + dtype_name(dt), std::string(linear_tile_impl(dt)).size() > 0);
+    }
+    // The x86 bf16 fast paths are the ones that run (a build slip would silently test the portable tile).
+    const std::string variant = CPUINFER_TEST_VARIANT, tile = linear_tile_impl(DType::bf16);
+    if (variant == "amx" || variant == "avx512bf16") expect_true("bf16 tile of " + variant, tile == variant);
+}
+
+// Many rows and a long K: several row chunks (each a bounded number of bytes
+// of x), split over threads when there are any, with a tail past the last
+// panel; each row alone gives the bits it had in the batch. K = 2048 puts
+// bf16 rows 4 KB apart, which the kernel reads through a copy.
+CPUINFER_TEST(linear_packed_gemm_row_chunks) {
+    const int64_t C = linear_pack_cols();
+    for (DType dt : {DType::bf16, DType::f16}) {
+        const int64_t M = 150, N = 2 * C + 3, K = 2048;
+        Buffer x(dt, M * K), w(dt, N * K), packed(dt, N * K), bias(dt, N), out(dt, M * N), one(dt, N);
+        x.fill_normal(1.f);
+        w.fill_normal(1.f / float(K));
+        bias.fill_normal(0.5f);
+        auto want = ref_linear(x, w, &bias, M, N, K);
+        linear_pack_weight(dt, packed.data(), w.data(), N, K);
+        linear(dt, out.data(), N, x.data(), K, packed.data(), bias.data(), M, N, K, true);
+        Tol t = tol_for(dt);
+        expect_close(label("linear packed, row chunks", dt, M, N, K), out.to_floats().data(), want.data(), M * N,
+                     t.atol + 1e-5 * double(K), t.rtol);
+        bool same = true;
+        for (int64_t m : {int64_t(0), int64_t(47), int64_t(48), int64_t(149)}) {
+            Buffer xm(dt, K);
+            for (int64_t k = 0; k < K; ++k) xm.set(k, x.get(m * K + k));
+            linear(dt, one.data(), N, xm.data(), K, packed.data(), bias.data(), 1, N, K, true);
+            for (int64_t n = 0; n < N; ++n) same = same && one.get(n) == out.get(m * N + n);
+        }
+        expect_true(label("packed rows independent of the batch, row chunks", dt, M, N, K), same);
     }
 }

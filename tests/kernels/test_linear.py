@@ -104,56 +104,143 @@ def test_ops_linear_leading_dims_and_fallback(dtype):
     torch.testing.assert_close(ops.linear(x, wt).float(), x.float() @ w.float().T, **LINEAR_TOL[dtype])
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m", [1, 3, 70])
-@pytest.mark.parametrize("n", [4, 23, 70])
-def test_packed_weight_layout_and_results(kernels, dtype, m, n):
-    """The packed layout is the documented interleave, and linear on it equals linear on the row-major weight."""
-    step = kernels.LINEAR_PACK_STEP
-    k = 3 * step
-    w = (torch.randn(n, k) / k**0.5).to(dtype)
+_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def _layout(kernels, dtype):
+    return kernels.LINEAR_PACK_COLS, kernels.linear_pack_pair(_NAMES[dtype])
+
+
+def _pack(kernels, w):
     packed = torch.empty_like(w)
     kernels.linear_pack_weight(packed, w)
-    full = n // 4 * 4
-    # Independent statement of the layout: blocks of 4 rows, interleaved per step; tail rows as they were.
-    want = w[:full].reshape(full // 4, 4, k // step, step).permute(0, 2, 1, 3).reshape(full, k)
+    return packed
+
+
+def _reference64(x, w, b):
+    out = x.double() @ w.double().T
+    return out + b.double() if b is not None else out
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [4, 23, 70])
+def test_packed_weight_layout(kernels, dtype, n):
+    """The packed layout is the documented panel interleave; tail rows stay as they were."""
+    cols, pair = _layout(kernels, dtype)
+    assert pair in (1, 2) and cols % 2 == 0
+    k = 3 * cols + 2
+    w = (torch.randn(n, k) / k**0.5).to(dtype)
+    packed = _pack(kernels, w)
+    full = n // cols * cols
+    # Independent statement of the layout: element (n, k) of panel n // C at (k // P) * C * P + (n % C) * P + k % P.
+    want = w[:full].reshape(full // cols, cols, k // pair, pair).permute(0, 2, 1, 3).reshape(full, k)
     assert torch.equal(packed[:full], want) and torch.equal(packed[full:], w[full:])
-    x = torch.randn(m, k, dtype=dtype)
-    b = torch.randn(n, dtype=dtype)
-    for bias in (None, b):
-        ref, out = torch.empty(m, n, dtype=dtype), torch.empty(m, n, dtype=dtype)
-        kernels.linear(ref, x, w, bias)
-        kernels.linear(out, x, packed, bias, packed=True)
-        assert torch.equal(out, ref)  # the same sums in the same order
-        _check(out, x, w, bias, dtype)
+
+
+# Rows crossing the register tile (6 or 12 rows: GEMV below, GEMM above), primes, and a row count that
+# spans several row chunks; out features with and without a tail past the last panel; K odd where the
+# layout allows it (pair 1), K not a multiple of the vector width.
+GEMM_ROWS = [1, 2, 3, 5, 7, 8, 11, 12, 13, 16, 17, 23, 24, 25, 31, 32, 37, 64, 97, 128, 131]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,k", [(64, 64), (37, 72), (130, 100), (96, 33), (2, 8), (256, 1000)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_linear_every_m(kernels, dtype, n, k, bias):
+    """Packed linear against a float64 reference for every M across the GEMV/GEMM boundary."""
+    cols, pair = _layout(kernels, dtype)
+    if k % pair:
+        k += 1
+    w = (torch.randn(n, k) / k**0.5).to(dtype)
+    b = torch.randn(n, dtype=dtype) if bias else None
+    packed = _pack(kernels, w)
+    x_all = torch.randn(max(GEMM_ROWS), k, dtype=dtype)
+    outs = {}
+    for m in GEMM_ROWS:
+        x = x_all[:m]
+        out = torch.empty(m, n, dtype=dtype)
+        kernels.linear(out, x, packed, b, packed=True)
+        torch.testing.assert_close(out.double(), _reference64(x, w, b), **LINEAR_TOL[dtype], check_dtype=False)
+        outs[m] = out
+    # Batch invariance: a row's bits do not depend on how many rows are computed with it.
+    full = outs[max(GEMM_ROWS)]
+    for m, out in outs.items():
+        assert torch.equal(out, full[:m]), f"rows 0..{m} differ when computed in a batch of {m}"
+
+
+def test_packed_linear_long_prefill(kernels):
+    """Several row chunks and both threads' ranges: a 2048-token prefill on a Gemma-sized down projection."""
+    k, n, m = 2048, 640, 2048
+    w = (torch.randn(n, k) / k**0.5).bfloat16()
+    x = torch.randn(m, k, dtype=torch.bfloat16)
+    b = torch.randn(n, dtype=torch.bfloat16)
+    out = torch.empty(m, n, dtype=torch.bfloat16)
+    kernels.linear(out, x, _pack(kernels, w), b, packed=True)
+    torch.testing.assert_close(out.float(), _reference(x, w, b), **LINEAR_TOL[torch.bfloat16])
+    one = torch.empty(3, n, dtype=torch.bfloat16)
+    kernels.linear(one, x[1000:1003], _pack(kernels, w), b, packed=True)
+    assert torch.equal(one, out[1000:1003])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_packed_linear_strided_and_misaligned(kernels, dtype):
+    """x and out as column slices (rows strided, start not vector aligned, an odd element offset)."""
+    cols, pair = _layout(kernels, dtype)
+    k, n, m = 6 * cols, 2 * cols + 5, 40
+    big = torch.randn(m, k + 9, dtype=dtype)
+    x = big[:, 3:3 + k]
+    w = (torch.randn(n, k) / k**0.5).to(dtype)
+    out_big = torch.full((m, n + 11), 7.0, dtype=dtype)
+    out = out_big[:, 5:5 + n]
+    kernels.linear(out, x, _pack(kernels, w), None, packed=True)
+    _check(out, x, w, None, dtype)
+    assert (out_big[:, :5] == 7).all() and (out_big[:, 5 + n:] == 7).all()
 
 
 def test_packed_weight_bad_input(kernels):
-    step = kernels.LINEAR_PACK_STEP
-    w = torch.randn(8, step + 1, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match=f"multiple of {step}"):
-        kernels.linear_pack_weight(torch.empty_like(w), w)
-    x, out = torch.randn(1, step + 1, dtype=torch.bfloat16), torch.empty(1, 8, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="packed layout"):
-        kernels.linear(out, x, w, None, packed=True)
-    w = torch.randn(8, step, dtype=torch.bfloat16)
+    cols, pair = _layout(kernels, torch.bfloat16)
+    if pair > 1:
+        w = torch.randn(8, 2 * cols + 1, dtype=torch.bfloat16)
+        with pytest.raises(ValueError, match=f"multiple of {pair}"):
+            kernels.linear_pack_weight(torch.empty_like(w), w)
+        x, out = torch.randn(1, 2 * cols + 1, dtype=torch.bfloat16), torch.empty(1, 8, dtype=torch.bfloat16)
+        with pytest.raises(ValueError, match="packed layout"):
+            kernels.linear(out, x, w, None, packed=True)
+    w = torch.randn(8, cols, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="shape of weight"):
-        kernels.linear_pack_weight(torch.empty(4, step, dtype=torch.bfloat16), w)
+        kernels.linear_pack_weight(torch.empty(4, cols, dtype=torch.bfloat16), w)
     with pytest.raises(ValueError, match="overlap"):
         kernels.linear_pack_weight(w, w)
+    with pytest.raises(TypeError, match="out has dtype float16 but weight is bfloat16"):
+        kernels.linear_pack_weight(torch.empty(8, cols, dtype=torch.float16), w)
+    with pytest.raises(ValueError, match="dtype must be"):
+        kernels.linear_pack_pair("int8")
+    packed = _pack(kernels, w)
+    with pytest.raises(ValueError, match="in_features"):
+        kernels.linear(torch.empty(2, 8, dtype=torch.bfloat16), torch.randn(2, cols + 2, dtype=torch.bfloat16), packed,
+                       None, packed=True)
+    with pytest.raises(ValueError, match="out must be"):
+        kernels.linear(torch.empty(2, 9, dtype=torch.bfloat16), torch.randn(2, cols, dtype=torch.bfloat16), packed,
+                       None, packed=True)
+    with pytest.raises(TypeError, match="input has dtype int32; supported dtypes"):
+        kernels.linear(torch.empty(2, 8, dtype=torch.bfloat16), torch.zeros(2, cols, dtype=torch.int32), packed,
+                       None, packed=True)
 
 
 def test_packed_rows_read_embeddings_back():
     """A tied embedding table is stored packed once: lookups read the original rows back, tail rows included."""
-    w = torch.randn(4 * 5 + 3, 2 * ops._C.LINEAR_PACK_STEP, dtype=torch.bfloat16)
-    assert ops.can_pack(w) and not ops.can_pack(w.float()) and not ops.can_pack(w[:, 1:])
+    cols, _ = ops.pack_layout(torch.bfloat16)
+    n = cols * 5 + 3
+    w = torch.randn(n, 2 * cols, dtype=torch.bfloat16)
+    assert ops.can_pack(w) and not ops.can_pack(w.float())
     packed = ops.pack_weight(w)
-    ids = torch.tensor([0, 3, 4, 22, 21, 20, 19, 7, 7])
+    ids = torch.tensor([0, 3, 4, n - 1, n - 2, n - 3, n - 4, cols, cols + 1, 7, 7])
     assert torch.equal(ops.packed_rows(packed, ids), w[ids])
     assert torch.equal(ops.packed_rows(packed, ids[:4]), w[ids[:4]])
     x = torch.randn(2, w.shape[1], dtype=torch.bfloat16)
-    assert torch.equal(ops.linear(x, packed, packed=True), ops.linear(x, w))
-    for bad in ([23], [-1]):
+    torch.testing.assert_close(ops.linear(x, packed, packed=True).float(), x.float() @ w.float().T,
+                               **LINEAR_TOL[torch.bfloat16])
+    for bad in ([n], [-1]):
         with pytest.raises(IndexError, match="token ids"):
             ops.packed_rows(packed, torch.tensor(bad))
     with pytest.raises(ValueError, match="packed weight"):

@@ -1,0 +1,203 @@
+// The linear layer on a packed weight: one kernel for decode (a few rows, a
+// GEMV reading W once) and for prefill and batches (a blocked GEMM).
+//
+// Layout (linear_pack_weight): output features in panels of
+// C = linear_pack_cols() (2 vectors of this build); a panel is K x C elements,
+// k-major, each column's kPair consecutive k adjacent (panel_kernel.h). Rows
+// past the last full panel stay row-major and take the row-major kernel.
+//
+// Work: the rows of x are cut into chunks sized so that a chunk of x stays in
+// L2 while the weight panels pass by; a task is (row chunk, panel), ordered
+// chunk-major, and parallel_for hands each thread one contiguous run of
+// tasks. So a long prefill splits over rows (each thread keeps its own x in
+// its L2 and reads the small weight from L3), a short batch or a decode step
+// splits over panels (each thread reads half of W once). Inside a task the
+// chunk's rows go through the register tile in even groups of at most
+// kMaxRows rows; the panel stays in L1/L2 between groups.
+//
+// Determinism and batch invariance: every output element is the same chain
+// of multiply-adds in k order, one f32 rounding to the output type at the
+// end, whatever M, the chunking, the grouping or the thread count; so a row's
+// result does not depend on the batch it was computed in (the engine's greedy
+// outputs rely on that; tests/kernels/test_linear.py checks it across the
+// decode/prefill sizes).
+#include "linear_packed.h"
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "dispatch_dtype.h"
+#include "panel_kernel.h"
+#include "parallel.h"
+#include "vec.h"
+
+namespace cpuinfer {
+namespace {
+
+constexpr int64_t kChunkBytes = 192 * 1024;  // x bytes per row chunk: half of a 1-2 MB L2 with the panel
+constexpr int kMaxLanes = 64;                // f32 lanes of the widest vector (SVE 2048-bit)
+
+template <typename T>
+void run(T *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, int64_t M, int64_t panels,
+         int64_t K) {
+    using Kernel = panel::PanelKernel<T>;
+    using X = typename Kernel::X;
+    const int W = vec::width();
+    const int64_t C = 2 * int64_t(W), MR = Kernel::kMaxRows;
+    // Row chunks: at most kChunkBytes of x each, of equal size, and a
+    // multiple of the thread count of them (while that leaves chunks of
+    // at least 2 tiles), so that every thread gets the same rows:
+    // parallel_for splits the tasks into equal contiguous runs. Measured on
+    // 2 cores: unequal chunks (156, 156, 156, 44 rows at M = 512) cost ~20%.
+    int64_t chunks = 1;
+    const int64_t max_rows = std::max<int64_t>(MR, kChunkBytes / (K * int64_t(sizeof(T))));
+    if (M > max_rows) {
+        const int64_t nth = max_threads();
+        chunks = (M + max_rows - 1) / max_rows;
+        const int64_t even = (chunks + nth - 1) / nth * nth;
+        if (M / even >= 2 * MR) chunks = even;
+    }
+    const int64_t chunk = (M + chunks - 1) / chunks, tasks = chunks * panels;
+    // As the row-major GEMV: at least ~64K multiply-adds per thread, so that
+    // a decode step's small projections do not pay for waking the team.
+    const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / (C * K * std::min<int64_t>(chunk, 64)));
+    // x as the tile reads it: widened to f32 for the portable tile; and
+    // copied when its rows are a multiple of 4 KB apart, since then the
+    // tile's rows fall into one L1 set and evict each other (measured: Gemma 3
+    // down, K = 2048, M = 2048: 413 -> 449 GFLOP/s). The copy's rows are
+    // one cache line further apart than that.
+    const bool copy_x = Kernel::kCopyX || !std::is_same_v<X, T> || (M > 8 && (xs * int64_t(sizeof(T))) % 4096 == 0);
+    const int64_t line = int64_t(tuning::kCacheLine / sizeof(X));
+    int64_t xbs = K + line;
+    if ((xbs * int64_t(sizeof(X))) % 4096 == 0) xbs += line;
+    parallel_for(tasks, grain, [&](int64_t b, int64_t e) {
+        alignas(64) float acc[32 * 2 * kMaxLanes];  // up to 32 slots of (row, panel)
+        alignas(64) float bias_f[4 * 2 * kMaxLanes];
+        thread_local std::vector<X> x_copy;  // the row chunk as the tile reads it (see copy_x)
+        int64_t copied = -1;                 // which chunk x_copy holds
+        Kernel::begin();
+        for (int64_t t = b; t < e; ++t) {
+            const int64_t c = t / panels, p = t % panels;
+            int np_done = 1;
+            const int64_t m_begin = c * chunk, rows = std::min(chunk, M - m_begin);
+            if (rows <= 0) continue;
+            const X *xc = reinterpret_cast<const X *>(x + m_begin * xs);  // X is T unless copy_x
+            int64_t xcs = xs;
+            if (copy_x) {
+                if (copied != c) {
+                    // Rows up to a multiple of kRowPad, zero (AMX tiles read 16 rows).
+                    const int64_t padded = (rows + Kernel::kRowPad - 1) / Kernel::kRowPad * Kernel::kRowPad;
+                    if (int64_t(x_copy.size()) < padded * xbs) x_copy.resize(size_t(padded * xbs));
+                    if (padded > rows) std::memset(x_copy.data() + rows * xbs, 0, size_t((padded - rows) * xbs) * sizeof(X));
+                    for (int64_t r = 0; r < rows; ++r) {
+                        const T *src = x + (m_begin + r) * xs;
+                        X *dst = x_copy.data() + r * xbs;
+                        if constexpr (std::is_same_v<X, T>) {
+                            std::memcpy(dst, src, size_t(K) * sizeof(T));
+                        } else {
+                            int64_t k = 0;
+                            for (; k + W <= K; k += W) vec::store(dst + k, vec::load(src + k));
+                            for (; k < K; ++k) dst[k] = to_f32(src[k]);
+                        }
+                    }
+                    copied = c;
+                }
+                xc = x_copy.data();
+                xcs = xbs;
+            }
+            const int64_t groups = (rows + MR - 1) / MR;
+            const int64_t per = std::min<int64_t>(MR, ((rows + groups - 1) / groups + Kernel::kRowPad - 1) /
+                                                          Kernel::kRowPad * Kernel::kRowPad);
+            // Panels side by side: only for one or two rows (then this
+            // task's run holds one row chunk, and the next tasks are the next
+            // panels of it).
+            const int64_t np_max = std::min<int64_t>({Kernel::panels(int(per)), e - t, panels - p});
+            const int np = np_max >= 4 ? 4 : np_max >= 2 ? 2 : 1;
+            const T *wp = w + p * C * K;
+            if (bias) {
+                for (int64_t j = 0; j < np * C; j += C) {
+                    if constexpr (Kernel::kPairOrder) {
+                        vec::store(bias_f + j, vec::load2a(bias + p * C + j));
+                        vec::store(bias_f + j + W, vec::load2b(bias + p * C + j));
+                    } else {
+                        vec::store(bias_f + j, vec::load(bias + p * C + j));
+                        vec::store(bias_f + j + W, vec::load(bias + p * C + j + W));
+                    }
+                }
+            }
+            for (int64_t r0 = 0; r0 < rows; r0 += per) {
+                const int mr = int(std::min(per, rows - r0));
+                const int64_t m0 = m_begin + r0;
+                const int used = np;  // run() takes np panels for every mr <= per
+                Kernel::run(mr, np, xc + r0 * xcs, xcs, wp, C * K, K, acc);
+                for (int r = 0; r < mr; ++r) {
+                    for (int q = 0; q < used; ++q) {
+                        T *o = out + (m0 + r) * os + (p + q) * C;
+                        const float *a = acc + (r * used + q) * C;
+                        vec::vf va = vec::load(a), vb = vec::load(a + W);
+                        if (bias) {
+                            va = vec::add(va, vec::load(bias_f + q * C));
+                            vb = vec::add(vb, vec::load(bias_f + q * C + W));
+                        }
+                        if constexpr (Kernel::kPairOrder) {
+                            vec::store2(o, va, vb);
+                        } else {
+                            vec::store(o, va);
+                            vec::store(o + W, vb);
+                        }
+                    }
+                }
+                np_done = used;
+            }
+            t += np_done - 1;
+        }
+        Kernel::end();
+    });
+}
+
+}  // namespace
+
+int64_t linear_pack_cols() { return 2 * int64_t(vec::width()); }
+
+int64_t linear_pack_pair(DType dt) {
+    int64_t pair = 1;
+    with_float_type(dt, [&](auto tag) { pair = panel::PanelKernel<decltype(tag)>::kPair; });
+    return pair;
+}
+
+const char *linear_tile_impl(DType dt) {
+    const char *name = "";
+    with_float_type(dt, [&](auto tag) { name = panel::PanelKernel<decltype(tag)>::kName; });
+    return name;
+}
+
+void linear_pack_weight(DType dt, void *dst, const void *src, int64_t N, int64_t K) {
+    const int64_t C = linear_pack_cols(), P = linear_pack_pair(dt), es = dtype_size(dt);
+    const char *in = static_cast<const char *>(src);
+    char *o = static_cast<char *>(dst);
+    const int64_t panels = N / C;
+    parallel_for(panels, 4, [&](int64_t b, int64_t e) {
+        for (int64_t p = b; p < e; ++p) {
+            const char *rows = in + p * C * K * es;
+            char *to = o + p * C * K * es;
+            for (int64_t k = 0; k < K; k += P)
+                for (int64_t j = 0; j < C; ++j, to += P * es) std::memcpy(to, rows + (j * K + k) * es, size_t(P * es));
+        }
+    });
+    // The tail rows stay row-major.
+    std::memcpy(o + panels * C * K * es, in + panels * C * K * es, size_t((N - panels * C) * K * es));
+}
+
+void linear_panels(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_stride, const void *weight,
+                   const void *bias, int64_t M, int64_t panels, int64_t K) {
+    if (M <= 0 || panels <= 0) return;
+    with_float_type(dt, [&](auto tag) {
+        using T = decltype(tag);
+        run<T>(static_cast<T *>(out), out_stride, static_cast<const T *>(x), x_stride,
+               static_cast<const T *>(weight), static_cast<const T *>(bias), M, panels, K);
+    });
+}
+
+}  // namespace cpuinfer
