@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import sys
 from typing import Any
@@ -19,7 +20,40 @@ def _cpu_details() -> dict[str, Any]:
     raw = cpuinfo.get_cpu_info()
     keep = ("brand_raw", "vendor_id_raw", "hz_advertised_friendly", "count", "l1_data_cache_size",
             "l2_cache_size", "l3_cache_size")
-    return {k: raw[k] for k in keep if k in raw}
+    details = {k: raw[k] for k in keep if k in raw}
+    details.update(sysfs_cache_sizes())
+    return details
+
+
+_CACHE_KEYS = {"1": "l1_data_cache_size", "2": "l2_cache_size", "3": "l3_cache_size"}
+
+
+def sysfs_cache_sizes(cpu_dir: str = "/sys/devices/system/cpu/cpu0/cache") -> dict[str, int]:
+    """Per-instance data/unified cache sizes in bytes from Linux sysfs (what `lscpu -C` reads).
+
+    py-cpuinfo's figures are totals over cores for L1/L2 and can be wrong for L3 (1 MiB on a 32 MiB
+    EPYC); sysfs is the kernel's own answer. Empty where sysfs is absent (macOS, some containers).
+    """
+    out: dict[str, int] = {}
+    try:
+        entries = sorted(e for e in os.listdir(cpu_dir) if e.startswith("index"))
+    except OSError:
+        return out
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    for entry in entries:
+        try:
+            level, kind, size = (open(os.path.join(cpu_dir, entry, name)).read().strip()
+                                 for name in ("level", "type", "size"))
+        except OSError:
+            continue
+        key = _CACHE_KEYS.get(level)
+        if key is None or kind == "Instruction" or not size:
+            continue
+        scale = units.get(size[-1].upper(), 1)
+        digits = size[:-1] if size[-1].upper() in units else size
+        if digits.isdigit():
+            out[key] = int(digits) * scale
+    return out
 
 
 def collect(sel: Selection) -> dict[str, Any]:

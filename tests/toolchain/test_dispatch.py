@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import types
@@ -122,3 +123,15 @@ def test_import_path_does_not_run_py_cpuinfo():
     r = run_py("import sys, cpuinfer; print('cpuinfo' in sys.modules)")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "False"
+
+
+@pytest.mark.skipif(shutil.which("lscpu") is None or not os.path.isdir("/sys/devices/system/cpu/cpu0/cache"),
+                    reason="needs Linux sysfs and util-linux's lscpu")
+def test_info_cache_sizes_match_lscpu():
+    # lscpu reads the same kernel tables independently; py-cpuinfo said L3 = 1 MiB on a 32 MiB EPYC.
+    out = subprocess.run(["lscpu", "-C=NAME,ONE-SIZE", "-B"], capture_output=True, text=True, timeout=30).stdout
+    sizes = dict(line.split() for line in out.splitlines()[1:] if len(line.split()) == 2)
+    cpu = cpuinfer.info()["cpu"]
+    for name, key in (("L1d", "l1_data_cache_size"), ("L2", "l2_cache_size"), ("L3", "l3_cache_size")):
+        if name in sizes:
+            assert cpu[key] == int(sizes[name]), (name, cpu.get(key), sizes[name])
