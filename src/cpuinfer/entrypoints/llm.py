@@ -76,11 +76,10 @@ class LLM:
         """Apply the model's chat template to one conversation (or a list of them) and generate replies."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         spec = self.llm_engine.config.spec
-        tok = self.get_tokenizer()
         prompts = []
         for conv in conversations:
-            text = spec.apply_chat_template(conv, add_generation_prompt=add_generation_prompt)
-            prompts.append({"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False).ids})
+            text, ids = spec.encode_chat(conv, add_generation_prompt=add_generation_prompt)
+            prompts.append({"prompt": text, "prompt_token_ids": ids})
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def _run(self, prompts: list[Prompt], params: list[SamplingParams], use_tqdm: bool) -> list[RequestOutput]:

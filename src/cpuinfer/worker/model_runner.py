@@ -14,12 +14,10 @@ import numpy as np
 import torch
 
 from ..attention import AttentionMetadata
+from ..attention.cache_dtypes import CACHE_DTYPES
 from ..model_loader import ModelSpec, load_weights
 from ..models import build_model
 from ..platform.memory import zeros_huge
-
-CACHE_DTYPES = {"auto": None, "bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
-                "fp8": torch.float8_e5m2, "fp8_e5m2": torch.float8_e5m2}
 
 
 @dataclass
@@ -37,9 +35,12 @@ class ModelRunner:
 
     def __init__(self, spec: ModelSpec, block_size: int, num_blocks: int, cache_dtype: torch.dtype | str | None = None):
         """Load weights, allocate the KV cache ([num_blocks, kv_heads, block_size, head_size] K and V per layer)."""
-        if isinstance(cache_dtype, str):
+        if cache_dtype == "auto":
+            cache_dtype = None
+        elif isinstance(cache_dtype, str):
             if cache_dtype not in CACHE_DTYPES:
-                raise ValueError(f"cache dtype {cache_dtype!r} is not supported; use one of {', '.join(CACHE_DTYPES)}")
+                raise ValueError(f"cache dtype {cache_dtype!r} is not supported; use one of auto, "
+                                 f"{', '.join(CACHE_DTYPES)}")
             cache_dtype = CACHE_DTYPES[cache_dtype]
         if block_size <= 0 or num_blocks <= 0:
             raise ValueError(f"block_size and num_blocks must be positive, got {block_size} and {num_blocks}")

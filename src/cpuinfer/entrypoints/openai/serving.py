@@ -554,18 +554,16 @@ class OpenAIServing:
     async def _chat_prompt(self, req: ChatCompletionRequest | TokenizeChatRequest, add_special_tokens: bool,
                            continue_final: bool = False) -> Prompt:
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-        tok = self.engine.tokenization
-        render = tok.chat_prompt
+        args = (messages, req.add_generation_prompt, continue_final, add_special_tokens)
+        encode_chat = self.engine.tokenization.encode_chat
         try:
             if sum(len(m["content"]) for m in messages) <= INLINE_TEXT_CHARS:
-                text = render(messages, req.add_generation_prompt, continue_final)
+                text, ids = encode_chat(*args)
             else:
-                text = await anyio.to_thread.run_sync(render, messages, req.add_generation_prompt, continue_final)
-        except APIError:
-            raise
+                text, ids = await anyio.to_thread.run_sync(encode_chat, *args)
         except Exception as e:  # noqa: BLE001 - template errors are about the conversation the client sent
             raise APIError(f"The chat template cannot format these messages: {e}", 400, "messages") from e
-        return Prompt(await self.encode(text, add_special_tokens), text)
+        return Prompt(ids, text)
 
     async def chat(self, req: ChatCompletionRequest, raw: Request):
         """POST /v1/chat/completions."""

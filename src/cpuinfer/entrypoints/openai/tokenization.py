@@ -36,14 +36,7 @@ class Tokenization:
         """The text of one token on its own (for logprobs)."""
         return self._token_text(int(token_id))
 
-    def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True,
-                    continue_final_message: bool = False) -> str:
-        """The prompt text the model's chat template makes of `messages`."""
-        if continue_final_message:
-            # Render the whole conversation, then cut after the final (partial) assistant message so the
-            # model continues it instead of starting a new turn (what transformers does).
-            text = self.spec.apply_chat_template(messages, add_generation_prompt=False)
-            final = messages[-1]["content"]
-            cut = text.rfind(final) if final else -1
-            return text[: cut + len(final)] if cut >= 0 else text
-        return self.spec.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool, continue_final_message: bool,
+                    add_special_tokens: bool) -> tuple[str, list[int]]:
+        """(prompt text, token ids) of chat messages after the model's chat template (the model spec's helper)."""
+        return self.spec.encode_chat(messages, add_generation_prompt, continue_final_message, add_special_tokens)
