@@ -30,8 +30,3 @@ class AttentionMetadata:
     def num_seqs(self) -> int:
         """Number of sequences in the step."""
         return len(self.query_lens)
-
-    @property
-    def is_decode_only(self) -> bool:
-        """True when every sequence computes exactly one token."""
-        return self.max_query_len == 1

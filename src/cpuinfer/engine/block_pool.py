@@ -56,7 +56,6 @@ class BlockPool:
         # Counters for stats.
         self.query_tokens = 0
         self.hit_tokens = 0
-        self.evictions = 0
 
     # ---- capacity -------------------------------------------------------------------------------
     @property
@@ -84,7 +83,6 @@ class BlockPool:
             else:
                 bid, _ = self._free_cached.popitem(last=False)
                 self._uncache(self.blocks[bid])
-                self.evictions += 1
             self.blocks[bid].ref_cnt = 1
             out.append(bid)
         return out

@@ -208,7 +208,7 @@ class EngineCore:
 
 def _without(sched: SchedulerOutput, drop: set[int]) -> SchedulerOutput:
     """The step minus the requests whose id() is in `drop` (they failed; the rest go on)."""
-    out = SchedulerOutput(num_preempted=sched.num_preempted)
+    out = SchedulerOutput()
     for req, n, seq in zip(sched.requests, sched.num_tokens, sched.seqs, strict=True):
         if id(req) not in drop:
             out.requests.append(req)

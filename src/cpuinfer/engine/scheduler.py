@@ -18,19 +18,7 @@ from dataclasses import dataclass, field
 
 from cpuinfer.engine.block_pool import BlockPool
 from cpuinfer.engine.request import Request, Status
-
-try:  # the runner's input type (models helper's module)
-    from cpuinfer.worker.model_runner import ScheduledSeq
-except ImportError:  # pragma: no cover - only before the model runner exists
-
-    @dataclass
-    class ScheduledSeq:  # type: ignore[no-redef]
-        """Mirror of cpuinfer.worker.model_runner.ScheduledSeq."""
-
-        token_ids: list[int]
-        start_pos: int
-        block_table: list[int]
-        sample: bool
+from cpuinfer.worker.model_runner import ScheduledSeq
 
 
 @dataclass
@@ -51,12 +39,6 @@ class SchedulerOutput:
     num_tokens: list[int] = field(default_factory=list)
     seqs: list[ScheduledSeq] = field(default_factory=list)
     sampled: list[Request] = field(default_factory=list)  # requests whose last chunk token is sampled
-    num_preempted: int = 0
-
-    @property
-    def total_tokens(self) -> int:
-        """Tokens computed in this step."""
-        return sum(self.num_tokens)
 
 
 class Scheduler:
@@ -115,7 +97,6 @@ class Scheduler:
                 budget += chosen.pop(id(victim), 0)
                 self._preempt(victim)
                 preempted_now = True
-                out.num_preempted += 1
                 if victim is req:
                     break
             if req.status == Status.RUNNING:
@@ -218,13 +199,6 @@ class Scheduler:
                 self._finish(req, req.finish_reason)
                 finished.append(req)
         return finished
-
-    def finish_request(self, req: Request, reason: str, stop_reason: int | str | None = None) -> None:
-        """End a running or waiting request from outside (e.g. a stop string matched)."""
-        if req.status == Status.FINISHED:
-            return
-        self.abort(req)
-        req.finish_reason, req.stop_reason = reason, stop_reason
 
     def _finish(self, req: Request, reason: str | None) -> None:
         req.status = Status.FINISHED

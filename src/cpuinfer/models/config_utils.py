@@ -5,13 +5,6 @@ from __future__ import annotations
 from ..model_loader.errors import ModelLoadError
 
 
-def require(config: dict, key: str, source: str):
-    """config[key], or a clear error naming the file and key."""
-    if config.get(key) is None:
-        raise ModelLoadError(f"{source}: config has no {key!r}")
-    return config[key]
-
-
 def head_dim(config: dict) -> int:
     """Attention head size (explicit head_dim, else hidden_size / num_attention_heads)."""
     return int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
