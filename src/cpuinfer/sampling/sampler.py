@@ -14,10 +14,21 @@ The common case (all greedy, no penalties, no logprobs) is one argmax.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
-from cpuinfer.engine.request import Request
+from cpuinfer.sampling_params import SamplingParams
+
+
+class SampleRequest(Protocol):
+    """What the sampler reads of one sequence (the engine's Request has these; so can a test's stand-in)."""
+
+    params: SamplingParams
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    stop_ids: tuple[int, ...]  # masked until min_tokens are out
+    generator: torch.Generator | None  # a seeded request's own; None: the sampler's
 
 
 @dataclass
@@ -86,7 +97,7 @@ class Sampler:
         else:
             self.generator.seed()
 
-    def __call__(self, logits: torch.Tensor, reqs: list[Request]) -> SampleResult:
+    def __call__(self, logits: torch.Tensor, reqs: list[SampleRequest]) -> SampleResult:
         """logits: float32 [len(reqs), V], rows in the order of reqs."""
         params = [r.params for r in reqs]
         want_lp = [p.logprobs is not None for p in params]
@@ -118,7 +129,7 @@ class Sampler:
             lps = self._logprobs(raw, tokens, params, want_lp)
         return SampleResult(tokens, lps)
 
-    def _sample(self, logits: torch.Tensor, reqs: list[Request], params: list, greedy: list[bool]) -> list[int]:
+    def _sample(self, logits: torch.Tensor, reqs: list[SampleRequest], params: list, greedy: list[bool]) -> list[int]:
         rows = [i for i, g in enumerate(greedy) if not g]
         x = logits[rows]  # a copy: the filters below work in place
         temp = torch.tensor([params[i].temperature for i in rows], dtype=x.dtype)
