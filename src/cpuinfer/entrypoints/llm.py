@@ -103,6 +103,9 @@ class LLM:
                 for out in engine.step():
                     if out.finished:
                         results[out.request_id] = out
+                        if out.error_id is not None:  # the others go on; this one's outputs end with "error"
+                            logger.warning("request %s failed inside the engine (error id %s); see the log above",
+                                           out.request_id, out.error_id)
                         if bar is not None:
                             n_in += len(out.prompt_token_ids)
                             n_out += sum(len(o.token_ids) for o in out.outputs)
