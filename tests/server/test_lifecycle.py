@@ -187,3 +187,19 @@ def test_bad_engine_flag_exits_1_naming_it():
                        capture_output=True, text=True, timeout=180, env=server_env())
     assert r.returncode == 1
     assert "--block-size=7" in r.stdout + r.stderr
+
+
+def test_a_long_step_is_not_a_hang():
+    # One prefill step of ~4,000 tokens takes seconds on 2 cores, far past a 1 s heartbeat timeout: the core's
+    # heartbeat thread keeps beating through it (kernels release the GIL), so the engine is not declared hung.
+    with running_server("--engine-heartbeat-timeout", "1", "--max-model-len", "4096",
+                        "--max-num-batched-tokens", "4096") as server:
+        prompt = list(range(1000, 5000))  # 4,000 token ids, one chunk
+        t0 = time.monotonic()
+        r = httpx.post(server.v1 + "/completions", headers=server.headers(), timeout=300,
+                       json={"model": _model(server), "prompt": prompt, "max_tokens": 2, "temperature": 0})
+        elapsed = time.monotonic() - t0
+        assert r.status_code == 200, r.text
+        assert elapsed > 1.0, f"the step took {elapsed:.2f}s: too short to prove anything"
+        assert server.proc.poll() is None and httpx.get(server.url + "/health", timeout=5).status_code == 200
+        assert "answered nothing" not in server.log()

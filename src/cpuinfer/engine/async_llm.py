@@ -54,7 +54,7 @@ import weakref
 from cpuinfer.config import EngineArgs
 from cpuinfer.engine.core_proc import CoreFailed, Ready, start_core_process
 from cpuinfer.engine.limits import RequestLimits, validate_request
-from cpuinfer.engine.messages import AbortRequests, EngineStats, GetStats, Ping, Pong, Shutdown, StepResult
+from cpuinfer.engine.messages import AbortRequests, EngineStats, GetStats, Heartbeat, Shutdown, StepResult
 from cpuinfer.engine.output_processor import OutputProcessor
 from cpuinfer.errors import EngineDeadError, EngineOverloadedError, InvalidRequestError, RequestFailedError
 from cpuinfer.outputs import RequestOutput
@@ -263,9 +263,8 @@ class AsyncLLM:
                     return
 
     def _heartbeat_loop(self) -> None:
-        """Ping the core; if it answers nothing for heartbeat_timeout seconds, it is hung: kill it."""
+        """Watch the core's heartbeats; if nothing arrives for heartbeat_timeout seconds, it is hung: kill it."""
         interval = min(1.0, self.heartbeat_timeout / 4)
-        seq = 0
         while not self._closing and self._dead is None:
             time.sleep(interval)
             silent = time.monotonic() - self._last_heard
@@ -280,9 +279,6 @@ class AsyncLLM:
                     logger.debug("could not kill the engine core", exc_info=True)
                 self._report(CoreFailed(reason))
                 return
-            if silent > interval:
-                seq += 1
-                self._send(Ping(seq))
 
     def _read_loop(self) -> None:
         while True:
@@ -297,7 +293,7 @@ class AsyncLLM:
                     code = self._proc.exitcode
                 msg = CoreFailed(f"the engine core process exited (code {code})")
             self._last_heard = time.monotonic()
-            if isinstance(msg, Pong):
+            if isinstance(msg, Heartbeat):
                 continue
             self._report(msg)
             if isinstance(msg, CoreFailed):

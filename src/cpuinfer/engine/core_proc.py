@@ -10,9 +10,10 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import signal
+import threading
 from dataclasses import dataclass
 
-from cpuinfer.engine.messages import AbortRequests, AddRequest, GetStats, Ping, Pong, Shutdown, StepResult
+from cpuinfer.engine.messages import AbortRequests, AddRequest, GetStats, Heartbeat, Shutdown, StepResult
 
 logger = logging.getLogger("cpuinfer.engine")
 
@@ -32,19 +33,48 @@ class CoreFailed:
     message: str
 
 
-def core_main(args, serving: bool, inbox, outbox) -> None:
+class _Outbox:
+    """The pipe to the front end, shared by the step loop and the heartbeat thread (a Connection is not
+    thread-safe)."""
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.lock = threading.Lock()
+
+    def send(self, msg) -> None:
+        """Send one message."""
+        with self.lock:
+            self.conn.send(msg)
+
+
+def _beat(outbox: _Outbox, interval: float, stop: threading.Event) -> None:
+    """Heartbeats until stopped or the front end is gone."""
+    seq = 0
+    while not stop.wait(interval):
+        seq += 1
+        try:
+            outbox.send(Heartbeat(seq))
+        except (OSError, ValueError):  # the front end closed the pipe: the step loop sees it too
+            return
+
+
+def core_main(args, serving: bool, inbox, conn) -> None:
     """Entry point of the core process."""
     # The parent owns the core's lifetime: a Ctrl-C reaches the whole process group, and a server must be able
     # to drain its in-flight requests before it sends Shutdown. If the parent dies, the pipe closes and we exit.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s",
                         datefmt="%m-%d %H:%M:%S")
+    outbox = _Outbox(conn)
+    stop = threading.Event()
     try:
         from cpuinfer.engine.core import EngineCore
 
         config = args.create_engine_config(serving=serving)
         core = EngineCore.from_config(config)
         outbox.send(Ready(config.num_blocks))
+        interval = min(1.0, float(args.engine_heartbeat_timeout) / 4)
+        threading.Thread(target=_beat, args=(outbox, interval, stop), name="cpuinfer-heartbeat", daemon=True).start()
         while True:
             errors: dict[str, str] = {}
             while inbox.poll() or not core.has_unfinished():
@@ -54,8 +84,6 @@ def core_main(args, serving: bool, inbox, outbox) -> None:
                         core.add_request(msg)
                     except ValueError as exc:
                         errors[msg.request_id] = str(exc)
-                elif isinstance(msg, Ping):
-                    outbox.send(Pong(msg.seq))
                 elif isinstance(msg, AbortRequests):
                     core.abort(msg.request_ids)
                 elif isinstance(msg, GetStats):
@@ -74,6 +102,8 @@ def core_main(args, serving: bool, inbox, outbox) -> None:
         except (OSError, ValueError):
             logger.debug("could not report the failure: the front end is gone", exc_info=True)
         raise
+    finally:
+        stop.set()
 
 
 def start_core_process(args, serving: bool):

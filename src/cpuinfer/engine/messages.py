@@ -61,15 +61,9 @@ class SeqOutput:
 
 
 @dataclass
-class Ping:
-    """Heartbeat: the core answers with a Pong between two steps."""
-
-    seq: int
-
-
-@dataclass
-class Pong:
-    """The core is alive and stepping."""
+class Heartbeat:
+    """Sent by the core every fraction of --engine-heartbeat-timeout, from its own thread: the core
+    process is alive and scheduled (kernels release the GIL, so a long step does not silence it)."""
 
     seq: int
 
