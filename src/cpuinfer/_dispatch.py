@@ -21,12 +21,9 @@ from pathlib import Path
 from types import ModuleType
 
 from . import _abi, envs
+from .errors import IsaError
 
 logger = logging.getLogger("cpuinfer")
-
-
-class IsaError(RuntimeError):
-    """No usable kernel variant, or a forced one this machine cannot run."""
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,16 @@ import uuid
 
 
 class CpuinferError(Exception):
-    """Base of every error cpuinfer raises on purpose."""
+    """Base of every error cpuinfer raises on purpose (EnvError, in envs.py, stays a plain ValueError: the
+    build backend loads that file on its own, without this package)."""
+
+
+class IsaError(CpuinferError, RuntimeError):
+    """No usable kernel variant, or a forced one this machine cannot run."""
+
+
+class ModelLoadError(CpuinferError, ValueError):
+    """A model file is missing, corrupt, or describes something cpuinfer does not support."""
 
 
 class InvalidRequestError(CpuinferError, ValueError):

@@ -1,5 +1,6 @@
-"""The one error type the loader raises for bad model files or unsupported models."""
+"""The one error type the loader raises for bad model files or unsupported models (defined with the
+other public errors in cpuinfer.errors)."""
 
+from cpuinfer.errors import ModelLoadError
 
-class ModelLoadError(ValueError):
-    """A model file is missing, corrupt, or describes something cpuinfer does not support."""
+__all__ = ["ModelLoadError"]
