@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 
 import httpx
@@ -65,7 +66,9 @@ def content_type(response) -> str:
 
 def check_stream(text: str) -> None:
     """A complete event stream: JSON events, at most one error event (the last before [DONE]), then [DONE]."""
-    events = [line[len("data: "):] for line in text.splitlines() if line.startswith("data: ")]
+    # SSE lines end at CR or LF only; str.splitlines() would also split inside generated text at U+2028,
+    # U+0085 or \x1c (JSON leaves those unescaped).
+    events = [line[len("data: "):] for line in re.split(r"\r\n|\r|\n", text) if line.startswith("data: ")]
     assert events and events[-1] == "[DONE]", text[-500:]
     bodies = [json.loads(e) for e in events[:-1]]
     errors = [i for i, b in enumerate(bodies) if "error" in b]
