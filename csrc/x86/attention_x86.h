@@ -14,19 +14,13 @@
 
 #include "../common/attention_tile.h"
 #include "../common/vec.h"
+#include "bf16_x86.h"
 
 #if defined(__AVX512BF16__) || defined(CPUINFER_SIMDE_AVX512BF16)
 #define CPUINFER_ATTN_DPBF16 1
 #endif
 #if defined(__AMX_BF16__) || defined(CPUINFER_SIMDE_AMX)
 #define CPUINFER_ATTN_AMX 1
-#if defined(CPUINFER_SIMDE_EMULATION)
-#include "amx_emulation.h"
-#else
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 #endif
 
 #if defined(CPUINFER_ATTN_AMX)
@@ -38,15 +32,7 @@
 namespace cpuinfer::attn {
 
 #if defined(CPUINFER_ATTN_DPBF16)
-inline __m512bh as_bh(__m512i x) {
-#if defined(CPUINFER_SIMDE_EMULATION)
-    __m512bh r;
-    std::memcpy(&r, &x, sizeof r);
-    return r;
-#else
-    return (__m512bh)x;
-#endif
-}
+using x86::as_bh;
 
 // 32 bf16 at p (or 16, zero-extended, for the last chunk of D = 80).
 inline __m512i load_bf16x32(const bf16_t *p, int64_t n) {
@@ -102,11 +88,7 @@ constexpr int kAmxMinRows = 8;  // below this a 16-row tile wastes too much of i
 //   3, 4: the same for the last 16 columns of D = 80
 // PV  O[16 rows x 16 d] = P[16 rows x 16 keys] . V[16 keys x 16 d]
 //   5: P (16 x 16 bf16)   6: V chunk, VNNI (8 key pairs x 16 d)   7: O (16 x 16 f32)
-struct alignas(64) TileConfig {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-};
+using x86::TileConfig;
 
 inline TileConfig make_tile_config() {
     TileConfig c;
@@ -118,31 +100,14 @@ inline TileConfig make_tile_config() {
     return c;
 }
 
-// Loads our tile configuration. Called at the start of every work unit, not
-// once per thread: oneDNN's AMX GEMMs run on the same OpenMP threads between
-// our calls and leave their own configuration behind. The asm operand covers
-// the whole 64-byte struct, so the compiler cannot drop any of its stores
-// (GCC 12 can with the _tile_loadconfig intrinsic, see DESIGN.md).
+// Our tile configuration, loaded at the start of every work unit (see
+// x86::load_tile_config for why not once per thread).
 inline void amx_begin() {
     static const TileConfig cfg = make_tile_config();
-#if defined(CPUINFER_SIMDE_EMULATION)
-    amx_emu::load_config(&cfg, sizeof cfg);
-#else
-    // The OS must grant the tile data state once per process; the dispatcher
-    // asks before importing this variant, and asking again is harmless.
-    thread_local bool granted = [] {
-        return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
-    }();
-    (void)granted;
-    asm volatile("ldtilecfg %0" ::"m"(cfg));
-#endif
+    x86::load_tile_config(cfg);
 }
 
-inline void amx_end() {
-#if !defined(CPUINFER_SIMDE_EMULATION)
-    _tile_release();
-#endif
-}
+inline void amx_end() { x86::release_tiles(); }
 
 // Q^T in VNNI layout for one tile of R <= 16 rows: qv[(c * 16 + i) * 16 + m]
 // holds the bf16 pair (q[m][32c + 2i], q[m][32c + 2i + 1]); rows >= R are 0.

@@ -13,29 +13,13 @@
 #include <cstring>
 
 #include "../common/vec.h"
-#if defined(__AMX_BF16__) || defined(CPUINFER_SIMDE_AMX)
-#if defined(CPUINFER_SIMDE_EMULATION)
-#include "amx_emulation.h"
-#else
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
-#endif
+#include "bf16_x86.h"
 
 #if defined(__AVX512BF16__) || defined(CPUINFER_SIMDE_AVX512BF16)
 
 namespace cpuinfer::panel {
 
-inline __m512bh as_bh(__m512i x) {
-#if defined(CPUINFER_SIMDE_EMULATION)
-    __m512bh r;
-    std::memcpy(&r, &x, sizeof r);
-    return r;
-#else
-    return (__m512bh)x;
-#endif
-}
+using x86::as_bh;
 
 // The VDPBF16PS register tile (the avx512bf16 variant's bf16 kernel; the amx
 // variant's for K not a multiple of 32).
@@ -131,14 +115,9 @@ struct AmxTiles {
     static constexpr bool kCopyX = true;
     static int panels(int) { return 1; }
 
-    struct alignas(64) Config {
-        uint8_t palette, start_row, reserved[14];
-        uint16_t colsb[16];
-        uint8_t rows[16];
-    };
-    static const Config &config() {
-        static const Config cfg = [] {
-            Config c;
+    static const x86::TileConfig &config() {
+        static const x86::TileConfig cfg = [] {
+            x86::TileConfig c;
             std::memset(&c, 0, sizeof c);
             c.palette = 1;
             for (int t = 0; t < 8; ++t) c.rows[t] = 16, c.colsb[t] = 64;
@@ -146,27 +125,9 @@ struct AmxTiles {
         }();
         return cfg;
     }
-    // Our tile configuration, loaded per thread before a run of calls (other
-    // AMX code, oneDNN's included, may run on these threads in between and
-    // leave its own). The asm operand covers the whole 64-byte struct, so the
-    // compiler cannot drop its stores (GCC 12 can with _tile_loadconfig, see
-    // DESIGN.md); the OS grant is asked once per thread, as in attention_x86.h.
-    static void begin() {
-#if defined(CPUINFER_SIMDE_EMULATION)
-        amx_emu::load_config(&config(), sizeof(Config));
-#else
-        thread_local bool granted = [] {
-            return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
-        }();
-        (void)granted;
-        asm volatile("ldtilecfg %0" ::"m"(config()));
-#endif
-    }
-    static void end() {
-#if !defined(CPUINFER_SIMDE_EMULATION)
-        _tile_release();
-#endif
-    }
+    // Our tile configuration, loaded per thread before a run of calls (see x86::load_tile_config).
+    static void begin() { x86::load_tile_config(config()); }
+    static void end() { x86::release_tiles(); }
 
     // acc[r * 32 + j] for r < mr (<= 32), j < 32; x has whole 16-row tiles.
     static void run(int mr, int np, const bf16_t *x, int64_t xs, const bf16_t *w, int64_t ps, int64_t K,

@@ -1,0 +1,68 @@
+// What the x86 bf16 fast paths share (paged attention's tiles and the packed
+// linear's): the __m512bh view of a register, and loading an AMX tile
+// configuration. Under CPUINFER_SIMDE_EMULATION the same code runs on SIMDe
+// and on the software model of the AMX tiles (amx_emulation.h).
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+#include "../common/vec.h"
+#if defined(__AMX_BF16__) || defined(CPUINFER_SIMDE_AMX)
+#if defined(CPUINFER_SIMDE_EMULATION)
+#include "amx_emulation.h"
+#else
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+#endif
+
+namespace cpuinfer::x86 {
+
+#if defined(__AVX512BF16__) || defined(CPUINFER_SIMDE_AVX512BF16)
+inline __m512bh as_bh(__m512i x) {
+#if defined(CPUINFER_SIMDE_EMULATION)
+    __m512bh r;
+    std::memcpy(&r, &x, sizeof r);
+    return r;
+#else
+    return (__m512bh)x;
+#endif
+}
+#endif
+
+#if defined(__AMX_BF16__) || defined(CPUINFER_SIMDE_AMX)
+// The 64-byte operand of ldtilecfg (palette 1).
+struct alignas(64) TileConfig {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+// Loads a tile configuration on this thread. Callers load theirs before each
+// run of tile work: other AMX code (oneDNN's GEMMs included) runs on the same
+// OpenMP threads in between and leaves its own. The asm operand covers the
+// whole struct, so the compiler cannot drop any of its stores (GCC 12 can with
+// the _tile_loadconfig intrinsic, see DESIGN.md).
+inline void load_tile_config(const TileConfig &cfg) {
+#if defined(CPUINFER_SIMDE_EMULATION)
+    amx_emu::load_config(&cfg, sizeof cfg);
+#else
+    // The OS must grant the tile data state once per process; the dispatcher
+    // asks before importing the variant, and asking again (once per thread) is harmless.
+    thread_local bool granted = [] {
+        return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+    }();
+    (void)granted;
+    asm volatile("ldtilecfg %0" ::"m"(cfg));
+#endif
+}
+
+inline void release_tiles() {
+#if !defined(CPUINFER_SIMDE_EMULATION)
+    _tile_release();
+#endif
+}
+#endif
+
+}  // namespace cpuinfer::x86
