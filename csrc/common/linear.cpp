@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <type_traits>
 
 #include "dispatch_dtype.h"
 #include "kernels.h"
@@ -46,8 +45,7 @@ template <typename T, int NR, int MR>
 inline void tile(const T *x, int64_t xs, const T *w, int64_t K, float *acc) {
     using namespace vec;
     const int W = width();
-    const int64_t rs = K;
-    const T *w0 = w, *w1 = w + (NR > 1 ? rs : 0), *w2 = w + (NR > 2 ? 2 * rs : 0), *w3 = w + (NR > 3 ? 3 * rs : 0);
+    const T *w0 = w, *w1 = w + (NR > 1 ? K : 0), *w2 = w + (NR > 2 ? 2 * K : 0), *w3 = w + (NR > 3 ? 3 * K : 0);
     const T *x0 = x, *x1 = x + (MR > 1 ? xs : 0), *x2 = x + (MR > 2 ? 2 * xs : 0), *x3 = x + (MR > 3 ? 3 * xs : 0);
     vf c00 = zero(), c01 = zero(), c02 = zero(), c03 = zero();
     vf c10 = zero(), c11 = zero(), c12 = zero(), c13 = zero();
@@ -56,11 +54,10 @@ inline void tile(const T *x, int64_t xs, const T *w, int64_t K, float *acc) {
     // One step: for every (x row m, weight row j), c_mj += LD(x_m + k) * LD(w_j + k).
 #define CPUINFER_TILE_STEP(LD)                                                                  \
     do {                                                                                        \
-        const int64_t kw = k;                                                                                                        \
-        vf b0 = LD(w0 + kw), b1 = b0, b2 = b0, b3 = b0;                                         \
-        if constexpr (NR > 1) b1 = LD(w1 + kw);                                                 \
-        if constexpr (NR > 2) b2 = LD(w2 + kw);                                                 \
-        if constexpr (NR > 3) b3 = LD(w3 + kw);                                                 \
+        vf b0 = LD(w0 + k), b1 = b0, b2 = b0, b3 = b0;                                          \
+        if constexpr (NR > 1) b1 = LD(w1 + k);                                                  \
+        if constexpr (NR > 2) b2 = LD(w2 + k);                                                  \
+        if constexpr (NR > 3) b3 = LD(w3 + k);                                                  \
         mac<NR>(LD(x0 + k), b0, b1, b2, b3, c00, c01, c02, c03);                                \
         if constexpr (MR > 1) mac<NR>(LD(x1 + k), b0, b1, b2, b3, c10, c11, c12, c13);          \
         if constexpr (MR > 2) mac<NR>(LD(x2 + k), b0, b1, b2, b3, c20, c21, c22, c23);          \

@@ -80,7 +80,6 @@ void run(T *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, 
         Kernel::begin();
         for (int64_t t = b; t < e; ++t) {
             const int64_t c = t / panels, p = t % panels;
-            int np_done = 1;
             const int64_t m_begin = c * chunk, rows = std::min(chunk, M - m_begin);
             if (rows <= 0) continue;
             const X *xc = reinterpret_cast<const X *>(x + m_begin * xs);  // X is T unless copy_x
@@ -130,12 +129,11 @@ void run(T *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, 
             for (int64_t r0 = 0; r0 < rows; r0 += per) {
                 const int mr = int(std::min(per, rows - r0));
                 const int64_t m0 = m_begin + r0;
-                const int used = np;  // run() takes np panels for every mr <= per
                 Kernel::run(mr, np, xc + r0 * xcs, xcs, wp, C * K, K, acc);
                 for (int r = 0; r < mr; ++r) {
-                    for (int q = 0; q < used; ++q) {
+                    for (int q = 0; q < np; ++q) {
                         T *o = out + (m0 + r) * os + (p + q) * C;
-                        const float *a = acc + (r * used + q) * C;
+                        const float *a = acc + (r * np + q) * C;
                         vec::vf va = vec::load(a), vb = vec::load(a + W);
                         if (bias) {
                             va = vec::add(va, vec::load(bias_f + q * C));
@@ -149,9 +147,8 @@ void run(T *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, 
                         }
                     }
                 }
-                np_done = used;
             }
-            t += np_done - 1;
+            t += np - 1;  // run() took np panels for every row group
         }
         Kernel::end();
     });

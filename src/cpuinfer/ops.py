@@ -116,17 +116,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return torch.nn.functional.linear(x, weight, bias)
 
 
-_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-
-
-def pack_layout(dtype: torch.dtype) -> tuple[int, int]:
-    """(panel columns C, pair P) of the packed layout for dtype on the selected variant (see pack_weight)."""
-    return _C.LINEAR_PACK_COLS, _C.linear_pack_pair(_DTYPE_NAMES[dtype])
+def pack_layout(dtype: torch.dtype, kernels=None) -> tuple[int, int]:
+    """(panel columns C, pair P) of the packed layout for dtype on a variant (default: the selected one)."""
+    kernels = kernels or _C
+    return kernels.LINEAR_PACK_COLS, kernels.linear_pack_pair(str(dtype).removeprefix("torch."))
 
 
 def can_pack(weight: torch.Tensor) -> bool:
     """True if pack_weight() can take this weight: 2-D bf16/f16, in_features a multiple of the layout's pair."""
-    if not (hasattr(_C, "LINEAR_PACK_COLS") and weight.ndim == 2 and weight.dtype in (torch.bfloat16, torch.float16)):
+    if weight.ndim != 2 or weight.dtype not in (torch.bfloat16, torch.float16):
         return False
     return weight.shape[1] % pack_layout(weight.dtype)[1] == 0 and weight.shape[0] > 0
 

@@ -32,7 +32,6 @@ std::vector<double> ref_linear(const Buffer &x, const Buffer &w, const Buffer *b
 
 CPUINFER_TEST(linear_matches_reference_row_major_and_packed) {
     const int64_t C = linear_pack_cols();
-    expect_true("pack panel is positive and even", C >= 2 && C % 2 == 0);
     for (DType dt : kFloatTypes) {
         const int64_t P = linear_pack_pair(dt);
         expect_true("pack pair is 1 or 2", P == 1 || P == 2);
@@ -82,11 +81,7 @@ CPUINFER_TEST(linear_matches_reference_row_major_and_packed) {
     }
 }
 
-CPUINFER_TEST(linear_peak_is_measured) {
-    for (DType dt : kFloatTypes) {
-        expect_true(std::string("peak > 0 for ") + dtype_name(dt), linear_peak_flops(dt, 0.01) > 0);
-        expect_true(std::string("a tile name for ") + dtype_name(dt), std::string(linear_tile_impl(dt)).size() > 0);
-    }
+CPUINFER_TEST(linear_tile_matches_variant) {
     // The x86 bf16 fast paths are the ones that run (a build slip would silently test the portable tile).
     const std::string variant = CPUINFER_TEST_VARIANT, tile = linear_tile_impl(DType::bf16);
     if (variant == "amx" || variant == "avx512bf16") expect_true("bf16 tile of " + variant, tile == variant);

@@ -104,11 +104,10 @@ def test_ops_linear_leading_dims_and_fallback(dtype):
     torch.testing.assert_close(ops.linear(x, wt).float(), x.float() @ w.float().T, **LINEAR_TOL[dtype])
 
 
-_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 def _layout(kernels, dtype):
-    return kernels.LINEAR_PACK_COLS, kernels.linear_pack_pair(_NAMES[dtype])
+    return ops.pack_layout(dtype, kernels)
 
 
 def _pack(kernels, w):
@@ -175,10 +174,11 @@ def test_packed_linear_long_prefill(kernels):
     x = torch.randn(m, k, dtype=torch.bfloat16)
     b = torch.randn(n, dtype=torch.bfloat16)
     out = torch.empty(m, n, dtype=torch.bfloat16)
-    kernels.linear(out, x, _pack(kernels, w), b, packed=True)
+    packed = _pack(kernels, w)
+    kernels.linear(out, x, packed, b, packed=True)
     torch.testing.assert_close(out.float(), _reference(x, w, b), **LINEAR_TOL[torch.bfloat16])
     one = torch.empty(3, n, dtype=torch.bfloat16)
-    kernels.linear(one, x[1000:1003], _pack(kernels, w), b, packed=True)
+    kernels.linear(one, x[1000:1003], packed, b, packed=True)
     assert torch.equal(one, out[1000:1003])
 
 
