@@ -59,8 +59,6 @@ class LLMEngine:
 
     def validate(self, prompt: Prompt, params: SamplingParams) -> tuple[str | None, list[int]]:
         """Tokenize and check a request against the limits; raises InvalidRequestError before any work."""
-        if not isinstance(params, SamplingParams):
-            raise InvalidRequestError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         text, ids = tokenize_prompt(self.tokenizer, prompt)
         validate_request(ids, params, self.core.limits)
         return text, ids

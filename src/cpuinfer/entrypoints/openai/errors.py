@@ -73,7 +73,7 @@ def to_api_error(exc: BaseException, request_id: str | None = None) -> APIError:
         return exc
     if isinstance(exc, InvalidRequestError):
         return APIError(exc.message, 400, exc.param)
-    if isinstance(exc, (ValueError, TypeError)) and not isinstance(exc, RequestFailedError):
+    if isinstance(exc, (ValueError, TypeError)):
         # SamplingParams checks its fields with ValueError (TypeError: a field it does not know).
         return APIError(str(exc), 400, _sampling_param(str(exc)))
     if isinstance(exc, EngineOverloadedError):
