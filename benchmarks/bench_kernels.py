@@ -26,8 +26,9 @@ TARGETS = {("rms_norm", torch.bfloat16): (3.0, 1.2), ("silu_and_mul", torch.bflo
 TOKENS, HIDDEN, HEADS, HEAD_SIZE = 256, 4096, 32, 128
 
 
-def bench(fn, min_time: float) -> float:
-    """Best of 5 repeats (each at least min_time/5 s) in seconds per call: the least disturbed by other load."""
+def bench(fn, min_time: float, reduce=min) -> float:
+    """Seconds per call over 5 repeats (each at least min_time/5 s), reduced by `reduce`: by default the best,
+    the least disturbed by other load."""
     fn()
     reps = 1
     while True:  # calibrate
@@ -43,7 +44,7 @@ def bench(fn, min_time: float) -> float:
         for _ in range(reps):
             fn()
         samples.append((time.perf_counter() - t0) / reps)
-    return min(samples)
+    return reduce(samples)
 
 
 def torch_rms_norm(x, w, eps=1e-6):
@@ -102,9 +103,18 @@ def setup_run(argv, description: str) -> tuple[float, list[str], dict]:
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    variants = [c.name for c in cpuinfer._selection.candidates if c.installed and c.runnable]
-    modules = {v: importlib.import_module(f"cpuinfer._C_{v}") for v in variants}
-    return (0.1 if args.quick else 0.4), variants, modules
+    variants = runnable_variants()
+    return (0.1 if args.quick else 0.4), variants, variant_modules(variants)
+
+
+def runnable_variants() -> list[str]:
+    """The installed kernel variants this CPU can run."""
+    return [c.name for c in cpuinfer._selection.candidates if c.installed and c.runnable]
+
+
+def variant_modules(names: list[str]) -> dict:
+    """Each variant's kernel module, by name."""
+    return {v: importlib.import_module(f"cpuinfer._C_{v}") for v in names}
 
 
 def main(argv=None) -> int:

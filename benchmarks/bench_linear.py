@@ -27,14 +27,13 @@ M = 512, so 1.1x would need ~99%; ours runs at ~94-96% there.
 from __future__ import annotations
 
 import argparse
-import importlib
 import statistics
 import sys
 import threading
-import time
 
 import torch
 import torch.nn.functional as F
+from bench_kernels import bench, runnable_variants, variant_modules  # one timing loop and variant setup
 
 import cpuinfer
 
@@ -57,28 +56,12 @@ DECODE_TARGET = (1, 3072, 576, 1.5)  # M, N, K, ratio to torch: SmolLM2 gate_up 
 PREFILL_TARGET = (128, 0.70, 1.0, 1.1)  # rows from, share of peak, ratio to torch (target, aim)
 
 
-def bench(fn, seconds: float) -> float:
-    """Median seconds per call over a few repeats of a loop lasting ~seconds."""
-    fn()
-    t0 = time.perf_counter()
-    fn()
-    one = max(time.perf_counter() - t0, 1e-7)
-    reps = max(1, int(seconds / 3 / one))
-    samples = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        samples.append((time.perf_counter() - t0) / reps)
-    return statistics.median(samples)
-
-
 def rounds_of(fns: dict, rounds: int, seconds: float, peak) -> dict[str, list[float]]:
     """Per-round seconds per call of each function, and the peak (flop/s), timed in alternating rounds."""
     per_round = {name: [] for name in [*fns, "peak"]}
     for _ in range(rounds):
         for name, fn in fns.items():
-            per_round[name].append(bench(fn, seconds))
+            per_round[name].append(bench(fn, seconds, reduce=statistics.median))
         per_round["peak"].append(peak())
     return per_round
 
@@ -110,7 +93,7 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
-    runnable = [c.name for c in cpuinfer._selection.candidates if c.installed and c.runnable]
+    runnable = runnable_variants()
     if args.variants == "all":
         variants = runnable
     elif args.variants:
@@ -122,7 +105,7 @@ def main(argv=None) -> int:
         variants = [cpuinfer._selection.name]
     rows = [int(r) for r in args.rows.split(",")] if args.rows else (QUICK_ROWS if args.quick else ROWS)
     seconds, rounds = (0.02, 3) if args.quick else (0.05, 5)
-    modules = {v: importlib.import_module(f"cpuinfer._C_{v}") for v in variants}
+    modules = variant_modules(variants)
     print(f"cpuinfer {cpuinfer.__version__}; torch {torch.__version__}, {threads} threads; "
           f"bf16 out = x[M, K] @ W[N, K]^T, packed weights; medians of {rounds} alternating rounds")
     failed, notes = [], []
