@@ -117,10 +117,7 @@ class DecoderLayer {
                                  gu.data, held_[11].data, down.data, held_[13].data,
                                  cs.data, cs.dt, rot_dim, true, a, eps, scale, soft_cap, sliding_window, packed};
         if (packed) {
-            for (int i : {4, 6, 10, 12})
-                if (held_[i].cols % linear_pack_pair(dt) != 0)
-                    fail_value(std::string(names[i]) + " has " + str(held_[i].cols) + " input features; the packed " +
-                               "layout needs a multiple of " + str(linear_pack_pair(dt)));
+            for (int i : {4, 6, 10, 12}) check_packable(held_[i].cols, dt, names[i]);
         }
         // The attention settings against a cache of this layer's geometry.
         CacheShape c{dt, 1, num_kv_heads, 16, head_size};

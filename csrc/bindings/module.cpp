@@ -147,17 +147,9 @@ void py_act_and_mul(Activation act, Out out, In input) {
     act_and_mul(dt, act, out.data(), o.stride, input.data(), x.stride, x.rows, o.cols);
 }
 
-void check_packable(int64_t K, DType dt, const char *name) {
-    if (K % linear_pack_pair(dt) != 0)
-        fail_value(std::string(name) + " has " + std::to_string(K) + " input features; the packed layout needs a " +
-                   "multiple of " + std::to_string(linear_pack_pair(dt)) + " for " + dtype_label(dt) +
-                   " (linear_pack_pair)");
-}
-
 DType dtype_from_name(const std::string &name) {
-    if (name == "float32") return DType::f32;
-    if (name == "bfloat16") return DType::bf16;
-    if (name == "float16") return DType::f16;
+    for (DType d : {DType::f32, DType::bf16, DType::f16})
+        if (name == dtype_label(d)) return d;
     fail_value("dtype must be 'float32', 'bfloat16' or 'float16', got '" + name + "'");
 }
 

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "../common/dtype.h"
+#include "../common/kernels.h"
 #include "tensor_arg.h"
 
 namespace cpuinfer::bind {
@@ -101,6 +102,14 @@ inline void check_no_overlap(const Rows &a, const char *an, const Rows &b, const
 inline void check_same_dtype(DType got, DType want, const char *name, const char *ref) {
     if (got != want)
         fail_type(std::string(name) + " has dtype " + dtype_label(got) + " but " + ref + " is " + dtype_label(want));
+}
+
+// A weight of K input features can take the packed layout (linear_pack_pair) for dt.
+inline void check_packable(int64_t K, DType dt, const char *name) {
+    if (K % linear_pack_pair(dt) != 0)
+        fail_value(std::string(name) + " has " + std::to_string(K) + " input features; the packed layout needs a " +
+                   "multiple of " + std::to_string(linear_pack_pair(dt)) + " for " + dtype_label(dt) +
+                   " (linear_pack_pair)");
 }
 
 }  // namespace cpuinfer::bind
