@@ -42,6 +42,7 @@ set(CPUINFER_KERNEL_SOURCES
   "${CPUINFER_SRC_ROOT}/csrc/common/activation.cpp"
   "${CPUINFER_SRC_ROOT}/csrc/common/linear.cpp"
   "${CPUINFER_SRC_ROOT}/csrc/common/linear_packed.cpp"
+  "${CPUINFER_SRC_ROOT}/csrc/common/linear_quant.cpp"
   "${CPUINFER_SRC_ROOT}/csrc/common/linear_peak.cpp"
   "${CPUINFER_SRC_ROOT}/csrc/common/kv_cache.cpp"
   "${CPUINFER_SRC_ROOT}/csrc/common/paged_attention.cpp"

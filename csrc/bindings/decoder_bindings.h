@@ -12,9 +12,12 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "../common/kernels.h"
 #include "attention_bindings.h"
+#include "quant_bindings.h"
 #include "tensor_checks.h"
 
 namespace cpuinfer::bind {
@@ -49,6 +52,32 @@ inline Held hold(nb::handle h, const char *name) {
     return r;
 }
 
+// A projection weight held by the layer: a dense tensor (row-major, or packed
+// for linear()) or a quantized weight (quant_bindings.h).
+struct HeldLinear {
+    Held dense;
+    std::vector<nb::object> keep;  // the quantized weight's owners
+    LinearWeight w;
+    int64_t rows = 0, cols = 0;
+};
+
+inline HeldLinear hold_linear(nb::handle h, const char *name, bool packed) {
+    HeldLinear r;
+    if (is_quant_weight(h)) {
+        r.w = quant_weight(h, name, r.keep, r.rows, r.cols);
+        return r;
+    }
+    r.dense = hold(h, name);
+    if (!r.dense.data) fail_value(std::string(name) + " is required");
+    if (r.dense.ndim != 2) fail_value(std::string(name) + " must be 2-D");
+    if (packed) check_packable(r.dense.cols, r.dense.dt, name);
+    r.w.dense = r.dense.data;
+    r.w.packed = packed;
+    r.rows = r.dense.rows;
+    r.cols = r.dense.cols;
+    return r;
+}
+
 class DecoderLayer {
   public:
     DecoderLayer(nb::handle in_norm, nb::handle post_attn_norm, nb::handle pre_ff_norm, nb::handle post_ff_norm,
@@ -57,44 +86,63 @@ class DecoderLayer {
                  nb::handle down_b, nb::handle cos_sin, int64_t num_heads, int64_t num_kv_heads, int64_t head_size,
                  const std::string &act, float eps, float scale, int64_t sliding_window, float soft_cap,
                  bool packed) {
-        const char *names[] = {"in_norm", "post_attn_norm", "pre_ff_norm", "post_ff_norm", "qkv_w", "qkv_b",
-                               "o_w", "o_b", "q_norm", "k_norm", "gate_up_w", "gate_up_b", "down_w", "down_b",
-                               "cos_sin"};
-        nb::handle hs[] = {in_norm, post_attn_norm, pre_ff_norm, post_ff_norm, qkv_w, qkv_b, o_w, o_b, q_norm,
-                           k_norm, gate_up_w, gate_up_b, down_w, down_b, cos_sin};
-        for (int i = 0; i < 15; ++i) held_[i] = hold(hs[i], names[i]);
-        const Held &qkv = held_[4], &o = held_[6], &gu = held_[10], &down = held_[12], &cs = held_[14];
-        for (int i : {0, 1, 4, 6, 10, 12})
-            if (!held_[i].data) fail_value(std::string(names[i]) + " is required");
-        if ((held_[2].data == nullptr) != (held_[3].data == nullptr))
+        in_norm_ = hold(in_norm, "in_norm");
+        post_attn_norm_ = hold(post_attn_norm, "post_attn_norm");
+        pre_ff_norm_ = hold(pre_ff_norm, "pre_ff_norm");
+        post_ff_norm_ = hold(post_ff_norm, "post_ff_norm");
+        q_norm_ = hold(q_norm, "q_norm");
+        k_norm_ = hold(k_norm, "k_norm");
+        qkv_b_ = hold(qkv_b, "qkv_b");
+        o_b_ = hold(o_b, "o_b");
+        gate_up_b_ = hold(gate_up_b, "gate_up_b");
+        down_b_ = hold(down_b, "down_b");
+        cos_sin_ = hold(cos_sin, "cos_sin");
+        qkv_ = hold_linear(qkv_w, "qkv_w", packed);
+        o_ = hold_linear(o_w, "o_w", packed);
+        gate_up_ = hold_linear(gate_up_w, "gate_up_w", packed);
+        down_ = hold_linear(down_w, "down_w", packed);
+        if (!in_norm_.data) fail_value("in_norm is required");
+        if (!post_attn_norm_.data) fail_value("post_attn_norm is required");
+        if ((pre_ff_norm_.data == nullptr) != (post_ff_norm_.data == nullptr))
             fail_value("pre_ff_norm and post_ff_norm come together (Gemma's sandwich norms) or not at all");
-        if ((held_[8].data == nullptr) != (held_[9].data == nullptr))
+        if ((q_norm_.data == nullptr) != (k_norm_.data == nullptr))
             fail_value("q_norm and k_norm come together or not at all");
-        const DType dt = qkv.dt;
-        for (int i = 0; i < 14; ++i)
-            if (held_[i].data) check_same_dtype(held_[i].dt, dt, names[i], "qkv_w");
+        // The run dtype: the activations'. Norms and biases are in it, and so are dense weights.
+        const DType dt = in_norm_.dt;
+        const std::pair<const Held *, const char *> same[] = {
+            {&post_attn_norm_, "post_attn_norm"}, {&pre_ff_norm_, "pre_ff_norm"}, {&post_ff_norm_, "post_ff_norm"},
+            {&q_norm_, "q_norm"}, {&k_norm_, "k_norm"}, {&qkv_b_, "qkv_b"}, {&o_b_, "o_b"},
+            {&gate_up_b_, "gate_up_b"}, {&down_b_, "down_b"}, {&qkv_.dense, "qkv_w"}, {&o_.dense, "o_w"},
+            {&gate_up_.dense, "gate_up_w"}, {&down_.dense, "down_w"}};
+        for (const auto &[h, name] : same)
+            if (h->data) check_same_dtype(h->dt, dt, name, "in_norm");
         if (num_heads < 1 || num_kv_heads < 1 || num_heads % num_kv_heads != 0)
             fail_value("num_heads (" + str(num_heads) + ") must be a positive multiple of num_kv_heads (" +
                        str(num_kv_heads) + ")");
-        const int64_t H = o.rows, q = num_heads * head_size, kv = num_kv_heads * head_size, I = down.cols;
-        auto shape2 = [&](int i, int64_t r, int64_t c) {
-            if (held_[i].ndim != 2 || held_[i].rows != r || held_[i].cols != c)
-                fail_value(std::string(names[i]) + " must be [" + str(r) + ", " + str(c) + "], got " +
-                           str(held_[i].rows) + " rows of " + str(held_[i].cols));
+        const int64_t H = o_.rows, q = num_heads * head_size, kv = num_kv_heads * head_size, I = down_.cols;
+        auto shape2 = [&](const HeldLinear &l, const char *name, int64_t r, int64_t c) {
+            if (l.rows != r || l.cols != c)
+                fail_value(std::string(name) + " must be [" + str(r) + ", " + str(c) + "], got " + str(l.rows) +
+                           " rows of " + str(l.cols));
         };
-        auto shape1 = [&](int i, int64_t n) {
-            if (held_[i].data && (held_[i].ndim != 1 || held_[i].cols != n))
-                fail_value(std::string(names[i]) + " must be 1-D with " + str(n) + " elements");
+        auto shape1 = [&](const Held &h, const char *name, int64_t n) {
+            if (h.data && (h.ndim != 1 || h.cols != n))
+                fail_value(std::string(name) + " must be 1-D with " + str(n) + " elements");
         };
-        shape2(4, q + 2 * kv, H);
-        shape2(6, H, q);
-        shape2(10, 2 * I, H);
-        shape2(12, H, I);
-        for (int i : {0, 1, 2, 3, 7, 13}) shape1(i, H);
-        shape1(5, q + 2 * kv);
-        shape1(8, head_size);
-        shape1(9, head_size);
-        shape1(11, 2 * I);
+        shape2(qkv_, "qkv_w", q + 2 * kv, H);
+        shape2(o_, "o_w", H, q);
+        shape2(gate_up_, "gate_up_w", 2 * I, H);
+        shape2(down_, "down_w", H, I);
+        shape1(in_norm_, "in_norm", H);
+        shape1(post_attn_norm_, "post_attn_norm", H);
+        shape1(pre_ff_norm_, "pre_ff_norm", H);
+        shape1(post_ff_norm_, "post_ff_norm", H);
+        shape1(o_b_, "o_b", H);
+        shape1(down_b_, "down_b", H);
+        shape1(qkv_b_, "qkv_b", q + 2 * kv);
+        shape1(q_norm_, "q_norm", head_size);
+        shape1(k_norm_, "k_norm", head_size);
+        shape1(gate_up_b_, "gate_up_b", 2 * I);
         Activation a;
         if (act == "silu") a = Activation::silu;
         else if (act == "gelu") a = Activation::gelu;
@@ -102,23 +150,44 @@ class DecoderLayer {
         else fail_value("act must be 'silu', 'gelu' or 'gelu_tanh', got '" + act + "'");
         if (!(eps >= 0.0f)) fail_value("eps must be a non-negative number");
         int64_t rot_dim = 0;
-        if (cs.data) {
-            if (cs.dt != DType::f32 && cs.dt != dt)
+        if (cos_sin_.data) {
+            if (cos_sin_.dt != DType::f32 && cos_sin_.dt != dt)
                 fail_type(std::string("cos_sin must be float32 or the weights' dtype (") + dtype_label(dt) + ")");
-            if (cs.ndim != 2) fail_value("cos_sin must be [max_positions, rot_dim]");
-            rot_dim = cs.cols;
+            if (cos_sin_.ndim != 2) fail_value("cos_sin must be [max_positions, rot_dim]");
+            rot_dim = cos_sin_.cols;
             if (rot_dim % 2 != 0 || rot_dim <= 0 || rot_dim > head_size)
                 fail_value("cos_sin rows have " + str(rot_dim) + " entries; rot_dim must be even and at most " +
                            "head_size " + str(head_size));
         }
-        w_ = DecoderLayerWeights{dt, H, num_heads, num_kv_heads, head_size, I,
-                                 held_[0].data, held_[1].data, held_[2].data, held_[3].data,
-                                 qkv.data, held_[5].data, o.data, held_[7].data, held_[8].data, held_[9].data,
-                                 gu.data, held_[11].data, down.data, held_[13].data,
-                                 cs.data, cs.dt, rot_dim, true, a, eps, scale, soft_cap, sliding_window, packed};
-        if (packed) {
-            for (int i : {4, 6, 10, 12}) check_packable(held_[i].cols, dt, names[i]);
-        }
+        w_.dt = dt;
+        w_.hidden = H;
+        w_.num_heads = num_heads;
+        w_.num_kv_heads = num_kv_heads;
+        w_.head_size = head_size;
+        w_.intermediate = I;
+        w_.in_norm = in_norm_.data;
+        w_.post_attn_norm = post_attn_norm_.data;
+        w_.pre_ff_norm = pre_ff_norm_.data;
+        w_.post_ff_norm = post_ff_norm_.data;
+        w_.qkv = qkv_.w;
+        w_.o = o_.w;
+        w_.gate_up = gate_up_.w;
+        w_.down = down_.w;
+        w_.qkv_b = qkv_b_.data;
+        w_.o_b = o_b_.data;
+        w_.gate_up_b = gate_up_b_.data;
+        w_.down_b = down_b_.data;
+        w_.q_norm = q_norm_.data;
+        w_.k_norm = k_norm_.data;
+        w_.cos_sin = cos_sin_.data;
+        w_.cos_sin_dt = cos_sin_.dt;
+        w_.rot_dim = rot_dim;
+        w_.neox = true;
+        w_.act = a;
+        w_.eps = eps;
+        w_.scale = scale;
+        w_.soft_cap = soft_cap;
+        w_.sliding_window = sliding_window;
         // The attention settings against a cache of this layer's geometry.
         CacheShape c{dt, 1, num_kv_heads, 16, head_size};
         check_attention_settings(c, num_heads, head_size, scale, sliding_window, soft_cap);
@@ -146,7 +215,7 @@ class DecoderLayer {
                        str(w_.num_kv_heads) + " of size " + str(w_.head_size));
         check_attention_settings(c, w_.num_heads, w_.head_size, w_.scale, w_.sliding_window, w_.soft_cap);
         const int64_t *pos = nullptr;
-        if (w_.cos_sin) pos = check_positions(positions, T, held_[14].rows);
+        if (w_.cos_sin) pos = check_positions(positions, T, cos_sin_.rows);
         const int64_t *slots = check_slots(slot_mapping, T, c);
         const SeqMeta m = check_seq_meta(query_start_loc, seq_lens, block_tables, T, c, w_.sliding_window);
         DecoderBatch b{T, pos, slots, m.qsl, m.lens, m.tables, m.num_seqs, m.table_stride, c.dt,
@@ -175,7 +244,9 @@ class DecoderLayer {
         return buf.p;
     }
 
-    Held held_[15];
+    Held in_norm_, post_attn_norm_, pre_ff_norm_, post_ff_norm_, q_norm_, k_norm_;
+    Held qkv_b_, o_b_, gate_up_b_, down_b_, cos_sin_;
+    HeldLinear qkv_, o_, gate_up_, down_;
     DecoderLayerWeights w_{};
 };
 

@@ -18,6 +18,7 @@
 #include "tensor_checks.h"
 #include "attention_bindings.h"
 #include "decoder_bindings.h"
+#include "quant_bindings.h"
 
 #ifndef CPUINFER_VARIANT
 #error "CMake must define CPUINFER_VARIANT"
@@ -230,6 +231,7 @@ NB_MODULE(CPUINFER_MODULE(CPUINFER_VARIANT), m) {
           nb::arg("out"), nb::arg("input"), "out = gelu_tanh(x[..., :d]) * x[..., d:].");
     bind_attention(m);
     bind_decoder(m);
+    bind_quant(m);
     m.def("linear", &py_linear, nb::arg("out"), nb::arg("input"), nb::arg("weight"), nb::arg("bias").none(),
           nb::arg("packed") = false,
           "out = input @ weight.T (+ bias), f32 accumulation, rounded once. packed: weight is in "

@@ -55,7 +55,7 @@ void decoder_layer(const DecoderLayerWeights &w, const DecoderBatch &b, void *h,
     }
 
     // Attention: fused QKV, optional per-head q/k norm, rotary, cache write, paged attention, o_proj.
-    linear(dt, qkv, qkv_n, h, H, w.qkv_w, w.qkv_b, T, qkv_n, H, w.packed);
+    linear_weight(dt, qkv, qkv_n, h, H, w.qkv, w.qkv_b, T, qkv_n, H);
     char *qp = qkv, *kp = qkv + q_size * es, *vp = qkv + (q_size + kv_size) * es;
     if (w.q_norm) {
         for (int64_t t = 0; t < T; ++t) {
@@ -69,11 +69,31 @@ void decoder_layer(const DecoderLayerWeights &w, const DecoderBatch &b, void *h,
                          w.cos_sin_dt, w.rot_dim, w.neox);
     reshape_and_cache(dt, b.cache_dt, kp, qkv_n, hs, vp, qkv_n, hs, b.key_cache, b.value_cache, b.slot_mapping, T,
                       w.num_kv_heads, hs, b.block_size);
-    PagedAttentionArgs a{dt, b.cache_dt, attn, q_size, hs, qp, qkv_n, hs, b.key_cache, b.value_cache,
-                         w.num_heads, w.num_kv_heads, hs, b.block_size, b.query_start_loc, b.seq_lens,
-                         b.block_tables, b.num_seqs, b.block_table_stride, w.scale, w.sliding_window, w.soft_cap};
+    PagedAttentionArgs a{};
+    a.dt = dt;
+    a.cache_dt = b.cache_dt;
+    a.out = attn;
+    a.out_token_stride = q_size;
+    a.out_head_stride = hs;
+    a.query = qp;
+    a.q_token_stride = qkv_n;
+    a.q_head_stride = hs;
+    a.key_cache = b.key_cache;
+    a.value_cache = b.value_cache;
+    a.num_q_heads = w.num_heads;
+    a.num_kv_heads = w.num_kv_heads;
+    a.head_size = hs;
+    a.block_size = b.block_size;
+    a.query_start_loc = b.query_start_loc;
+    a.seq_lens = b.seq_lens;
+    a.block_tables = b.block_tables;
+    a.num_seqs = b.num_seqs;
+    a.block_table_stride = b.block_table_stride;
+    a.scale = w.scale;
+    a.sliding_window = w.sliding_window;
+    a.soft_cap = w.soft_cap;
     paged_attention(a);
-    linear(dt, h, H, attn, q_size, w.o_w, w.o_b, T, H, q_size, w.packed);
+    linear_weight(dt, h, H, attn, q_size, w.o, w.o_b, T, H, q_size);
 
     // MLP, with Gemma's sandwich norms when present.
     if (w.pre_ff_norm) {
@@ -82,9 +102,9 @@ void decoder_layer(const DecoderLayerWeights &w, const DecoderBatch &b, void *h,
     } else {
         fused_add_rms_norm(dt, h, H, residual, H, w.post_attn_norm, T, H, w.eps);
     }
-    linear(dt, gate_up, 2 * I, h, H, w.gate_up_w, w.gate_up_b, T, 2 * I, H, w.packed);
+    linear_weight(dt, gate_up, 2 * I, h, H, w.gate_up, w.gate_up_b, T, 2 * I, H);
     act_and_mul(dt, w.act, act, I, gate_up, 2 * I, T, I);
-    linear(dt, h, H, act, I, w.down_w, w.down_b, T, H, I, w.packed);
+    linear_weight(dt, h, H, act, I, w.down, w.down_b, T, H, I);
     if (w.post_ff_norm) rms_norm(dt, h, H, h, H, w.post_ff_norm, T, H, w.eps);
 }
 

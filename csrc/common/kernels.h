@@ -90,6 +90,57 @@ void linear_pack_weight(DType dt, void *dst, const void *src, int64_t N, int64_t
 // Which tile the packed kernel uses for dt ("amx", "avx512bf16", "fma").
 const char *linear_tile_impl(DType dt);
 
+// A quantized weight [N, K] in the panel layout quant_pack writes
+// (quant_tile.h describes it): 16 output features per panel (N padded with
+// zero rows to a multiple of 16), unsigned values u of `bits` bits, and per
+// group of `group` k and feature a scale d with either a zero point z
+// (w = d * (u - z)) or a minimum m (w = d * u + m). K is a multiple of 32;
+// group is 16 (zero points only) or a multiple of 32 dividing K.
+struct QuantMatrix {
+    int bits = 4;        // 4 or 8
+    int64_t group = 32;
+    int64_t N = 0, K = 0;
+    const uint8_t *qs = nullptr;  // [panels][K / 32][16 * 32 * bits / 8]
+    const f16_t *d = nullptr;     // [panels][K / group][16]
+    const uint8_t *z = nullptr;   // [panels][K / group][16], or null with m
+    const f16_t *m = nullptr;     // [panels][K / group][16], or null with z
+};
+inline int64_t quant_panels(int64_t N) { return (N + 15) / 16; }
+
+// Writes the panel layout from one value per byte u [N, K] and per-row group
+// parameters d, z or m [N, K / group] (exactly one of z, m non-null; the
+// output's likewise).
+void quant_pack(const QuantMatrix &shape, const uint8_t *u, const f16_t *d, const uint8_t *z, const f16_t *m,
+                uint8_t *qs_out, f16_t *d_out, uint8_t *z_out, f16_t *m_out);
+
+// out[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]) with x quantized per row
+// and block of 32 k to int8 (quant_tile.h), integer dot products and f32
+// accumulation, rounded once to dt. Each row's result depends on that row
+// only (batch invariant), and is the same on every variant.
+void quant_linear(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_stride, const QuantMatrix &w,
+                  const void *bias, int64_t M);
+
+// out[i] = row ids[i] of the dequantized weight, in dt (ids checked by the caller).
+void quant_rows(DType dt, void *out, int64_t out_stride, const QuantMatrix &w, const int64_t *ids, int64_t n);
+
+// A projection weight as the fused decoder layer takes it: dense (row-major
+// or packed for linear()) or quantized, in up to 3 parts stacked along N (a
+// fused QKV whose q, k and v came in different formats, as GGUF Q4_K_M
+// files have them), each part writing its own columns of the output.
+struct LinearWeight {
+    const void *dense = nullptr;
+    bool packed = false;  // dense is in linear_pack_weight's layout
+    int parts = 0;        // quantized parts (dense is null then)
+    QuantMatrix part[3];
+};
+
+// out[m, :N] = x[m, :K] @ w.T (+ bias[N]): linear() or quant_linear() per part.
+void linear_weight(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_stride, const LinearWeight &w,
+                   const void *bias, int64_t M, int64_t N, int64_t K);
+
+// Which tile quant_linear runs on this build ("avx512vnni", "avx2", "portable").
+const char *quant_tile_impl();
+
 // Peak multiply-add rate of one core on this variant's tile instruction
 // (VDPBF16PS for bf16 where the packed kernel uses it, else f32 FMA), from an
 // in-register loop of independent chains: flops per second (2 per
@@ -101,26 +152,27 @@ double linear_peak_flops(DType dt, double seconds);
 // cpuinfer/models/layers.py, so results are identical bit for bit; what the
 // fusion removes is ~100 us of Python and ~10 allocations per layer and step.
 // Shapes and pointers are validated by the binding (DecoderLayer).
-struct DecoderLayerWeights {
-    DType dt;
-    int64_t hidden, num_heads, num_kv_heads, head_size, intermediate;
-    const void *in_norm;         // [hidden]
-    const void *post_attn_norm;  // [hidden]: the pre-MLP norm, or Gemma's norm of the attention output
-    const void *pre_ff_norm;     // [hidden] or null: Gemma's pre-MLP norm (then post_ff_norm is set too)
-    const void *post_ff_norm;    // [hidden] or null
-    const void *qkv_w, *qkv_b;   // [q + 2 kv, hidden], [q + 2 kv] or null
-    const void *o_w, *o_b;       // [hidden, q], [hidden] or null
-    const void *q_norm, *k_norm;  // [head_size] or null (per-head RMS norm before rotary)
-    const void *gate_up_w, *gate_up_b;  // [2 intermediate, hidden], [2 intermediate] or null
-    const void *down_w, *down_b;        // [hidden, intermediate], [hidden] or null
-    const void *cos_sin;  // [max_positions, rot_dim] of cos_sin_dt, or null (no rotary)
-    DType cos_sin_dt;
-    int64_t rot_dim;
-    bool neox;
-    Activation act;
-    float eps, scale, soft_cap;
-    int64_t sliding_window;
-    bool packed;  // the four projection weights are in linear_pack_weight's layout
+struct DecoderLayerWeights {  // filled field by field (the binding names each)
+    DType dt = DType::bf16;
+    int64_t hidden = 0, num_heads = 0, num_kv_heads = 0, head_size = 0, intermediate = 0;
+    const void *in_norm = nullptr;         // [hidden]
+    const void *post_attn_norm = nullptr;  // [hidden]: the pre-MLP norm, or Gemma's norm of the attention output
+    const void *pre_ff_norm = nullptr;     // [hidden] or null: Gemma's pre-MLP norm (then post_ff_norm is set too)
+    const void *post_ff_norm = nullptr;    // [hidden] or null
+    LinearWeight qkv;                      // [q + 2 kv, hidden]
+    LinearWeight o;                        // [hidden, q]
+    LinearWeight gate_up;                  // [2 intermediate, hidden]
+    LinearWeight down;                     // [hidden, intermediate]
+    const void *qkv_b = nullptr, *o_b = nullptr;          // [q + 2 kv], [hidden] or null
+    const void *gate_up_b = nullptr, *down_b = nullptr;   // [2 intermediate], [hidden] or null
+    const void *q_norm = nullptr, *k_norm = nullptr;      // [head_size] or null (per-head RMS norm before rotary)
+    const void *cos_sin = nullptr;  // [max_positions, rot_dim] of cos_sin_dt, or null (no rotary)
+    DType cos_sin_dt = DType::f32;
+    int64_t rot_dim = 0;
+    bool neox = true;
+    Activation act = Activation::silu;
+    float eps = 0.0f, scale = 1.0f, soft_cap = 0.0f;
+    int64_t sliding_window = 0;
 };
 
 // One step's flat batch, shared by every layer (validated by the binding).

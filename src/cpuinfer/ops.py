@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from . import _C
+from .quantization import is_quantized
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -79,12 +80,14 @@ def paged_attention(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Ten
 
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           packed: bool = False) -> torch.Tensor:
-    """x @ weight.T (+ bias): our kernel for bf16/f16, torch.nn.functional.linear otherwise.
+def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None, packed: bool = False) -> torch.Tensor:
+    """x @ weight.T (+ bias): our kernel for bf16/f16 and quantized weights, torch.nn.functional.linear otherwise.
 
     packed: weight is in the layout pack_weight() writes (our kernel only).
+    weight may be a QuantWeight / QuantStack (cpuinfer.quantization): see quant_linear.
     """
+    if is_quantized(weight):
+        return quant_linear(x, weight, bias)
     # Dispatch (the rule itself is in csrc/common/linear.cpp, so the fused
     # decoder layer follows it too). bf16/f16 take our kernel at every M:
     # - packed weights (what the model loader keeps): one register-tile kernel
@@ -116,6 +119,19 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return torch.nn.functional.linear(x, weight, bias)
 
 
+def quant_linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ W.T (+ bias) for a quantized W: x quantized per row and block of 32 to int8, integer dot products.
+
+    Each row's result depends on that row alone (not on the batch), and is the same on every variant.
+    """
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    out = torch.empty(x2.shape[0], weight.n, dtype=x.dtype)
+    _C.quant_linear(out, x2, weight, bias)
+    return out.view(*x.shape[:-1], weight.n)
+
+
 def pack_layout(dtype: torch.dtype, kernels=None) -> tuple[int, int]:
     """(panel columns C, pair P) of the packed layout for dtype on a variant (default: the selected one)."""
     kernels = kernels or _C
@@ -124,7 +140,7 @@ def pack_layout(dtype: torch.dtype, kernels=None) -> tuple[int, int]:
 
 def can_pack(weight: torch.Tensor) -> bool:
     """True if pack_weight() can take this weight: 2-D bf16/f16, in_features a multiple of the layout's pair."""
-    if weight.ndim != 2 or weight.dtype not in (torch.bfloat16, torch.float16):
+    if is_quantized(weight) or weight.ndim != 2 or weight.dtype not in (torch.bfloat16, torch.float16):
         return False
     return weight.shape[1] % pack_layout(weight.dtype)[1] == 0 and weight.shape[0] > 0
 

@@ -7,16 +7,22 @@ and shift Gemma's norm weights back (llama.cpp stores 1 + w).
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+from collections import Counter
 from collections.abc import Iterator
 
 import numpy as np
 import torch
 
+from ..quantization import QuantWeight, gguf_blocks
+from ..quantization.gguf_blocks import KEPT_TYPES
 from .config_check import check_config
 from .errors import ModelLoadError
 from .gguf_reader import GGUFReader
+
+logger = logging.getLogger(__name__)
 
 SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K",
                           "Q5_K", "Q6_K")
@@ -215,24 +221,51 @@ class GGUFFile:
             return None
         return f"model.layers.{m.group(1)}.{part}.{m.group(3)}"
 
-    def tensors(self, dtype: torch.dtype, config: dict) -> Iterator[tuple[str, torch.Tensor]]:
-        """(hf_name, tensor in dtype) for every tensor the models use; norms stay float32 for exact offsets."""
+    def tensors(self, dtype: torch.dtype, config: dict) -> Iterator[tuple[str, torch.Tensor | QuantWeight]]:
+        """(hf_name, weight) for every tensor the models use; norms stay float32 for exact offsets.
+
+        In a bf16/f16 run, matrices of the block-quant types the kernels take (KEPT_TYPES) stay
+        quantized (a QuantWeight, never a second dequantized copy); float32 runs, the reference
+        mode, dequantize everything, as do types the kernels do not take (Q2_K, Q3_K).
+        """
         self.check_tensor_types()
         permute = self.arch in ("llama", "mistral")
         n_head, n_kv = config["num_attention_heads"], config["num_key_value_heads"]
+        keep = dtype in (torch.bfloat16, torch.float16)
+        kept: Counter = Counter()
+        dequantized: Counter = Counter()
         for t in self.reader.tensors:
             hf = self.hf_name(t.name)
             if hf is None:
                 continue
             is_norm = "norm" in t.name
+            heads = n_head if permute and ".attn_q." in t.name else n_kv if permute and ".attn_k." in t.name else 0
+            type_name = _type_name(t.type_id)
+            if keep and not is_norm and len(t.shape) == 2 and type_name in KEPT_TYPES and t.shape[-1] % 32 == 0:
+                order = _unpermute_order(t.shape[0], heads) if heads else None
+                try:
+                    w = gguf_blocks.unpack(type_name, t.data, int(t.shape[0]), int(t.shape[-1]), order)
+                except ValueError as e:
+                    raise ModelLoadError(f"{self.path}: tensor {t.name!r} ({type_name}): {e}; the file is corrupt: "
+                                         "re-download or re-convert it") from None
+                kept[type_name] += 1
+                yield hf, w
+                continue
+            if type_name not in ("F32", "F16", "BF16") and not is_norm:
+                dequantized[type_name] += 1
             w = self._dequantize(t, torch.float32 if is_norm else dtype)
-            if permute and ".attn_q." in t.name:
-                w = _unpermute(w, n_head)
-            elif permute and ".attn_k." in t.name:
-                w = _unpermute(w, n_kv)
+            if heads:
+                w = _unpermute(w, heads)
             if self.arch == "gemma3" and is_norm:
                 w = w - 1.0  # llama.cpp stored (1 + w); the model folds the 1 back in at load
             yield hf, w
+        if kept:
+            logger.info("%s: %s tensors kept quantized (integer kernels, %s tile)", os.path.basename(self.path),
+                        _counts(kept), _tile_name())
+        if dequantized:
+            why = "float32 runs dequantize" if not keep else "no quantized kernel for these types"
+            logger.info("%s: %s tensors dequantized to %s (%s)", os.path.basename(self.path), _counts(dequantized),
+                        str(dtype).removeprefix("torch."), why)
 
     def _dequantize(self, t, dtype: torch.dtype) -> torch.Tensor:
         from gguf import GGMLQuantizationType, dequantize
@@ -254,6 +287,27 @@ class GGUFFile:
             chunk = dequantize(src[i:i + step], qtype)
             flat[i:i + step] = torch.from_numpy(chunk.reshape(-1, cols))
         return out
+
+
+def _type_name(type_id: int) -> str:
+    from gguf import GGMLQuantizationType
+
+    return GGMLQuantizationType(type_id).name
+
+
+def _counts(c: Counter) -> str:
+    return ", ".join(f"{n} {k}" for k, n in sorted(c.items()))
+
+
+def _tile_name() -> str:
+    from .. import _C
+
+    return _C.quant_tile_impl()
+
+
+def _unpermute_order(rows: int, n_head: int) -> np.ndarray:
+    """The row order _unpermute applies, as indices (for weights unpermuted before packing)."""
+    return np.arange(rows).reshape(n_head, rows // n_head // 2, 2).transpose(0, 2, 1).reshape(-1)
 
 
 def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from .. import envs, ops
+from ..quantization import concat, is_quantized
 from ..attention import AttentionMetadata, paged_attention, reshape_and_cache
 from ..attention.backend import uses_kernels
 from ..model_loader.errors import ModelLoadError
@@ -28,11 +29,13 @@ class WeightBag:
         return name in self.tensors
 
     def take(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """Remove and return one tensor, contiguous in the run dtype (or `dtype`)."""
+        """Remove and return one tensor, contiguous in the run dtype (or `dtype`); quantized weights as they are."""
         try:
             t = self.tensors.pop(name)
         except KeyError:
             raise ModelLoadError(f"{self.source}: weight {name!r} is missing from the checkpoint") from None
+        if is_quantized(t):
+            return t if dtype is None else t.dequantize(dtype)
         return t.to(dtype or self.dtype).contiguous()
 
     def take_opt(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor | None:
@@ -44,6 +47,9 @@ class WeightBag:
         if not required and not all(n in self.tensors for n in names):
             return None
         parts = [self.tensors.pop(n) if n in self.tensors else self.take(n) for n in names]
+        if all(is_quantized(p) for p in parts):
+            return concat([q for p in parts for q in p.parts])
+        parts = [p.dequantize(self.dtype) if is_quantized(p) else p for p in parts]  # mixed: all dense
         out = torch.cat([p.to(self.dtype) for p in parts], dim=0).contiguous()
         del parts
         return out
@@ -129,7 +135,7 @@ def pack_layer(attn: Attention, mlp: GatedMLP) -> None:
     A decode step streams every weight once, and a block of 4 interleaved rows streams faster than
     4 rows side by side (~23 against ~19 GB/s on 2 AVX2 cores). Results are identical either way.
     """
-    if all(ops.can_pack(w) for w in (attn.qkv_w, attn.o_w, mlp.gate_up_w, mlp.down_w)):
+    if all(ops.can_pack(w) for w in (attn.qkv_w, attn.o_w, mlp.gate_up_w, mlp.down_w)):  # quantized: never
         attn.qkv_w, attn.o_w = ops.pack_weight(attn.qkv_w), ops.pack_weight(attn.o_w)
         mlp.gate_up_w, mlp.down_w = ops.pack_weight(mlp.gate_up_w), ops.pack_weight(mlp.down_w)
         attn.packed = mlp.packed = True
@@ -138,7 +144,8 @@ def pack_layer(attn: Attention, mlp: GatedMLP) -> None:
 class TokenHead:
     """The embedding table and the lm_head (the same tensor when tied), the lm_head packed for ops.linear."""
 
-    def __init__(self, embed: torch.Tensor, lm_head: torch.Tensor | None):
+    def __init__(self, embed: torch.Tensor, lm_head: torch.Tensor | None, dtype: torch.dtype):
+        self.dtype = dtype  # of the activations (quantized tables are dequantized to it row by row)
         tied = lm_head is None or lm_head is embed
         head = embed if tied else lm_head
         self.packed = ops.can_pack(head)
@@ -153,6 +160,8 @@ class TokenHead:
         """Embedding rows for ids, as a new tensor."""
         if self.embed_packed:
             return ops.packed_rows(self.embed, ids)
+        if is_quantized(self.embed):
+            return self.embed.rows(ids, self.dtype)
         return torch.nn.functional.embedding(ids, self.embed)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
@@ -175,7 +184,7 @@ def fused_layer(in_norm: torch.Tensor, post_attn_norm: torch.Tensor, attn: Atten
     saves is the Python between them (~100 us per layer and step, a sixth of a small model's decode
     step). float32 keeps the per-op path: its GEMMs are torch's (see ops.linear).
     """
-    if attn.qkv_w.dtype not in (torch.bfloat16, torch.float16) or not envs.FUSED_LAYERS.get():
+    if in_norm.dtype not in (torch.bfloat16, torch.float16) or not envs.FUSED_LAYERS.get():
         return None
     if not uses_kernels(attn.head_dim):
         return None  # attention runs on torch for this head size

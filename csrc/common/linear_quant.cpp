@@ -1,0 +1,257 @@
+// The linear layer on a quantized weight (QuantMatrix, kernels.h): one kernel
+// for decode (weights streamed once) and prefill (a register-tiled GEMM), as
+// the bf16 packed kernel (linear_packed.cpp) is.
+//
+// x is quantized once per call: each row, per block of 32 k, to int8 with one
+// f32 scale (quant_tile.h). Then tasks (row chunk, panel) go to the threads
+// chunk-major, so a decode step splits over panels (each thread reads its
+// share of the weight once) and a long prefill splits over rows. Inside a task
+// the chunk's rows go through the tile in even groups of at most kMaxRows.
+//
+// The weight is never dequantized: its integer values meet the int8
+// activations in the variant's integer dot product (VPDPBUSD on AVX512-VNNI),
+// which reads a 4-bit weight as a quarter of the bytes of bf16.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "dispatch_dtype.h"
+#include "kernels.h"
+#include "parallel.h"
+#include "quant_tile.h"
+#include "vec.h"
+
+namespace cpuinfer {
+namespace {
+
+using quant::block_bytes;
+using quant::kBlock;
+using quant::kLanes;
+
+constexpr int64_t kChunkBytes = 192 * 1024;  // int8 x bytes per row chunk: a share of L2 next to the panel
+
+// Row x [K] -> q [K], dx / sx [K / 32], s16 [K / 16] (see quant_tile.h).
+template <typename T>
+void quantize_row(const T *x, int64_t K, int8_t *q, float *dx, float *sx, int32_t *s16) {
+    const int W = vec::width();
+    alignas(64) float f[kBlock];
+    for (int64_t b = 0; b < K / kBlock; ++b) {
+        const T *xb = x + b * kBlock;
+        if (W <= kBlock) {
+            for (int k = 0; k < kBlock; k += W) vec::store(f + k, vec::load(xb + k));
+        } else {
+            for (int k = 0; k < kBlock; ++k) f[k] = to_f32(xb[k]);
+        }
+        float amax = 0.0f;
+        for (int k = 0; k < kBlock; ++k) amax = std::max(amax, std::fabs(f[k]));
+        int8_t *qb = q + b * kBlock;
+        int32_t half[2] = {0, 0};
+        float d = amax / 127.0f;
+        if (!std::isfinite(amax)) {
+            // inf or NaN in the block: the products become NaN, as torch's would be NaN or inf.
+            d = std::numeric_limits<float>::quiet_NaN();
+            for (int k = 0; k < kBlock; ++k) qb[k] = 0;
+        } else {
+            const float id = d != 0.0f ? 1.0f / d : 0.0f;
+            for (int k = 0; k < kBlock; ++k) {
+                const float v = std::min(127.0f, std::max(-127.0f, std::nearbyint(f[k] * id)));
+                qb[k] = int8_t(v);
+                half[k / 16] += int32_t(v);
+            }
+        }
+        dx[b] = d;
+        sx[b] = d * float(half[0] + half[1]);
+        s16[2 * b] = half[0];
+        s16[2 * b + 1] = half[1];
+    }
+}
+
+// x [M, K] quantized (the caller's thread pool splits the rows).
+struct QuantizedX {
+    std::vector<int8_t> q;
+    std::vector<float> dx, sx;
+    std::vector<int32_t> s16;
+    quant::QuantRows rows{};
+
+    template <typename T>
+    QuantizedX(const T *x, int64_t xs, int64_t M, int64_t K) {
+        const int64_t nb = K / kBlock;
+        q.resize(size_t(M * K));
+        dx.resize(size_t(M * nb));
+        sx.resize(size_t(M * nb));
+        s16.resize(size_t(M * 2 * nb));
+        const int64_t grain = std::max<int64_t>(1, 16384 / K);
+        parallel_for(M, grain, [&](int64_t b, int64_t e) {
+            for (int64_t r = b; r < e; ++r)
+                quantize_row(x + r * xs, K, q.data() + r * K, dx.data() + r * nb, sx.data() + r * nb,
+                             s16.data() + r * 2 * nb);
+        });
+        rows = {q.data(), dx.data(), sx.data(), s16.data(), K, nb};
+    }
+};
+
+int64_t groups_of(const QuantMatrix &w) { return w.K / w.group; }
+
+quant::QuantPanel panel(const QuantMatrix &w, int64_t p) {
+    const int64_t blocks = w.K / kBlock, groups = groups_of(w), at = p * groups * kLanes;
+    return {w.qs + p * blocks * block_bytes(w.bits), w.d + at, w.z ? w.z + at : nullptr, w.m ? w.m + at : nullptr,
+            blocks, w.group >= kBlock ? w.group / kBlock : 0};
+}
+
+template <typename Tile, typename T>
+void run(T *out, int64_t os, const quant::QuantRows &x, const QuantMatrix &w, const T *bias, int64_t M) {
+    const int64_t panels = quant_panels(w.N), K = w.K, MR = Tile::kMaxRows;
+    // Row chunks of at most kChunkBytes of int8 x, a multiple of the thread
+    // count of them when each still holds 2 tiles (as linear_packed.cpp).
+    int64_t chunks = 1;
+    const int64_t max_rows = std::max<int64_t>(MR, kChunkBytes / K);
+    if (M > max_rows) {
+        const int64_t nth = max_threads();
+        chunks = (M + max_rows - 1) / max_rows;
+        const int64_t even = (chunks + nth - 1) / nth * nth;
+        if (M / even >= 2 * MR) chunks = even;
+    }
+    const int64_t chunk = (M + chunks - 1) / chunks, tasks = chunks * panels;
+    // At least ~64K multiply-adds per thread, so that small projections do not wake the team.
+    const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / (kLanes * K * std::min<int64_t>(chunk, 64)));
+    parallel_for(tasks, grain, [&](int64_t b, int64_t e) {
+        alignas(64) float acc[16 * kLanes];
+        for (int64_t t = b; t < e; ++t) {
+            const int64_t c = t / panels, p = t % panels;
+            const int64_t m_begin = c * chunk, rows = std::min(chunk, M - m_begin);
+            if (rows <= 0) continue;
+            const quant::QuantPanel wp = panel(w, p);
+            const int64_t n0 = p * kLanes, nn = std::min<int64_t>(kLanes, w.N - n0);
+            const int64_t groups = (rows + MR - 1) / MR, per = (rows + groups - 1) / groups;
+            for (int64_t r0 = 0; r0 < rows; r0 += per) {
+                const int mr = int(std::min(per, rows - r0));
+                const int64_t m0 = m_begin + r0;
+                quant::QuantRows xr = x;
+                xr.q += m0 * x.q_stride;
+                xr.dx += m0 * x.b_stride;
+                xr.sx += m0 * x.b_stride;
+                xr.s16 += m0 * 2 * x.b_stride;
+                Tile::run(mr, xr, wp, acc);
+                for (int r = 0; r < mr; ++r) {
+                    T *o = out + (m0 + r) * os + n0;
+                    const float *a = acc + r * kLanes;
+                    if (bias) {
+                        for (int64_t f = 0; f < nn; ++f) o[f] = from_f32<T>(a[f] + to_f32(bias[n0 + f]));
+                    } else {
+                        for (int64_t f = 0; f < nn; ++f) o[f] = from_f32<T>(a[f]);
+                    }
+                }
+            }
+        }
+    });
+}
+
+// Calls f(Tile) with the tile type for w's bits, form and group.
+template <typename F>
+void with_tile(const QuantMatrix &w, F &&f) {
+    const bool g16 = w.group == 16, has_min = w.m != nullptr;
+    if (w.bits == 4) {
+        if (g16) f(quant::Tile<4, false, true>{});
+        else if (has_min) f(quant::Tile<4, true, false>{});
+        else f(quant::Tile<4, false, false>{});
+    } else {
+        if (g16) f(quant::Tile<8, false, true>{});
+        else if (has_min) f(quant::Tile<8, true, false>{});
+        else f(quant::Tile<8, false, false>{});
+    }
+}
+
+}  // namespace
+
+void quant_linear(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_stride, const QuantMatrix &w,
+                  const void *bias, int64_t M) {
+    if (M <= 0 || w.N <= 0) return;
+    with_float_type(dt, [&](auto tag) {
+        using T = decltype(tag);
+        const QuantizedX xq(static_cast<const T *>(x), x_stride, M, w.K);
+        with_tile(w, [&](auto tile) {
+            run<decltype(tile)>(static_cast<T *>(out), out_stride, xq.rows, w, static_cast<const T *>(bias), M);
+        });
+    });
+}
+
+void quant_pack(const QuantMatrix &s, const uint8_t *u, const f16_t *d, const uint8_t *z, const f16_t *m,
+                uint8_t *qs_out, f16_t *d_out, uint8_t *z_out, f16_t *m_out) {
+    const int64_t N = s.N, K = s.K, panels = quant_panels(N), blocks = K / kBlock, groups = K / s.group;
+    const int64_t bb = block_bytes(s.bits);
+    parallel_for(panels, 4, [&](int64_t pb, int64_t pe) {
+        for (int64_t p = pb; p < pe; ++p) {
+            for (int64_t b = 0; b < blocks; ++b) {
+                uint8_t *o = qs_out + (p * blocks + b) * bb;
+                for (int f = 0; f < kLanes; ++f) {
+                    const int64_t n = p * kLanes + f;
+                    const uint8_t *row = n < N ? u + n * K + b * kBlock : nullptr;
+                    auto val = [&](int k) -> uint8_t { return row ? row[k] : 0; };
+                    if (s.bits == 8) {
+                        for (int j = 0; j < 8; ++j)
+                            for (int t = 0; t < 4; ++t) o[(j * kLanes + f) * 4 + t] = val(4 * j + t);
+                    } else {
+                        for (int j = 0; j < 4; ++j)
+                            for (int t = 0; t < 4; ++t)
+                                o[(j * kLanes + f) * 4 + t] = uint8_t(val(4 * j + t) | (val(4 * j + 16 + t) << 4));
+                    }
+                }
+            }
+            for (int64_t g = 0; g < groups; ++g) {
+                for (int f = 0; f < kLanes; ++f) {
+                    const int64_t n = p * kLanes + f, at = (p * groups + g) * kLanes + f;
+                    const bool in = n < N;
+                    d_out[at] = in ? d[n * groups + g] : f16_t{0};
+                    if (z_out) z_out[at] = in ? z[n * groups + g] : 0;
+                    if (m_out) m_out[at] = in ? m[n * groups + g] : f16_t{0};
+                }
+            }
+        }
+    });
+}
+
+void quant_rows(DType dt, void *out, int64_t out_stride, const QuantMatrix &w, const int64_t *ids, int64_t n) {
+    const int64_t blocks = w.K / kBlock, groups = groups_of(w), bb = block_bytes(w.bits);
+    with_float_type(dt, [&](auto tag) {
+        using T = decltype(tag);
+        parallel_for(n, 16, [&](int64_t b0, int64_t e0) {
+            alignas(64) uint8_t u[kLanes][kBlock];
+            for (int64_t i = b0; i < e0; ++i) {
+                const int64_t p = ids[i] / kLanes, f = ids[i] % kLanes;
+                T *o = static_cast<T *>(out) + i * out_stride;
+                for (int64_t b = 0; b < blocks; ++b) {
+                    if (w.bits == 8) quant::unpack_block<8>(w.qs + (p * blocks + b) * bb, u);
+                    else quant::unpack_block<4>(w.qs + (p * blocks + b) * bb, u);
+                    for (int k = 0; k < kBlock; ++k) {
+                        const int64_t g = (b * kBlock + k) / w.group, at = (p * groups + g) * kLanes + f;
+                        const float d = to_f32(w.d[at]);
+                        const float v = w.z ? d * float(int32_t(u[f][k]) - int32_t(w.z[at]))
+                                            : d * float(u[f][k]) + to_f32(w.m[at]);
+                        o[b * kBlock + k] = from_f32<T>(v);
+                    }
+                }
+            }
+        });
+    });
+}
+
+void linear_weight(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_stride, const LinearWeight &w,
+                   const void *bias, int64_t M, int64_t N, int64_t K) {
+    if (w.parts == 0) {
+        linear(dt, out, out_stride, x, x_stride, w.dense, bias, M, N, K, w.packed);
+        return;
+    }
+    const int64_t es = dtype_size(dt);
+    int64_t n0 = 0;
+    for (int i = 0; i < w.parts; ++i) {
+        const QuantMatrix &q = w.part[i];
+        const void *b = bias ? static_cast<const char *>(bias) + n0 * es : nullptr;
+        quant_linear(dt, static_cast<char *>(out) + n0 * es, out_stride, x, x_stride, q, b, M);
+        n0 += q.N;
+    }
+}
+
+const char *quant_tile_impl() { return quant::Tile<4, false, false>::kName; }
+
+}  // namespace cpuinfer

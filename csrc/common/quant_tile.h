@@ -1,0 +1,153 @@
+// The register tile of the quantized linear layer (linear_quant.cpp): MR rows
+// of int8-quantized x against one panel (16 output features) of a quantized
+// weight, over all of K.
+//
+// Weight panel (QuantMatrix in kernels.h): for every block of 32 k, the 16
+// features' unsigned values u, 4 consecutive k of one feature in 4 bytes, the
+// 16 features side by side (64 bytes per 4 k: the operand of one VPDPBUSD,
+// whose 16 int32 lanes are the 16 features). 4-bit values share bytes: byte
+// (j, f, t) of a block holds k = 4j + t in its low nibble and k = 4j + 16 + t
+// in its high nibble, so one AND and one shift give two 64-byte operands.
+// Per group of `group` k and feature: a scale d (f16) and either a zero point
+// z (u8: w = d * (u - z)) or a minimum m (f16: w = d * u + m).
+//
+// x (QuantRows): each row quantized per block of 32 k to int8 with one f32
+// scale dx = amax / 127 (as llama.cpp's q8 activations), plus the integer sum
+// of each 16-k half (the zero-point correction) and dx * sum (the minimum
+// term). The same quantization whatever M, so a row's result does not depend
+// on its batch.
+//
+// Numerics, identical in every implementation of the tile (so every variant
+// gives the same bits): per block, the integer dot products s of each half
+// are exact; then, in this order, per group g covering the block,
+//   zero point:  acc = fma(float(s - z * sum_x), d * dx, acc)
+//   minimum:     acc = fma(float(s), d * dx, acc); acc = fma(m, dx * sum_x, acc)
+// (group 16: one such step per half, else one per block).
+//
+// QuantTile<Bits, Min, G16> is the portable tile (plain loops the compiler
+// vectorizes); an ISA folder may specialise it (csrc/x86/quant_tile_x86.h:
+// VPDPBUSD on AVX512-VNNI, VPMADDUBSW on AVX2).
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "dtype.h"
+
+namespace cpuinfer::quant {
+
+constexpr int kLanes = 16;  // output features per panel
+constexpr int kBlock = 32;  // k per activation block
+
+// Bytes of one panel's block of 32 k.
+constexpr int64_t block_bytes(int bits) { return int64_t(kLanes) * kBlock * bits / 8; }
+
+// Quantized activation rows as the tile reads them (row r at offsets r * stride).
+struct QuantRows {
+    const int8_t *q;      // [rows][q_stride]: int8 values
+    const float *dx;      // [rows][b_stride]: per-block scale
+    const float *sx;      // [rows][b_stride]: dx * (sum of the block's q)
+    const int32_t *s16;   // [rows][2 * b_stride]: sum of each 16-k half's q
+    int64_t q_stride, b_stride;
+};
+
+// One panel of the weight.
+struct QuantPanel {
+    const uint8_t *qs;  // [blocks][block_bytes(bits)]
+    const f16_t *d;     // [groups][16]
+    const uint8_t *z;   // [groups][16] or null (minimum form)
+    const f16_t *m;     // [groups][16] or null (zero-point form)
+    int64_t blocks;     // K / 32
+    int64_t bpg;        // blocks per group (group >= 32); unused with G16
+};
+
+// The 16 x 32 values of one block, unpacked to u[feature][k].
+template <int Bits>
+inline void unpack_block(const uint8_t *b, uint8_t u[kLanes][kBlock]) {
+    if constexpr (Bits == 8) {
+        for (int j = 0; j < 8; ++j)
+            for (int f = 0; f < kLanes; ++f)
+                for (int t = 0; t < 4; ++t) u[f][4 * j + t] = b[(j * kLanes + f) * 4 + t];
+    } else {
+        for (int j = 0; j < 4; ++j)
+            for (int f = 0; f < kLanes; ++f)
+                for (int t = 0; t < 4; ++t) {
+                    const uint8_t v = b[(j * kLanes + f) * 4 + t];
+                    u[f][4 * j + t] = v & 15;
+                    u[f][4 * j + 16 + t] = v >> 4;
+                }
+    }
+}
+
+template <int Bits, bool Min, bool G16>
+struct QuantTile {
+    static_assert(Bits == 4 || Bits == 8, "4- or 8-bit values");
+    static_assert(!(Min && G16), "group 16 comes with zero points only (Q6_K)");
+    static constexpr int kMaxRows = 4;
+    static constexpr const char *kName = "portable";
+
+    // acc[r * 16 + f] = the panel's feature f against row r of x, r < mr.
+    static void run(int mr, const QuantRows &x, const QuantPanel &w, float *acc) {
+        for (int i = 0; i < mr * kLanes; ++i) acc[i] = 0.0f;
+        alignas(64) uint8_t u[kLanes][kBlock];
+        int64_t g = 0, in_group = 0;
+        for (int64_t b = 0; b < w.blocks; ++b) {
+            unpack_block<Bits>(w.qs + b * block_bytes(Bits), u);
+            for (int r = 0; r < mr; ++r) {
+                const int8_t *xq = x.q + r * x.q_stride + b * kBlock;
+                const float dx = x.dx[r * x.b_stride + b];
+                const int32_t *s16 = x.s16 + r * 2 * x.b_stride + 2 * b;
+                float *a = acc + r * kLanes;
+                int32_t s0[kLanes], s1[kLanes];
+                for (int f = 0; f < kLanes; ++f) {
+                    int32_t lo = 0, hi = 0;
+                    for (int k = 0; k < 16; ++k) lo += int32_t(u[f][k]) * xq[k];
+                    for (int k = 16; k < 32; ++k) hi += int32_t(u[f][k]) * xq[k];
+                    s0[f] = lo;
+                    s1[f] = hi;
+                }
+                if constexpr (G16) {
+                    for (int h = 0; h < 2; ++h) {
+                        const int64_t gg = 2 * b + h;
+                        const int32_t *s = h ? s1 : s0;
+                        for (int f = 0; f < kLanes; ++f) {
+                            const float ddx = to_f32(w.d[gg * kLanes + f]) * dx;
+                            a[f] = std::fma(float(s[f] - int32_t(w.z[gg * kLanes + f]) * s16[h]), ddx, a[f]);
+                        }
+                    }
+                } else if constexpr (Min) {
+                    const float sx = x.sx[r * x.b_stride + b];
+                    for (int f = 0; f < kLanes; ++f) {
+                        const float ddx = to_f32(w.d[g * kLanes + f]) * dx;
+                        a[f] = std::fma(float(s0[f] + s1[f]), ddx, a[f]);
+                        a[f] = std::fma(to_f32(w.m[g * kLanes + f]), sx, a[f]);
+                    }
+                } else {
+                    const int32_t sum = s16[0] + s16[1];
+                    for (int f = 0; f < kLanes; ++f) {
+                        const float ddx = to_f32(w.d[g * kLanes + f]) * dx;
+                        a[f] = std::fma(float(s0[f] + s1[f] - int32_t(w.z[g * kLanes + f]) * sum), ddx, a[f]);
+                    }
+                }
+            }
+            if (!G16 && ++in_group == w.bpg) in_group = 0, ++g;
+        }
+    }
+};
+
+}  // namespace cpuinfer::quant
+
+// ISA-specific specialisations (a selector, as panel_kernel.h's).
+#if defined(CPUINFER_VEC_AVX512) || defined(CPUINFER_VEC_AVX2)
+#include "../x86/quant_tile_x86.h"
+#endif
+
+namespace cpuinfer::quant {
+// The tile this build runs: the ISA's where its folder has one, else the portable one.
+#if defined(CPUINFER_QUANT_ISA_TILE)
+template <int Bits, bool Min, bool G16>
+using Tile = IsaQuantTile<Bits, Min, G16>;
+#else
+template <int Bits, bool Min, bool G16>
+using Tile = QuantTile<Bits, Min, G16>;
+#endif
+}  // namespace cpuinfer::quant

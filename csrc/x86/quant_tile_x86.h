@@ -1,0 +1,187 @@
+// x86 specialisation of the quantized linear tile (see common/quant_tile.h).
+//
+// A panel's 16 features are 16 int32 lanes: one zmm on AVX-512, two ymm on
+// AVX2. Each 64-byte operand holds 4 consecutive k of every feature, so a
+// row of x contributes one 4-byte broadcast per operand:
+// - AVX512-VNNI (avx512bf16, amx): VPDPBUSD, 64 u8 x s8 products per instruction.
+// - AVX2 (avx2, avx512 without VNNI): VPMADDUBSW then VPMADDWD against ones,
+//   the same sums in two steps. VPMADDUBSW saturates its 16-bit pair sums, which
+//   4-bit values (15 * 127 * 2) never reach; 8-bit values are split into
+//   nibbles, each product exact, the high one weighted by 16.
+// The integer sums are exact and the f32 epilogue is the portable tile's,
+// step by step, so every variant produces the same bits.
+// Under CPUINFER_SIMDE_EMULATION the portable tile runs instead.
+#pragma once
+#if !defined(CPUINFER_SIMDE_EMULATION) && (defined(__AVX512VNNI__) || defined(__AVX2__))
+#include <immintrin.h>
+
+#include <cstring>
+
+#define CPUINFER_QUANT_ISA_TILE 1
+
+namespace cpuinfer::quant {
+
+inline int32_t load4(const int8_t *p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+// 16 lanes in one zmm.
+struct Lanes {
+    static constexpr const char *kName = "avx512vnni";
+    static constexpr int kMaxRows = 8;
+    using I = __m512i;
+    using F = __m512;
+    static I load64(const uint8_t *p) { return _mm512_loadu_si512(p); }
+    static I low4(I v) { return _mm512_and_si512(v, _mm512_set1_epi8(15)); }
+    static I high4(I v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(15)); }
+    static I izero() { return _mm512_setzero_si512(); }
+    template <int Bits>
+    static I dot(I acc, I u, int32_t x4) { return _mm512_dpbusd_epi32(acc, u, _mm512_set1_epi32(x4)); }
+    static I add(I a, I b) { return _mm512_add_epi32(a, b); }
+    // a - z * s, z the 16 zero points (u8).
+    static I sub_zero(I a, const uint8_t *z, int32_t s) {
+        I zv = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(z)));
+        return _mm512_sub_epi32(a, _mm512_mullo_epi32(zv, _mm512_set1_epi32(s)));
+    }
+    static F fzero() { return _mm512_setzero_ps(); }
+    static F half(const f16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p))); }
+    static F to_float(I a) { return _mm512_cvtepi32_ps(a); }
+    static F mul(F a, float b) { return _mm512_mul_ps(a, _mm512_set1_ps(b)); }
+    static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+    static F fma(F a, float b, F c) { return _mm512_fmadd_ps(a, _mm512_set1_ps(b), c); }
+    static void store(float *p, F a) { _mm512_storeu_ps(p, a); }
+};
+#else
+// 16 lanes in two ymm (features 0-7, 8-15).
+struct Lanes {
+    static constexpr const char *kName = "avx2";
+    static constexpr int kMaxRows = 4;
+    struct I { __m256i a, b; };
+    struct F { __m256 a, b; };
+    static I load64(const uint8_t *p) {
+        return {_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)),
+                _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p + 32))};
+    }
+    static __m256i and15(__m256i v) { return _mm256_and_si256(v, _mm256_set1_epi8(15)); }
+    static I low4(I v) { return {and15(v.a), and15(v.b)}; }
+    static I high4(I v) { return {and15(_mm256_srli_epi16(v.a, 4)), and15(_mm256_srli_epi16(v.b, 4))}; }
+    static I izero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+    // Sums of 4 products u * x per 32-bit lane, for u < 16 (no saturation).
+    static __m256i dot4(__m256i u, __m256i x) {
+        return _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1));
+    }
+    template <int Bits>
+    static I dot(I acc, I u, int32_t x4) {
+        const __m256i x = _mm256_set1_epi32(x4);
+        if constexpr (Bits == 4) {
+            return {_mm256_add_epi32(acc.a, dot4(u.a, x)), _mm256_add_epi32(acc.b, dot4(u.b, x))};
+        } else {
+            auto one = [&](__m256i c, __m256i v) {
+                const __m256i lo = dot4(and15(v), x), hi = dot4(and15(_mm256_srli_epi16(v, 4)), x);
+                return _mm256_add_epi32(c, _mm256_add_epi32(lo, _mm256_slli_epi32(hi, 4)));
+            };
+            return {one(acc.a, u.a), one(acc.b, u.b)};
+        }
+    }
+    static I add(I x, I y) { return {_mm256_add_epi32(x.a, y.a), _mm256_add_epi32(x.b, y.b)}; }
+    static I sub_zero(I x, const uint8_t *z, int32_t s) {
+        const __m256i sv = _mm256_set1_epi32(s);
+        __m256i za = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(z)));
+        __m256i zb = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(z + 8)));
+        return {_mm256_sub_epi32(x.a, _mm256_mullo_epi32(za, sv)), _mm256_sub_epi32(x.b, _mm256_mullo_epi32(zb, sv))};
+    }
+    static F fzero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+    static F half(const f16_t *p) {
+        return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))),
+                _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p + 8)))};
+    }
+    static F to_float(I x) { return {_mm256_cvtepi32_ps(x.a), _mm256_cvtepi32_ps(x.b)}; }
+    static F mul(F x, float y) {
+        const __m256 v = _mm256_set1_ps(y);
+        return {_mm256_mul_ps(x.a, v), _mm256_mul_ps(x.b, v)};
+    }
+    static F fma(F x, F y, F c) { return {_mm256_fmadd_ps(x.a, y.a, c.a), _mm256_fmadd_ps(x.b, y.b, c.b)}; }
+    static F fma(F x, float y, F c) {
+        const __m256 v = _mm256_set1_ps(y);
+        return {_mm256_fmadd_ps(x.a, v, c.a), _mm256_fmadd_ps(x.b, v, c.b)};
+    }
+    static void store(float *p, F x) { _mm256_storeu_ps(p, x.a); _mm256_storeu_ps(p + 8, x.b); }
+};
+#endif
+
+template <int Bits, bool Min, bool G16>
+struct IsaQuantTile {
+    static_assert(!(Min && G16), "group 16 comes with zero points only (Q6_K)");
+    static constexpr int kMaxRows = Lanes::kMaxRows;
+    static constexpr const char *kName = Lanes::kName;
+    using I = typename Lanes::I;
+    using F = typename Lanes::F;
+
+    template <int MR>
+    static void tile(const QuantRows &x, const QuantPanel &w, float *acc) {
+        F a[MR];
+        for (int r = 0; r < MR; ++r) a[r] = Lanes::fzero();
+        int64_t g = 0, in_group = 0;
+        for (int64_t b = 0; b < w.blocks; ++b) {
+            const uint8_t *qb = w.qs + b * block_bytes(Bits);
+            if constexpr (MR <= 2) __builtin_prefetch(qb + 1024);
+            I u[8];
+            if constexpr (Bits == 8) {
+                for (int j = 0; j < 8; ++j) u[j] = Lanes::load64(qb + 64 * j);
+            } else {
+                for (int j = 0; j < 4; ++j) {
+                    const I v = Lanes::load64(qb + 64 * j);
+                    u[j] = Lanes::low4(v);
+                    u[j + 4] = Lanes::high4(v);
+                }
+            }
+            const int64_t g0 = G16 ? 2 * b : g;
+            const F d0 = Lanes::half(w.d + g0 * kLanes);
+            for (int r = 0; r < MR; ++r) {
+                const int8_t *xq = x.q + r * x.q_stride + b * kBlock;
+                I s0 = Lanes::izero(), s1 = Lanes::izero();
+                for (int j = 0; j < 4; ++j) s0 = Lanes::template dot<Bits>(s0, u[j], load4(xq + 4 * j));
+                for (int j = 4; j < 8; ++j) s1 = Lanes::template dot<Bits>(s1, u[j], load4(xq + 4 * j));
+                const float dx = x.dx[r * x.b_stride + b];
+                const int32_t *s16 = x.s16 + r * 2 * x.b_stride + 2 * b;
+                if constexpr (G16) {
+                    const F d1 = Lanes::half(w.d + (g0 + 1) * kLanes);
+                    a[r] = Lanes::fma(Lanes::to_float(Lanes::sub_zero(s0, w.z + g0 * kLanes, s16[0])),
+                                      Lanes::mul(d0, dx), a[r]);
+                    a[r] = Lanes::fma(Lanes::to_float(Lanes::sub_zero(s1, w.z + (g0 + 1) * kLanes, s16[1])),
+                                      Lanes::mul(d1, dx), a[r]);
+                } else if constexpr (Min) {
+                    a[r] = Lanes::fma(Lanes::to_float(Lanes::add(s0, s1)), Lanes::mul(d0, dx), a[r]);
+                    a[r] = Lanes::fma(Lanes::half(w.m + g0 * kLanes), x.sx[r * x.b_stride + b], a[r]);
+                } else {
+                    const I s = Lanes::sub_zero(Lanes::add(s0, s1), w.z + g0 * kLanes, s16[0] + s16[1]);
+                    a[r] = Lanes::fma(Lanes::to_float(s), Lanes::mul(d0, dx), a[r]);
+                }
+            }
+            if (!G16 && ++in_group == w.bpg) in_group = 0, ++g;
+        }
+        for (int r = 0; r < MR; ++r) Lanes::store(acc + r * kLanes, a[r]);
+    }
+
+    static void run(int mr, const QuantRows &x, const QuantPanel &w, float *acc) {
+        switch (mr) {
+            case 1: tile<1>(x, w, acc); break;
+            case 2: tile<2>(x, w, acc); break;
+            case 3: tile<3>(x, w, acc); break;
+            case 4: tile<4>(x, w, acc); break;
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+            case 5: tile<5>(x, w, acc); break;
+            case 6: tile<6>(x, w, acc); break;
+            case 7: tile<7>(x, w, acc); break;
+            case 8: tile<8>(x, w, acc); break;
+#endif
+            default: break;
+        }
+    }
+};
+
+}  // namespace cpuinfer::quant
+#endif

@@ -1,0 +1,164 @@
+"""Quantized weights as the kernels read them: integer values in 16-row panels, per-group scales.
+
+A QuantWeight holds one [n, k] matrix in the layout of csrc/common/quant_tile.h: values u of 4 or
+8 bits, and per group of `group` consecutive k and row a float16 scale d with either a uint8 zero
+point z (w = d * (u - z)) or a float16 minimum m (w = d * u + m). Every format we load (GGUF's
+block quants, GPTQ, AWQ, compressed-tensors) is rewritten into this form once, at load; the
+layout does not depend on the kernel variant. A QuantStack is several of them stacked along n
+(a fused QKV whose q, k and v came in different formats).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .. import _C
+
+LANES = 16  # rows per panel
+BLOCK = 32  # k per block of the activation quantization
+
+
+def _panels(n: int) -> int:
+    return (n + LANES - 1) // LANES
+
+
+@dataclass(eq=False)
+class QuantWeight:
+    """One quantized [n, k] weight in the kernels' panel layout (see the module docstring)."""
+
+    qs: torch.Tensor  # uint8 [panels * k / 32 * 16 * 32 * bits / 8]
+    d: torch.Tensor  # float16 [panels * k / group * 16]
+    z: torch.Tensor | None  # uint8, same size as d (zero-point form)
+    m: torch.Tensor | None  # float16, same size as d (minimum form)
+    bits: int
+    group: int
+    n: int
+    k: int
+    kind: str  # the source format, e.g. "Q4_1", for logs and `cpuinfer info`
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(out_features, in_features)."""
+        return (self.n, self.k)
+
+    @property
+    def parts(self) -> tuple[QuantWeight, ...]:
+        """The quantized matrices this weight stacks (itself)."""
+        return (self,)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held in memory."""
+        return sum(t.numel() * t.element_size() for t in (self.qs, self.d, self.z, self.m) if t is not None)
+
+    @classmethod
+    def empty(cls, n: int, k: int, bits: int, group: int, has_min: bool, kind: str) -> QuantWeight:
+        """An unfilled weight of this shape and form (quant_pack fills it)."""
+        panels, groups = _panels(n), k // group
+        return cls(qs=torch.empty(panels * (k // BLOCK) * LANES * BLOCK * bits // 8, dtype=torch.uint8),
+                   d=torch.empty(panels * groups * LANES, dtype=torch.float16),
+                   z=None if has_min else torch.empty(panels * groups * LANES, dtype=torch.uint8),
+                   m=torch.empty(panels * groups * LANES, dtype=torch.float16) if has_min else None,
+                   bits=bits, group=group, n=n, k=k, kind=kind)
+
+    @classmethod
+    def pack(cls, u: np.ndarray, d: np.ndarray, z: np.ndarray | None = None, m: np.ndarray | None = None, *,
+             bits: int, group: int, kind: str) -> QuantWeight:
+        """From values u [n, k] (uint8, < 2**bits) and per-group d and z or m [n, k / group]."""
+        n, k = u.shape
+        if (z is None) == (m is None):
+            raise ValueError("pass exactly one of z (zero points) and m (minimums)")
+        w = cls.empty(n, k, bits, group, m is not None, kind)
+        _C.quant_pack(w, _tensor(u, np.uint8), _tensor(d, np.float16), None if z is None else _tensor(z, np.uint8),
+                      None if m is None else _tensor(m, np.float16))
+        return w
+
+    def rows(self, ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Rows ids of the dequantized weight, in dtype (an embedding lookup)."""
+        ids = ids.reshape(-1).to(torch.int64).contiguous()
+        out = torch.empty(ids.shape[0], self.k, dtype=dtype)
+        _C.quant_rows(out, self, ids)
+        return out
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The whole [n, k] weight dequantized (tests and fallbacks)."""
+        return self.rows(torch.arange(self.n), dtype)
+
+
+@dataclass(eq=False)
+class QuantStack:
+    """Quantized weights stacked along n, each writing its own output columns."""
+
+    parts: tuple[QuantWeight, ...]
+
+    @property
+    def n(self) -> int:
+        """Total out_features."""
+        return sum(p.n for p in self.parts)
+
+    @property
+    def k(self) -> int:
+        """in_features (the same for every part)."""
+        return self.parts[0].k
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(out_features, in_features)."""
+        return (self.n, self.k)
+
+    @property
+    def kind(self) -> str:
+        """The parts' source formats, e.g. "Q5_0+Q8_0"."""
+        return "+".join(p.kind for p in self.parts)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held in memory."""
+        return sum(p.nbytes for p in self.parts)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The whole [n, k] weight dequantized."""
+        return torch.cat([p.dequantize(dtype) for p in self.parts])
+
+
+Quantized = QuantWeight | QuantStack
+
+
+def is_quantized(w) -> bool:
+    """True for a QuantWeight or QuantStack."""
+    return isinstance(w, (QuantWeight, QuantStack))
+
+
+def _same_form(a: QuantWeight, b: QuantWeight) -> bool:
+    return (a.bits, a.group, a.z is None, a.k) == (b.bits, b.group, b.z is None, b.k)
+
+
+def concat(weights: list[QuantWeight]) -> Quantized:
+    """weights stacked along n: merged into one QuantWeight where formats agree, else a QuantStack.
+
+    Panels are 16 rows, so two weights of one form merge by concatenation when the first has a
+    multiple of 16 rows (its last panel is full). At most 3 parts remain (the kernels' limit).
+    """
+    merged: list[QuantWeight] = []
+    for w in weights:
+        last = merged[-1] if merged else None
+        if last is not None and _same_form(last, w) and last.n % LANES == 0:
+            merged[-1] = QuantWeight(
+                qs=torch.cat([last.qs, w.qs]), d=torch.cat([last.d, w.d]),
+                z=None if w.z is None else torch.cat([last.z, w.z]),
+                m=None if w.m is None else torch.cat([last.m, w.m]), bits=w.bits, group=w.group,
+                n=last.n + w.n, k=w.k, kind=last.kind if last.kind == w.kind else f"{last.kind}+{w.kind}")
+        else:
+            merged.append(w)
+    if len(merged) == 1:
+        return merged[0]
+    if len(merged) > 3:
+        raise ValueError(f"{len(merged)} quantized parts of different formats cannot be stacked (at most 3)")
+    return QuantStack(tuple(merged))
+
+
+def _tensor(a: np.ndarray, dtype) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(a, dtype=dtype))
