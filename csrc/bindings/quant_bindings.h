@@ -108,7 +108,7 @@ inline LinearWeight quant_weight(nb::handle obj, const std::string &name, std::v
     n = 0;
     k = -1;
     for (size_t i = 0; i < list.size(); ++i) {
-        QuantMatrix q = quant_part(list[i], name + ".parts[" + str(int64_t(i)) + "]", keep);
+        QuantMatrix q = quant_part(list[i], list.size() == 1 ? name : name + ".parts[" + str(int64_t(i)) + "]", keep);
         if (k >= 0 && q.K != k) fail_value(name + ": parts have different in_features (" + str(k) + ", " + str(q.K) + ")");
         k = q.K;
         n += q.N;

@@ -1,0 +1,164 @@
+"""The quantized linear layer against the formats' own dequantization (the `gguf` package) and torch.
+
+GGUF legacy blocks are made by gguf's own quantizer; K-quant blocks (which gguf cannot quantize) are
+random bytes with finite scales, which ggml reads like any other. The reference weight is always
+gguf.dequantize's, never ours.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from cpuinfer.quantization import QuantStack, QuantWeight, concat
+from cpuinfer.quantization.gguf_blocks import KEPT_TYPES, unpack
+
+gguf = pytest.importorskip("gguf")
+Q = gguf.GGMLQuantizationType
+BLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
+K_SCALE_OFFSETS = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}  # the f16 fields of a K-quant block
+
+
+def gguf_tensor(kind: str, rows: int, cols: int, seed: int = 0) -> tuple[np.ndarray, torch.Tensor]:
+    """(raw blocks [rows, bytes], the reference float32 weight from gguf.dequantize)."""
+    rng = np.random.default_rng(seed)
+    if kind in BLOCK_BYTES:
+        n = rows * cols // 256
+        raw = rng.integers(0, 256, (n, BLOCK_BYTES[kind]), dtype=np.uint8)
+        for off in K_SCALE_OFFSETS[kind]:  # finite, modest super-block scales
+            raw[:, off:off + 2] = (rng.random(n) * 0.01 + 1e-4).astype(np.float16).view(np.uint8).reshape(n, 2)
+        raw = raw.reshape(rows, -1)
+    else:
+        raw = gguf.quants.quantize(rng.standard_normal((rows, cols)).astype(np.float32) * 0.05, Q[kind])
+    ref = torch.from_numpy(gguf.dequantize(raw, Q[kind]).reshape(rows, cols).astype(np.float32))
+    return raw, ref
+
+
+def int8_rows(x: torch.Tensor) -> torch.Tensor:
+    """x as the kernel sees it: each row quantized per block of 32 to int8 with scale amax / 127."""
+    xb = x.float().reshape(x.shape[0], -1, 32)
+    dx = xb.abs().amax(-1, keepdim=True) / 127
+    inv = torch.where(dx != 0, 1 / dx, torch.zeros_like(dx))
+    return (torch.round(xb * inv).clamp(-127, 127) * dx).reshape(x.shape)
+
+
+@pytest.mark.parametrize("kind", KEPT_TYPES)
+def test_unpack_matches_gguf_dequantize(kind):
+    """Our QuantWeight of a GGUF tensor dequantizes to gguf's own result (K-quant scales within f16 rounding)."""
+    raw, ref = gguf_tensor(kind, 48, 512)
+    w = unpack(kind, raw, 48, 512)
+    got = w.dequantize()
+    if kind.endswith("_K"):
+        # The group's scale d * sc and minimum dmin * mn are stored as f16, each within 2^-11 of itself:
+        # |d * sc| * u spans the group's range and |dmin * mn| is at most its largest magnitude.
+        group = 16 if kind == "Q6_K" else 32
+        g = ref.reshape(48, -1, group)
+        bound = (g.amax(-1) - g.amin(-1) + g.abs().amax(-1)) * 2.0**-11
+        assert ((got - ref).abs().reshape(48, -1, group) <= bound.unsqueeze(-1) * 1.01 + 1e-12).all()
+    else:
+        assert torch.equal(got, ref)
+    # Never a dequantized copy (2 bytes a value): 4/8-bit types within 12% of the file, the 5/6-bit ones
+    # (a byte per value) within 1.7x.
+    assert w.nbytes <= raw.nbytes * (1.7 if kind in ("Q5_0", "Q5_1", "Q5_K", "Q6_K") else 1.12)
+
+
+@pytest.mark.parametrize("kind", KEPT_TYPES)
+@pytest.mark.parametrize("m", [1, 3, 17, 64])
+def test_quant_linear_matches_torch(kernels, kind, m):
+    """f32 out equals the int8-activation product to f32 accuracy, and torch's product on gguf's weight within 2%."""
+    rows, cols = 72, 512  # 72: a partial last panel
+    raw, ref = gguf_tensor(kind, rows, cols, seed=m)
+    w = unpack(kind, raw, rows, cols)
+    x = torch.randn(m, cols)
+    out = torch.empty(m, rows)
+    kernels.quant_linear(out, x, w, None)
+    deq = w.dequantize().double()
+    exact = int8_rows(x).double() @ deq.T
+    torch.testing.assert_close(out.double(), exact, rtol=1e-5, atol=1e-5 * exact.abs().max().item())
+    full = x.double() @ ref.double().T
+    assert (out.double() - full).abs().max() <= 0.02 * full.abs().max()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_quant_linear_half_inputs_and_bias(kernels, dtype):
+    """bf16/f16 activations and bias: the f32 result plus bias, rounded once."""
+    raw, _ = gguf_tensor("Q4_1", 48, 256)
+    w = unpack("Q4_1", raw, 48, 256)
+    x = torch.randn(5, 256).to(dtype)
+    bias = torch.randn(48).to(dtype)
+    out = torch.empty(5, 48, dtype=dtype)
+    kernels.quant_linear(out, x, w, bias)
+    ref32 = torch.empty(5, 48)
+    kernels.quant_linear(ref32, x.float(), w, None)
+    assert torch.equal(out, (ref32 + bias.float()).to(dtype))
+
+
+def test_batch_invariant_and_same_on_every_variant(kernels):
+    """A row's result is the same alone or in any batch, bit for bit, and equal to the generic build's."""
+    raw, _ = gguf_tensor("Q4_0", 576, 576)
+    w = unpack("Q4_0", raw, 576, 576)
+    x = torch.randn(100, 576, dtype=torch.bfloat16)
+    batch = torch.empty(100, 576, dtype=torch.bfloat16)
+    kernels.quant_linear(batch, x, w, None)
+    for rows in ([0], [37, 38, 39], list(range(50, 59))):
+        part = torch.empty(len(rows), 576, dtype=torch.bfloat16)
+        kernels.quant_linear(part, x[rows], w, None)
+        assert torch.equal(part, batch[rows])
+    generic = pytest.importorskip("cpuinfer._C_generic")
+    ref = torch.empty_like(batch)
+    generic.quant_linear(ref, x, w, None)
+    assert torch.equal(ref, batch)
+
+
+def test_stack_of_formats(kernels):
+    """A QuantStack (q, k, v in different formats) writes each part's columns: the same as each part alone."""
+    parts = [unpack(kind, gguf_tensor(kind, n, 256, seed=i)[0], n, 256)
+             for i, (kind, n) in enumerate([("Q5_0", 64), ("Q8_0", 32), ("Q4_K", 40)])]
+    stack = concat(parts)
+    assert isinstance(stack, QuantStack) and stack.n == 136
+    x = torch.randn(4, 256)
+    out = torch.empty(4, 136)
+    kernels.quant_linear(out, x, stack, None)
+    col = 0
+    for p in parts:
+        alone = torch.empty(4, p.n)
+        kernels.quant_linear(alone, x, p, None)
+        assert torch.equal(out[:, col:col + p.n], alone)
+        col += p.n
+    same = concat([unpack("Q8_0", gguf_tensor("Q8_0", 32, 256, seed=s)[0], 32, 256) for s in (1, 2)])
+    assert isinstance(same, QuantWeight) and same.n == 64  # one format: merged into one weight
+
+
+def test_rows_lookup():
+    """rows(ids) returns the dequantized rows (an embedding lookup), in the requested dtype."""
+    raw, ref = gguf_tensor("Q8_0", 50, 128)
+    w = unpack("Q8_0", raw, 50, 128)
+    ids = torch.tensor([3, 0, 49, 3])
+    assert torch.equal(w.rows(ids), ref[ids])
+    assert torch.equal(w.rows(ids, torch.bfloat16), ref[ids].to(torch.bfloat16))
+    with pytest.raises(ValueError, match=r"ids must be in \[0, 50\)"):
+        w.rows(torch.tensor([50]))
+
+
+def test_malformed_weights_are_refused(kernels):
+    """Sizes that do not fit the claimed shape, bad bits or groups: a ValueError naming the problem."""
+    raw, _ = gguf_tensor("Q4_0", 32, 128)
+    w = unpack("Q4_0", raw, 32, 128)
+    x, out = torch.randn(2, 128), torch.empty(2, 32)
+    bad = QuantWeight(**{**w.__dict__, "qs": w.qs[:-1]})
+    with pytest.raises(ValueError, match=r"weight\.qs has \d+ elements, the weight's shape needs"):
+        kernels.quant_linear(out, x, bad, None)
+    with pytest.raises(ValueError, match="bits must be 4 or 8"):
+        kernels.quant_linear(out, x, QuantWeight(**{**w.__dict__, "bits": 3}), None)
+    with pytest.raises(ValueError, match="group 48 must be 16, or a multiple of 32"):
+        kernels.quant_linear(out, x, QuantWeight(**{**w.__dict__, "group": 48}), None)
+    with pytest.raises(TypeError, match=r"weight\.d must be a float16 tensor"):
+        kernels.quant_linear(out, x, QuantWeight(**{**w.__dict__, "d": w.d.float()}), None)
+    with pytest.raises(ValueError, match="input has 64 features but the weight's in_features is 128"):
+        kernels.quant_linear(out, torch.randn(2, 64), w, None)
+    with pytest.raises(ValueError, match="Q4_0 data holds"):
+        unpack("Q4_0", raw[:-1], 32, 128)
+    with pytest.raises(ValueError, match="more than 4 bits"):
+        QuantWeight.pack(np.full((16, 32), 16, np.uint8), np.ones((16, 1), np.float16), np.zeros((16, 1), np.uint8),
+                         bits=4, group=32, kind="test")
