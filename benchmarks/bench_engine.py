@@ -43,7 +43,8 @@ def bench_engine(model: str, args) -> dict:
     eng = LLMEngine.from_engine_args(EngineArgs(model=model, dtype="bfloat16", enable_prefix_caching=False))
     load = time.perf_counter() - t0
     runner = eng.core.runner
-    weights = sum(t.numel() * t.element_size() for t in _tensors(runner.model))
+    weights = sum(t.numel() * t.element_size() if isinstance(t, torch.Tensor) else t.nbytes
+                  for t in _tensors(runner.model))
     kv = sum(k.numel() * k.element_size() * 2 for k, _ in runner.kv_caches)
     vocab = eng.config.spec.vocab_size
     sp = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
@@ -81,6 +82,8 @@ def _tensors(model):
         obj = stack.pop()
         if isinstance(obj, torch.Tensor):
             seen[obj.data_ptr()] = obj
+        elif hasattr(obj, "nbytes") and hasattr(obj, "parts"):  # a quantized weight
+            seen[id(obj)] = obj
         elif isinstance(obj, (list, tuple)):
             stack.extend(obj)
         elif hasattr(obj, "__dict__") or hasattr(obj, "__slots__"):
@@ -139,6 +142,8 @@ def main() -> int:
     ap.add_argument("--kv-space", default="0.5", help="VLLM_CPU_KVCACHE_SPACE for the run (GiB)")
     args, _ = ap.parse_known_args()  # nox passes its posargs to every benchmark
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", args.kv_space)
+    # The bf16 engine against transformers' bf16: the GGUF's quants dequantized (bench_quant.py runs them quantized).
+    os.environ.setdefault("CPUINFER_GGUF_DEQUANTIZE", "1")
     from cpuinfer.config import default_model_path
 
     model = args.model or default_model_path()

@@ -122,8 +122,11 @@ VISIBLE_MEMORY_NODES = EnvVar(("CPUINFER_VISIBLE_MEMORY_NODES", "CPU_VISIBLE_MEM
                               "NUMA nodes cpuinfer may use, e.g. 0,1.")
 FUSED_LAYERS = EnvVar(("CPUINFER_FUSED_LAYERS",), parse_bool, True,
                       "Run each bf16/f16 decoder layer as one kernel call (0 = the per-op Python path, for debugging).")
+GGUF_DEQUANTIZE = EnvVar(("CPUINFER_GGUF_DEQUANTIZE",), parse_bool, False,
+                         "Load GGUF block quants dequantized to the run dtype (bf16 accuracy, ~3.5x the memory and "
+                         "bytes per token) instead of running them on the integer kernels.")
 API_KEY = EnvVar(("CPUINFER_API_KEY", "VLLM_API_KEY"), parse_str, "", "Bearer token the server requires.")
 
 ALL: tuple[EnvVar, ...] = (ISA, ISAS, AVX512BF16, MAX_JOBS, USE_PRECOMPILED, PRECOMPILED_WHEEL_LOCATION, WHEEL_INDEX,
                            KVCACHE_SPACE, OMP_THREADS_BIND, NUM_OF_RESERVED_CPU, VISIBLE_MEMORY_NODES, FUSED_LAYERS,
-                           API_KEY)
+                           GGUF_DEQUANTIZE, API_KEY)

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
+from .. import envs
 from ..quantization import QuantWeight, gguf_blocks
 from ..quantization.gguf_blocks import KEPT_TYPES
 from .config_check import check_config
@@ -226,12 +227,13 @@ class GGUFFile:
 
         In a bf16/f16 run, matrices of the block-quant types the kernels take (KEPT_TYPES) stay
         quantized (a QuantWeight, never a second dequantized copy); float32 runs, the reference
-        mode, dequantize everything, as do types the kernels do not take (Q2_K, Q3_K).
+        mode, dequantize everything, as do types the kernels do not take (Q2_K, Q3_K) and
+        CPUINFER_GGUF_DEQUANTIZE=1.
         """
         self.check_tensor_types()
         permute = self.arch in ("llama", "mistral")
         n_head, n_kv = config["num_attention_heads"], config["num_key_value_heads"]
-        keep = dtype in (torch.bfloat16, torch.float16)
+        keep = dtype in (torch.bfloat16, torch.float16) and not envs.GGUF_DEQUANTIZE.get()
         kept: Counter = Counter()
         dequantized: Counter = Counter()
         for t in self.reader.tensors:
@@ -263,7 +265,8 @@ class GGUFFile:
             logger.info("%s: %s tensors kept quantized (integer kernels, %s tile)", os.path.basename(self.path),
                         _counts(kept), _tile_name())
         if dequantized:
-            why = "float32 runs dequantize" if not keep else "no quantized kernel for these types"
+            why = ("no quantized kernel for these types" if keep else "CPUINFER_GGUF_DEQUANTIZE=1"
+                   if envs.GGUF_DEQUANTIZE.get() else "float32 runs dequantize")
             logger.info("%s: %s tensors dequantized to %s (%s)", os.path.basename(self.path), _counts(dequantized),
                         str(dtype).removeprefix("torch."), why)
 
