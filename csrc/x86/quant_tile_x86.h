@@ -127,7 +127,10 @@ struct IsaQuantTile {
         int64_t g = 0, in_group = 0;
         for (int64_t b = 0; b < w.blocks; ++b) {
             const uint8_t *qb = w.qs + b * block_bytes(Bits);
-            if constexpr (MR <= 2) __builtin_prefetch(qb + 1024);
+            // Few rows (decode) stream the weight from memory: fetch every line of the block 8 blocks ahead.
+            if constexpr (MR <= 2) {
+                for (int64_t l = 0; l < block_bytes(Bits); l += 64) __builtin_prefetch(qb + 8 * block_bytes(Bits) + l);
+            }
             I u[8];
             if constexpr (Bits == 8) {
                 for (int j = 0; j < 8; ++j) u[j] = Lanes::load64(qb + 64 * j);
