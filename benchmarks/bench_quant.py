@@ -54,7 +54,8 @@ def main() -> int:
         results[config] = json.loads(out.strip().splitlines()[-1])
     size_mb = os.path.getsize(model) / 2**20
     print(f"model {os.path.basename(model)} ({size_mb:.0f} MB)")
-    print(f"{'config':<8}{'W1 decode tok/s':>17}{'TTFT 512 ms':>13}{'W2 tok/s':>10}{'weights MB':>12}{'peak RSS MB':>13}")
+    print(f"{'config':<8}{'W1 decode tok/s':>17}{'TTFT 512 ms':>13}{'W2 tok/s':>10}{'weights MB':>12}"
+          f"{'peak RSS MB':>13}")
     for config, r in results.items():
         print(f"{config:<8}{r['decode_tps']:>17.1f}{r['long_prefill'] * 1000:>13.0f}{r['throughput']:>10.1f}"
               f"{r['weights_mb']:>12.0f}{r['peak_rss_mb']:>13.0f}")

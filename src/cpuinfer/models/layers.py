@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 
 from .. import envs, ops
-from ..quantization import concat, is_quantized
 from ..attention import AttentionMetadata, paged_attention, reshape_and_cache
 from ..attention.backend import uses_kernels
 from ..model_loader.errors import ModelLoadError
+from ..quantization import concat, is_quantized
 
 
 class WeightBag:
