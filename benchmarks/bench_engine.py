@@ -76,13 +76,15 @@ def bench_engine(model: str, args) -> dict:
 
 
 def _tensors(model):
+    from cpuinfer.quantization import is_quantized
+
     seen = {}
     stack = [model]
     while stack:
         obj = stack.pop()
         if isinstance(obj, torch.Tensor):
             seen[obj.data_ptr()] = obj
-        elif hasattr(obj, "nbytes") and hasattr(obj, "parts"):  # a quantized weight
+        elif is_quantized(obj):  # counted whole (nbytes), not through its tensors
             seen[id(obj)] = obj
         elif isinstance(obj, (list, tuple)):
             stack.extend(obj)

@@ -211,4 +211,21 @@ void linear(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_st
                          bias ? static_cast<const char *>(bias) + tail * es : nullptr, M, N - tail, K);
 }
 
+// A LinearWeight is dense (the rule above) or quantized parts, each writing its own output columns.
+void linear_weight(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_stride, const LinearWeight &w,
+                   const void *bias, int64_t M, int64_t N, int64_t K) {
+    if (w.parts == 0) {
+        linear(dt, out, out_stride, x, x_stride, w.dense, bias, M, N, K, w.packed);
+        return;
+    }
+    const int64_t es = dtype_size(dt);
+    int64_t n0 = 0;
+    for (int i = 0; i < w.parts; ++i) {
+        const QuantMatrix &q = w.part[i];
+        const void *b = bias ? static_cast<const char *>(bias) + n0 * es : nullptr;
+        quant_linear(dt, static_cast<char *>(out) + n0 * es, out_stride, x, x_stride, q, b, M);
+        n0 += q.N;
+    }
+}
+
 }  // namespace cpuinfer

@@ -46,20 +46,7 @@ void run(T *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, 
     using X = typename Kernel::X;
     const int W = vec::width();
     const int64_t C = 2 * int64_t(W), MR = Kernel::kMaxRows;
-    // Row chunks: at most kChunkBytes of x each, of equal size, and a
-    // multiple of the thread count of them (while that leaves chunks of
-    // at least 2 tiles), so that every thread gets the same rows:
-    // parallel_for splits the tasks into equal contiguous runs. Measured on
-    // 2 cores: unequal chunks (156, 156, 156, 44 rows at M = 512) cost ~20%.
-    int64_t chunks = 1;
-    const int64_t max_rows = std::max<int64_t>(MR, kChunkBytes / (K * int64_t(sizeof(T))));
-    if (M > max_rows) {
-        const int64_t nth = max_threads();
-        chunks = (M + max_rows - 1) / max_rows;
-        const int64_t even = (chunks + nth - 1) / nth * nth;
-        if (M / even >= 2 * MR) chunks = even;
-    }
-    const int64_t chunk = (M + chunks - 1) / chunks, tasks = chunks * panels;
+    const int64_t chunk = row_chunk(M, K * int64_t(sizeof(T)), MR, kChunkBytes), tasks = (M + chunk - 1) / chunk * panels;
     // As the row-major GEMV: at least ~64K multiply-adds per thread, so that
     // a decode step's small projections do not pay for waking the team.
     const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / (C * K * std::min<int64_t>(chunk, 64)));
@@ -155,6 +142,18 @@ void run(T *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, 
 }
 
 }  // namespace
+
+int64_t row_chunk(int64_t M, int64_t row_bytes, int64_t tile_rows, int64_t budget_bytes) {
+    int64_t chunks = 1;
+    const int64_t max_rows = std::max<int64_t>(tile_rows, budget_bytes / row_bytes);
+    if (M > max_rows) {
+        const int64_t nth = max_threads();
+        chunks = (M + max_rows - 1) / max_rows;
+        const int64_t even = (chunks + nth - 1) / nth * nth;
+        if (M / even >= 2 * tile_rows) chunks = even;
+    }
+    return (M + chunks - 1) / chunks;
+}
 
 int64_t linear_pack_cols() { return 2 * int64_t(vec::width()); }
 

@@ -18,6 +18,7 @@
 
 #include "dispatch_dtype.h"
 #include "kernels.h"
+#include "linear_packed.h"
 #include "parallel.h"
 #include "quant_tile.h"
 #include "vec.h"
@@ -102,17 +103,7 @@ quant::QuantPanel panel(const QuantMatrix &w, int64_t p) {
 template <typename Tile, typename T>
 void run(T *out, int64_t os, const quant::QuantRows &x, const QuantMatrix &w, const T *bias, int64_t M) {
     const int64_t panels = quant_panels(w.N), K = w.K, MR = Tile::kMaxRows;
-    // Row chunks of at most kChunkBytes of int8 x, a multiple of the thread
-    // count of them when each still holds 2 tiles (as linear_packed.cpp).
-    int64_t chunks = 1;
-    const int64_t max_rows = std::max<int64_t>(MR, kChunkBytes / K);
-    if (M > max_rows) {
-        const int64_t nth = max_threads();
-        chunks = (M + max_rows - 1) / max_rows;
-        const int64_t even = (chunks + nth - 1) / nth * nth;
-        if (M / even >= 2 * MR) chunks = even;
-    }
-    const int64_t chunk = (M + chunks - 1) / chunks, tasks = chunks * panels;
+    const int64_t chunk = row_chunk(M, K, MR, kChunkBytes), tasks = (M + chunk - 1) / chunk * panels;
     // At least ~64K multiply-adds per thread, so that small projections do not wake the team.
     const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / (kLanes * K * std::min<int64_t>(chunk, 64)));
     parallel_for(tasks, grain, [&](int64_t b, int64_t e) {
@@ -234,22 +225,6 @@ void quant_rows(DType dt, void *out, int64_t out_stride, const QuantMatrix &w, c
             }
         });
     });
-}
-
-void linear_weight(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_stride, const LinearWeight &w,
-                   const void *bias, int64_t M, int64_t N, int64_t K) {
-    if (w.parts == 0) {
-        linear(dt, out, out_stride, x, x_stride, w.dense, bias, M, N, K, w.packed);
-        return;
-    }
-    const int64_t es = dtype_size(dt);
-    int64_t n0 = 0;
-    for (int i = 0; i < w.parts; ++i) {
-        const QuantMatrix &q = w.part[i];
-        const void *b = bias ? static_cast<const char *>(bias) + n0 * es : nullptr;
-        quant_linear(dt, static_cast<char *>(out) + n0 * es, out_stride, x, x_stride, q, b, M);
-        n0 += q.N;
-    }
 }
 
 const char *quant_tile_impl() { return quant::Tile<4, false, false>::kName; }

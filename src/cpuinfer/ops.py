@@ -80,6 +80,12 @@ def paged_attention(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Ten
 
 
 
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x as a matrix of rows [*, in_features] whose last dimension is contiguous (the kernels' input)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
 def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None, packed: bool = False) -> torch.Tensor:
     """x @ weight.T (+ bias): our kernel for bf16/f16 and quantized weights, torch.nn.functional.linear otherwise.
 
@@ -107,9 +113,7 @@ def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None, packed: bo
     # bandwidth is the same).
     if (x.dtype in (torch.bfloat16, torch.float16) and x.ndim >= 1 and weight.dtype == x.dtype
             and weight.ndim == 2 and weight.is_contiguous() and (bias is None or bias.dtype == x.dtype)):
-        x2 = x.reshape(-1, x.shape[-1])
-        if x2.stride(-1) != 1:
-            x2 = x2.contiguous()
+        x2 = _rows(x)
         out = torch.empty(x2.shape[0], weight.shape[0], dtype=x.dtype)
         _C.linear(out, x2, weight, bias, packed)
         return out.view(*x.shape[:-1], weight.shape[0])
@@ -124,9 +128,7 @@ def quant_linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> t
 
     Each row's result depends on that row alone (not on the batch), and is the same on every variant.
     """
-    x2 = x.reshape(-1, x.shape[-1])
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x2 = _rows(x)
     out = torch.empty(x2.shape[0], weight.n, dtype=x.dtype)
     _C.quant_linear(out, x2, weight, bias)
     return out.view(*x.shape[:-1], weight.n)
