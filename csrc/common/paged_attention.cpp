@@ -55,8 +55,6 @@ struct Scratch {
     std::vector<float> q, acc, m, l, s, alpha, dm;  // alpha, dm: a tile's rows, padded to whole vectors
     std::vector<int64_t> pos;
     std::vector<bf16_t> qb;   // raw bf16 query rows, for the bf16 x bf16 fast paths
-    std::vector<uint32_t> qv;  // AMX: Q^T tiles in VNNI layout
-    std::vector<uint16_t> vv;  // AMX: one V chunk in VNNI layout
     void reserve(int64_t rows, int64_t D, int64_t bs) {
         if (int64_t(q.size()) < rows * D) q.resize(rows * D), acc.resize(rows * D);
         if (int64_t(m.size()) < rows) m.resize(rows), l.resize(rows), pos.resize(rows);
@@ -179,27 +177,28 @@ struct Runner {
             l[r] = 0.f;
         }
         std::memset(acc, 0, sizeof(float) * rows * D);
-#if defined(CPUINFER_ATTN_AMX)
-        // The AMX and AVX512-BF16 paths take raw bf16 rows and write natural
-        // order: they rely on the AVX-512 layer keeping load2a/b in natural order.
-        const bool amx = kBf16 && rows >= attn::kAmxMinRows;
-        if (amx) {
-            // Q^T of every 16-row tile, packed once for all the unit's blocks.
-            const int64_t tiles = (rows + 15) / 16, per = D / 2 * 16;
-            if (sc.qv.size() < size_t(tiles * per)) sc.qv.resize(tiles * per);
-            if (sc.vv.size() < size_t(D * 16)) sc.vv.resize(D * 16);
-            for (int64_t t = 0; t < tiles; ++t)
-                attn::amx_pack_q(sc.qv.data() + t * per, sc.qb.data() + t * 16 * D, D,
-                                 int(std::min<int64_t>(16, rows - t * 16)));
-            attn::amx_begin();
-        }
-#endif
 
         const C *kc = static_cast<const C *>(a.key_cache), *vc = static_cast<const C *>(a.value_cache);
         const int32_t *table = a.block_tables + s * a.block_table_stride;
         const int64_t row_bytes = D * int64_t(sizeof(C));
         // Element offset of this head's part of the unit's block nb in either cache.
         auto block = [&](int64_t nb) { return (int64_t(table[nb]) * a.num_kv_heads + h) * bs * D; };
+#if defined(CPUINFER_ATTN_AMX)
+        // The AMX path takes the whole unit (attention_x86.h). It writes
+        // natural order, which the AVX-512 layer keeps for load2a/b.
+        if (kBf16 && rows >= attn::kAmxMinRows && D % 32 == 0) {
+            const int64_t padded = (rows + 15) / 16 * 16;
+            if (int64_t(sc.qb.size()) < padded * D) sc.qb.resize(size_t(padded * D));
+            std::memset(sc.qb.data() + rows * D, 0, sizeof(bf16_t) * size_t((padded - rows) * D));
+            const auto *kb = reinterpret_cast<const bf16_t *>(kc), *vb = reinterpret_cast<const bf16_t *>(vc);
+            attn::flash_unit_amx({.q = sc.qb.data(), .rows = rows, .D = D, .pos = pos, .k0 = k0, .k1 = k1, .window = W,
+                                  .qscale = qscale, .soft_cap = a.soft_cap, .m = m, .l = l, .acc = acc},
+                                 [&](int64_t j) { return kb + block(j / bs) + (j % bs) * D; },
+                                 [&](int64_t j) { return vb + block(j / bs) + (j % bs) * D; });
+            finish_unit(g, u, m, l, acc);
+            return;
+        }
+#endif
         // Where this unit's keys of block nb sit in a cache, and how many bytes (0 past the end).
         auto span = [&](const C *cache, int64_t nb, int64_t &bytes) {
             const int64_t lo = std::max(k0, nb * bs), hi = std::min(k1, (nb + 1) * bs);
@@ -243,18 +242,6 @@ struct Runner {
                     nk_pf = attn::Prefetch(p, n, kPvKeys * int64_t(sizeof(C)) * vec::width());
                     lead = false;
                 }
-#if defined(CPUINFER_ATTN_AMX)
-                if (amx && R >= attn::kAmxMinRows) {
-                    v_pf.rest();
-                    nk_pf.rest();
-                    attn::qk_tile_amx(sc.qv.data() + r0 / 16 * (D / 2 * 16), R, D,
-                                      reinterpret_cast<const bf16_t *>(kb), j0, j1, sbuf, bs);
-                    softmax_tile(R, r0, base, j0, j1, sc);
-                    attn::pv_tile_amx(acc + r0 * D, R, D, sc.alpha.data(), sbuf, bs,
-                                      reinterpret_cast<const bf16_t *>(vb), j0, j1, sc.vv.data());
-                    continue;
-                }
-#endif
                 attn::with_rows(R, [&](auto rc) {
                     constexpr int RR = decltype(rc)::value;
                     qk<RR>(qf + r0 * D, kBf16 ? sc.qb.data() + r0 * D : nullptr, kb, j0, j1, sbuf, v_pf);
@@ -273,10 +260,12 @@ struct Runner {
                 nk_pf.rest();
             }
         }
-#if defined(CPUINFER_ATTN_AMX)
-        if (amx) attn::amx_end();
-#endif
+        finish_unit(g, u, m, l, acc);
+    }
 
+    // Writes a unit's rows out, or leaves its partial results for merge().
+    void finish_unit(const Group &g, const Unit &u, const float *m, const float *l, float *acc) {
+        const int64_t rows = g.rows, h = g.kv_head, s = g.seq, qs = a.query_start_loc[s];
         if (g.parts == 1) {
             T *out = static_cast<T *>(a.out);
             for (int64_t r = 0; r < rows; ++r) {

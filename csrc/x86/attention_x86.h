@@ -9,8 +9,11 @@
 // AVX-512) the same code runs on SIMDe and on a software model of the AMX
 // tiles (amx_emulation.h).
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
+#include <vector>
 
 #include "../common/attention_tile.h"
 #include "../common/vec.h"
@@ -81,102 +84,213 @@ inline void qk_tile_dpbf16(const bf16_t *q, int64_t D, const bf16_t *k, int64_t 
 #endif
 
 #if defined(CPUINFER_ATTN_AMX)
+// amx: a prefill unit (>= kAmxMinRows query rows of one KV head) runs as
+// flash attention on AMX-BF16 tiles, 32 keys at a time:
+//   S = Q K^T   A: Q (16 rows x 32 d, straight from the query rows)
+//               B: K^T in VNNI form (16 d-pairs x 16 keys), packed per chunk
+//   softmax     on S's rows in f32 (scale, soft-cap, causal/window mask,
+//               online max and sum), as the vector path does
+//   O += P V    A: P (16 rows x 32 keys)  B: V in VNNI form (16 key-pairs x 16 d)
+// The keys of a chunk are packed once and serve every 16-row tile of the
+// unit (up to 4), so packing costs a fraction of the tile work; packing
+// reads key rows one by one, so chunks may straddle KV blocks of any size.
+//
+// Precision: Q and K are bf16 already, and their products are exact in
+// the f32 accumulators. P is not: rounding it to bf16 (as flash-attention
+// kernels on GPUs do) cost ~2^-9 per weight, which measured on real models
+// (SmolLM2 Q4_1, Gemma 3) moved first-token logits 2-8x further from
+// transformers than the f32 paths. So P goes in as two bf16 terms, hi =
+// bf16(P) and lo = bf16(P - hi) (P to ~2^-17), in two tile products: the
+// output is then as exact as the f32 FMA path's, for half again the tile
+// work (PV is half the FLOPs).
 constexpr int kAmxMinRows = 8;  // below this a 16-row tile wastes too much of itself
+constexpr int64_t kFlashKeys = 32;
 
-// Tile registers: QK^T  C^T[16 keys x 16 rows] = K[16 keys x D] . Q^T
-//   0: C (16 x 16 f32)   1: K chunk (16 keys x 32 bf16)   2: Q^T chunk, VNNI (16 pairs x 16 rows)
-//   3, 4: the same for the last 16 columns of D = 80
-// PV  O[16 rows x 16 d] = P[16 rows x 16 keys] . V[16 keys x 16 d]
-//   5: P (16 x 16 bf16)   6: V chunk, VNNI (8 key pairs x 16 d)   7: O (16 x 16 f32)
-using x86::TileConfig;
+// One unit's query rows and running softmax state (natural d order).
+struct FlashUnit {
+    const bf16_t *q;     // [whole 16-row tiles][D] raw query rows (rows past `rows` readable, ignored)
+    int64_t rows, D;     // D % 32 == 0
+    const int64_t *pos;  // [rows] the position of each row's token
+    int64_t k0, k1;      // the unit's keys
+    int64_t window;      // sliding window (0: none)
+    float qscale, soft_cap;
+    float *m, *l, *acc;  // [rows], [rows], [rows][D]
+};
 
-inline TileConfig make_tile_config() {
-    TileConfig c;
-    std::memset(&c, 0, sizeof c);
-    c.palette = 1;
-    const int rows[8] = {16, 16, 16, 16, 8, 16, 8, 16};
-    const int colsb[8] = {64, 64, 64, 32, 64, 32, 64, 64};
-    for (int t = 0; t < 8; ++t) c.rows[t] = uint8_t(rows[t]), c.colsb[t] = uint16_t(colsb[t]);
-    return c;
-}
+// Per-thread buffers of the AMX path.
+struct FlashScratch {
+    std::vector<uint32_t> kt;  // K^T chunk: [D/32][2 key halves][16 d-pairs][16 keys]
+    std::vector<uint16_t> vv;  // V chunk: [D/16][16 key-pairs][16 d][2]
+    void reserve(int64_t D) {
+        if (int64_t(kt.size()) < D * 16) kt.resize(size_t(D * 16)), vv.resize(size_t(D * 32));
+    }
+};
 
-// Our tile configuration, loaded at the start of every work unit (see
-// x86::load_tile_config for why not once per thread).
 inline void amx_begin() {
-    static const TileConfig cfg = make_tile_config();
+    static const x86::TileConfig cfg = [] {
+        x86::TileConfig c;
+        std::memset(&c, 0, sizeof c);
+        c.palette = 1;
+        for (int t = 0; t < 8; ++t) c.rows[t] = 16, c.colsb[t] = 64;
+        return c;
+    }();
     x86::load_tile_config(cfg);
 }
 
 inline void amx_end() { x86::release_tiles(); }
 
-// Q^T in VNNI layout for one tile of R <= 16 rows: qv[(c * 16 + i) * 16 + m]
-// holds the bf16 pair (q[m][32c + 2i], q[m][32c + 2i + 1]); rows >= R are 0.
-inline void amx_pack_q(uint32_t *qv, const bf16_t *q, int64_t D, int R) {
-    for (int64_t i = 0; i < D / 2; ++i)
-        for (int m = 0; m < 16; ++m) {
-            uint32_t pair = 0;
-            if (m < R) std::memcpy(&pair, q + m * D + 2 * i, 4);
-            qv[i * 16 + m] = pair;
-        }
-}
-
-// s[r * s_stride + j] = dot(q_r, k_j) for j in [j0, j1), r < R, from the packed Q^T.
-inline void qk_tile_amx(const uint32_t *qv, int R, int64_t D, const bf16_t *k, int64_t j0, int64_t j1, float *s,
-                        int64_t s_stride) {
-    alignas(64) float c[16 * 16];
-    const int64_t full = D / 32;
-    for (int64_t g = j0 / 16 * 16; g < j1; g += 16) {  // blocks are multiples of 16 keys
-        _tile_zero(0);
-        for (int64_t ch = 0; ch < full; ++ch) {
-            _tile_loadd(1, k + g * D + ch * 32, D * 2);
-            _tile_loadd(2, qv + ch * 16 * 16, 64);
-            _tile_dpbf16ps(0, 1, 2);
-        }
-        if (D % 32) {
-            _tile_loadd(3, k + g * D + full * 32, D * 2);
-            _tile_loadd(4, qv + full * 16 * 16, 64);
-            _tile_dpbf16ps(0, 3, 4);
-        }
-        _tile_stored(0, c, 64);
-        for (int64_t j = std::max(j0, g); j < std::min(j1, g + 16); ++j)
-            for (int r = 0; r < R; ++r) s[r * s_stride + j] = c[(j - g) * 16 + r];
+// 16 x 16 32-bit transpose of r[0..15] in place.
+inline void transpose16(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    // Each 128-bit lane now holds a transposed 4 x 4 block; two rounds of
+    // 128-bit shuffles put the blocks in place.
+    for (int i = 0; i < 8; ++i) {
+        const int a = (i / 4) * 8 + i % 4, b = a + 4;
+        t[a] = _mm512_shuffle_i32x4(r[a], r[b], 0x88);
+        t[b] = _mm512_shuffle_i32x4(r[a], r[b], 0xdd);
+    }
+    for (int i = 0; i < 8; ++i) {
+        const int a = i, b = i + 8;
+        r[a] = _mm512_shuffle_i32x4(t[a], t[b], 0x88);
+        r[b] = _mm512_shuffle_i32x4(t[a], t[b], 0xdd);
     }
 }
 
-// acc[r] = acc[r] * alpha[r] + sum_j p[r][j] v[j] for j in [j0, j1), r < R.
-inline void pv_tile_amx(float *acc, int R, int64_t D, const float *alpha, const float *p, int64_t p_stride,
-                        const bf16_t *v, int64_t j0, int64_t j1, uint16_t *vv) {
-    alignas(64) uint16_t pb[16 * 16];
-    alignas(64) float o[16 * 16];
-    for (int r = 0; r < R; ++r) {
-        vec::vf al = vec::splat(alpha[r]);
-        for (int64_t d = 0; d < D; d += 16) vec::store(acc + r * D + d, vec::mul(vec::load(acc + r * D + d), al));
+// Packs keys [c0, c0 + n) (n <= 32; the rest zero) as K^T and V tiles.
+// key(j) and value(j) give the rows of absolute key j.
+template <typename KeyRow, typename ValueRow>
+inline void flash_pack(int64_t D, int64_t c0, int64_t n, KeyRow &&key, ValueRow &&value, FlashScratch &f) {
+    const __m512i zero = _mm512_setzero_si512();
+    for (int h = 0; h < 2; ++h) {
+        const bf16_t *rows[16];
+        for (int j = 0; j < 16; ++j) rows[j] = 16 * h + j < n ? key(c0 + 16 * h + j) : nullptr;
+        for (int64_t ch = 0; ch < D / 32; ++ch) {
+            __m512i r[16];
+            for (int j = 0; j < 16; ++j) r[j] = rows[j] ? _mm512_loadu_si512(rows[j] + ch * 32) : zero;
+            transpose16(r);
+            uint32_t *dst = f.kt.data() + (ch * 2 + h) * 256;
+            for (int i = 0; i < 16; ++i) _mm512_storeu_si512(dst + i * 16, r[i]);
+        }
     }
-    for (int64_t g = j0 / 16 * 16; g < j1; g += 16) {
-        for (int m = 0; m < 16; ++m)
-            for (int j = 0; j < 16; ++j) {
-                const bool live = m < R && g + j >= j0 && g + j < j1;
-                pb[m * 16 + j] = live ? f32_to_bf16_bits(p[m * p_stride + g + j]) : 0;
+    // Element 2i of the result from a[i], 2i + 1 from b[i] (i < 16 or, for hi, 16 + i).
+    alignas(64) static const uint16_t lo_idx[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                                   8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+    const __m512i ilo = _mm512_load_si512(lo_idx), ihi = _mm512_add_epi16(ilo, _mm512_set1_epi16(16));
+    for (int64_t i = 0; i < 16; ++i) {
+        const bf16_t *a = 2 * i < n ? value(c0 + 2 * i) : nullptr, *b = 2 * i + 1 < n ? value(c0 + 2 * i + 1) : nullptr;
+        for (int64_t g = 0; g < D / 32; ++g) {
+            const __m512i va = a ? _mm512_loadu_si512(a + 32 * g) : zero, vb = b ? _mm512_loadu_si512(b + 32 * g) : zero;
+            _mm512_storeu_si512(f.vv.data() + ((2 * g) * 16 + i) * 32, _mm512_permutex2var_epi16(va, ilo, vb));
+            _mm512_storeu_si512(f.vv.data() + ((2 * g + 1) * 16 + i) * 32, _mm512_permutex2var_epi16(va, ihi, vb));
+        }
+    }
+}
+
+// The whole unit: every chunk of 32 keys against every 16-row tile that sees
+// any of them. Rows are token-major, so positions never decrease with the row.
+template <typename KeyRow, typename ValueRow>
+inline void flash_unit_amx(const FlashUnit &u, KeyRow &&key, ValueRow &&value) {
+    using namespace vec;
+    const int64_t D = u.D, W = u.window;
+    thread_local FlashScratch f;
+    f.reserve(D);
+    alignas(64) float s[16 * 32], o[16 * 16];
+    alignas(64) bf16_t p_hi[16 * 32], p_lo[16 * 32];
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const vf ninf = splat(-std::numeric_limits<float>::infinity());
+    amx_begin();
+    for (int64_t c0 = u.k0; c0 < u.k1; c0 += kFlashKeys) {
+        const int64_t n = std::min(kFlashKeys, u.k1 - c0);
+        bool packed = false;
+        for (int64_t r0 = 0; r0 < u.rows; r0 += 16) {
+            const int R = int(std::min<int64_t>(16, u.rows - r0));
+            const int64_t *pos = u.pos + r0;
+            // Keys of the chunk some row of the tile sees (causal: the last row sees most).
+            if (pos[R - 1] < c0 || (W > 0 && pos[0] - W + 1 >= c0 + n)) continue;
+            if (!packed) {
+                flash_pack(D, c0, n, key, value, f);
+                packed = true;
             }
-        // V rows 2i and 2i+1 interleaved: vv[(dc * 8 + i) * 32 + n * 2 + {0,1}].
-        for (int64_t i = 0; i < 8; ++i)
-            for (int64_t d = 0; d < D; ++d) {
-                uint16_t *dst = vv + ((d / 16) * 8 + i) * 32 + (d % 16) * 2;
-                dst[0] = v[(g + 2 * i) * D + d].bits;
-                dst[1] = v[(g + 2 * i + 1) * D + d].bits;
+            _tile_zero(0);
+            _tile_zero(1);
+            for (int64_t ch = 0; ch < D / 32; ++ch) {
+                _tile_loadd(2, u.q + r0 * D + ch * 32, D * 2);
+                _tile_loadd(3, f.kt.data() + (ch * 2) * 256, 64);
+                _tile_loadd(4, f.kt.data() + (ch * 2 + 1) * 256, 64);
+                _tile_dpbf16ps(0, 2, 3);
+                _tile_dpbf16ps(1, 2, 4);
             }
-        _tile_loadd(5, pb, 32);
-        for (int64_t dc = 0; dc < D / 16; ++dc) {
-            _tile_zero(7);
-            _tile_loadd(6, vv + dc * 8 * 32, 64);
-            _tile_dpbf16ps(7, 5, 6);
-            _tile_stored(7, o, 64);
-            for (int r = 0; r < R; ++r) {
-                float *a = acc + r * D + dc * 16;
-                vec::store(a, vec::add(vec::load(a), vec::load(o + r * 16)));
+            _tile_stored(0, s, 128);
+            _tile_stored(1, s + 16, 128);
+            bool any_rescale = false;
+            alignas(64) float alpha[16];
+            for (int r = 0; r < 16; ++r) {
+                float *sr = s + r * 32;
+                int64_t lo = c0, hi = c0 + n;
+                if (r < R) {
+                    lo = std::max(lo, W > 0 ? pos[r] - W + 1 : int64_t(0));
+                    hi = std::min(hi, pos[r] + 1);
+                }
+                alpha[r] = 1.f;
+                if (r >= R || lo >= hi) {  // nothing to add: zero weights
+                    _mm512_storeu_si512(p_hi + r * 32, _mm512_setzero_si512());
+                    _mm512_storeu_si512(p_lo + r * 32, _mm512_setzero_si512());
+                    continue;
+                }
+                // Keys [lo, hi) of the chunk, as lane indices.
+                const vf vlo = splat(float(lo - c0)), vhi = splat(float(hi - c0));
+                vf x0 = mul(load(sr), splat(u.qscale)), x1 = mul(load(sr + 16), splat(u.qscale));
+                if (u.soft_cap > 0.f) {
+                    x0 = mul(splat(u.soft_cap), vec::tanh(x0));
+                    x1 = mul(splat(u.soft_cap), vec::tanh(x1));
+                }
+                const vf j0 = {iota}, j1 = {_mm512_add_ps(iota, _mm512_set1_ps(16.f))};
+                const __mmask16 m0 = _mm512_cmp_ps_mask(j0.v, vlo.v, _CMP_GE_OQ) & _mm512_cmp_ps_mask(j0.v, vhi.v, _CMP_LT_OQ);
+                const __mmask16 m1 = _mm512_cmp_ps_mask(j1.v, vlo.v, _CMP_GE_OQ) & _mm512_cmp_ps_mask(j1.v, vhi.v, _CMP_LT_OQ);
+                x0.v = _mm512_mask_mov_ps(ninf.v, m0, x0.v);
+                x1.v = _mm512_mask_mov_ps(ninf.v, m1, x1.v);
+                const float mold = u.m[r0 + r], mnew = std::max(mold, reduce_max(max(x0, x1)));
+                vf e0 = vec::exp(sub(x0, splat(mnew))), e1 = vec::exp(sub(x1, splat(mnew)));
+                e0.v = _mm512_maskz_mov_ps(m0, e0.v);
+                e1.v = _mm512_maskz_mov_ps(m1, e1.v);
+                // hi and lo parts of the weights (see above).
+                store(p_hi + r * 32, e0);
+                store(p_hi + r * 32 + 16, e1);
+                store(p_lo + r * 32, sub(e0, load(p_hi + r * 32)));
+                store(p_lo + r * 32 + 16, sub(e1, load(p_hi + r * 32 + 16)));
+                alpha[r] = mold == mnew ? 1.f : std::exp(mold - mnew);  // 0 when mold is -inf
+                u.l[r0 + r] = u.l[r0 + r] * alpha[r] + reduce_add(add(e0, e1));
+                u.m[r0 + r] = mnew;
+                any_rescale |= alpha[r] != 1.f;
+            }
+            _tile_loadd(5, p_hi, 64);
+            _tile_loadd(4, p_lo, 64);
+            for (int64_t dc = 0; dc < D / 16; ++dc) {
+                _tile_zero(7);
+                _tile_loadd(6, f.vv.data() + dc * 16 * 32, 64);
+                _tile_dpbf16ps(7, 5, 6);
+                _tile_dpbf16ps(7, 4, 6);
+                _tile_stored(7, o, 64);
+                for (int r = 0; r < R; ++r) {
+                    float *a = u.acc + (r0 + r) * D + dc * 16;
+                    vf prev = load(a);
+                    if (any_rescale) prev = mul(prev, splat(alpha[r]));
+                    store(a, add(prev, load(o + r * 16)));
+                }
             }
         }
     }
+    amx_end();
 }
 #endif
 

@@ -3,8 +3,12 @@
 Tolerance, stated per format: the int8 activations (as llama.cpp's q8 activations) move the logits
 about as much as running the dequantized model in bf16 does (measured on SmolLM2 Q4_1: relative L2
 error of the first token's logits 0.012-0.064 quantized, 0.008-0.066 dequantized bf16; Gemma 3
-Q4_K_M: 0.011-0.069), so the check is: relative error below 0.1 and our top token among
-transformers' top 5. What must hold exactly: every way of batching gives the same tokens (batch
+Q4_K_M: 0.011-0.069). Which variant runs moves it further: the variants sum in different orders,
+and a last-bit difference in an activation can flip its int8 rounding, a step of 1/254 of its
+block's maximum that the next layers carry on. Measured on SmolLM2 Q4_1 on one Sapphire Rapids,
+prompt by prompt, across the five x86 variants: 0.064-0.107, 0.018-0.110 and 0.012-0.017, with
+every variant's attention within bf16 rounding of a float64 reference. So the check is: relative
+error below 0.15 and our top token among transformers' top 5. What must hold exactly: every way of batching gives the same tokens (batch
 invariance), and the fused layer equals the per-op path.
 """
 
@@ -72,7 +76,7 @@ def test_logits_near_transformers(quantized):
         with torch.inference_mode():
             ref = model(input_ids=torch.tensor([p])).logits[0, -1].float()
         rel = ((first[i] - ref).norm() / ref.norm()).item()
-        assert rel < 0.1, f"{name} prompt {i}: relative logits error {rel:.3f}"
+        assert rel < 0.15, f"{name} prompt {i}: relative logits error {rel:.3f}"
         assert int(first[i].argmax()) in ref.topk(5).indices.tolist(), f"{name} prompt {i}"
 
 
