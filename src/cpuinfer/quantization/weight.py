@@ -175,5 +175,15 @@ def concat(weights: list[QuantWeight]) -> Quantized:
     return QuantStack(tuple(merged))
 
 
+def scale16(x: np.ndarray) -> np.ndarray:
+    """Group scales (or minimums) as float16, refusing what does not fit (a corrupt or exotic file)."""
+    x = np.asarray(x)
+    with np.errstate(over="ignore"):
+        out = x.astype(np.float16)
+    if not np.isfinite(out).all() and np.isfinite(x).all():
+        raise ValueError("a group scale overflows float16")
+    return out
+
+
 def _tensor(a: np.ndarray, dtype) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(a, dtype=dtype))
