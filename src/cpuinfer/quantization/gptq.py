@@ -14,8 +14,10 @@ w[n, k] = d[g, n] * (u[k, n] - z[g, n]) with g = g_idx[k]: kept exactly as a Qua
 zero-point form (4 or 8 bit, group = group_size, or K for group_size -1).
 
 Zero points: checkpoint_format "gptq" (auto-gptq's "v1", what optimum and transformers write and
-vLLM reads) stores z - 1, read back as (stored + 1) & (2**bits - 1), auto-gptq's own
-dequantization; "gptq_v2" (gptqmodel's internal format) stores z itself.
+vLLM reads) stores z - 1, read back as stored + 1 with no wrap, as auto-gptq's dequantization
+(qlinear_cuda) and vLLM's kernels do; "gptq_v2" (gptqmodel's internal format) stores z itself.
+An 8-bit zero point of 256 (stored 255) does not fit the kernels' uint8: such a weight is kept
+in minimum form instead, m = -d * z rounded to f16.
 
 desc_act (act-order): g_idx is then a permutation of the groups, each group still group_size
 inputs. We sort k by group (stable), pack the values in that order so every group is contiguous,
@@ -31,7 +33,7 @@ import torch
 
 from ..errors import ModelLoadError
 from .linear_tensors import LinearTensors, group_order, unpack_words
-from .weight import QuantWeight
+from .weight import QuantWeight, scale16
 
 MARKER = "qweight"  # a quantized linear is a prefix with this tensor
 SUFFIXES = ("qweight", "qzeros", "scales", "g_idx")
@@ -92,13 +94,18 @@ def read(t: LinearTensors, s: Scheme) -> QuantWeight:
     groups = k // group
     u = unpack_words(t.words("qweight", (k // per, n)), bits, axis=0).T  # [N, K]
     z = unpack_words(t.words("qzeros", (groups, n // per), f"{groups} groups x out_features * {bits} / 32"),
-                     bits, axis=1)
-    if s.v1_zeros:
-        z = (z + 1) & ((1 << bits) - 1)
+                     bits, axis=1).astype(np.int32) + (1 if s.v1_zeros else 0)
     d = t.scales("scales", (groups, n), f"{groups} groups x out_features")
     perm = group_order(t, "g_idx", k, group, groups) if t.has("g_idx") else None
     if perm is not None:
         u = u[:, perm]
-    return QuantWeight.pack(np.ascontiguousarray(u), np.ascontiguousarray(d.T), np.ascontiguousarray(z.T), bits=bits,
-                            group=group, kind=s.kind, perm=perm)
+    d, z = np.ascontiguousarray(d.T), np.ascontiguousarray(z.T)
+    if z.max() > 255:
+        try:
+            m = scale16(-d.astype(np.float32) * z)
+        except ValueError:
+            raise t.error("scales", "times a zero point of 256 overflows float16") from None
+        return QuantWeight.pack(np.ascontiguousarray(u), d, m=m, bits=bits, group=group, kind=s.kind, perm=perm)
+    return QuantWeight.pack(np.ascontiguousarray(u), d, z.astype(np.uint8), bits=bits, group=group, kind=s.kind,
+                            perm=perm)
 
