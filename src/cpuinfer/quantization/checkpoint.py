@@ -64,6 +64,8 @@ def quantized_weights(method: str, config: dict, tensors: dict[str, torch.Tensor
         t = LinearTensors(prefix, tensors, source, method)
         try:
             w = reader.read(t, s)
+        except ModelLoadError:
+            raise
         except ValueError as e:  # QuantWeight.pack's checks: a value past its bits, a bad order
             raise ModelLoadError(f"{source}: {method} layer {prefix!r}: {e}") from None
         t.pop_all(reader.SUFFIXES)
@@ -96,11 +98,26 @@ def kernel_path() -> str:
     return f"integer kernels, {_C.quant_tile_impl()} tile"
 
 
-def describe(config: dict, source: str) -> dict[str, str]:
-    """For `cpuinfer info --model`: the method, its scheme(s) and the kernel path (no weights read)."""
-    method = declared(config, source)
-    if method is None:
-        return {}
-    s = HF_READERS[method].scheme(config["quantization_config"], source)
-    kinds = [ws.kind for _, ws in s.groups] if method == "compressed-tensors" else [s.kind]
-    return {"quantization": method, "quantized linears": ", ".join(kinds), "kernel": kernel_path()}
+def describe(path: str) -> dict[str, str]:
+    """For `cpuinfer info --model`: the checkpoint's method, how its linear layers are stored, and the kernel
+    path they take in a bf16/f16 run (read from config.json or the GGUF header: no weights are loaded)."""
+    if os.path.isdir(path):
+        from ..model_loader.hf_dir import read_json
+
+        config = read_json(os.path.join(path, "config.json"))
+        method = declared(config, path)
+        if method is None:
+            return {"path": path, "quantization": "none", "linear layers": "dense", "kernel": "bf16/f16 GEMM"}
+        s = HF_READERS[method].scheme(config["quantization_config"], path)
+        kinds = [ws.kind for _, ws in s.groups] if method == "compressed-tensors" else [s.kind]
+        return {"path": path, "quantization": method, "linear layers": ", ".join(kinds), "kernel": kernel_path()}
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    from .gguf_blocks import KEPT_TYPES
+
+    types = Counter(GGMLQuantizationType(t.tensor_type).name for t in GGUFReader(path).tensors if len(t.shape) == 2)
+    kept = {k: n for k, n in types.items() if k in KEPT_TYPES}
+    rest = {k: n for k, n in types.items() if k not in KEPT_TYPES}
+    parts = [f"{n} {k}" for k, n in sorted(kept.items())] + [f"{n} {k} (dequantized)" for k, n in sorted(rest.items())]
+    return {"path": path, "quantization": "gguf", "linear layers": ", ".join(parts),
+            "kernel": kernel_path() if kept else "bf16/f16 GEMM"}
