@@ -78,7 +78,7 @@ TENSOR_CASES = {
     "g_idx range": ("gptq", lambda t: t[f"{LAYER}.g_idx"].__setitem__(3, 99),
                     r"q_proj\.g_idx' holds group 99, outside the 4 groups"),
     "g_idx uneven": ("gptq", lambda t: t[f"{LAYER}.g_idx"].__setitem__(slice(0, 40), 0),
-                     r"q_proj\.g_idx' puts \d+ inputs in group \d, expected group_size = 32"),
+                     r"q_proj\.g_idx' puts \d+ inputs in group \d, expected 32 \(group_size = 32\)"),
     "scales shape": ("gptq", lambda t: _set(t, f"{LAYER}.scales", t[f"{LAYER}.scales"][:, :-8].clone()),
                      r"q_proj\.scales' has shape \[4, 120\], expected \[4, 128\]"),
     "missing qzeros": ("gptq", lambda t: t.pop(f"{LAYER}.qzeros"), r"q_proj\.qzeros' is missing"),

@@ -147,3 +147,17 @@ def test_compressed_tensors_scale_past_f16_is_refused():
     t["weight_scale"] = t["weight_scale"] * 1e9  # ~4e5, past float16's 65504
     with pytest.raises(ModelLoadError, match=r"'layer\.weight_scale' holds a scale of magnitude .* past float16"):
         compressed_tensors.read(layer(t, "compressed-tensors"), compressed_tensors.scheme(ct_config(opts), "test"))
+
+
+@pytest.mark.parametrize("act", [False, True])
+def test_gptq_short_last_group(kernels, act):
+    """group_size 128 over 192 inputs (GPTQ allows a short last group, as SmolLM2's 576 in g128 has): stored
+    as groups of gcd(192, 128) = 64, still exactly auto-gptq's weight."""
+    w = weight(48, 192)
+    g_idx = group_index(192, 128, act, seed=5)
+    q, scales, zeros = rtn(w, 4, 128, False, g_idx)
+    t = gptq_tensors(q, scales, zeros, g_idx, 4)
+    dense = ref.autogptq_dequantize(t["qweight"], t["qzeros"], t["scales"].float(), t["g_idx"], 4).T.float()
+    qw = gptq.read(layer(t, "gptq"), gptq.scheme(gptq_config(dict(bits=4, group=128, sym=False, act_order=act)), ""))
+    assert qw.group == 64 and torch.equal(qw.dequantize(), dense)
+    check_kernel(qw, dense, kernels)

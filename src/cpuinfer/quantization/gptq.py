@@ -11,7 +11,9 @@ G groups, f = 32 / bits values per int32, value j of a word at bits j * bits, lo
 | g_idx     | int32 | [K]        | the group of input k (optional: k // group_size)  |
 
 w[n, k] = d[g, n] * (u[k, n] - z[g, n]) with g = g_idx[k]: kept exactly as a QuantWeight in
-zero-point form (4 or 8 bit, group = group_size, or K for group_size -1).
+zero-point form (4 or 8 bit, group = group_size, or K for group_size -1). Where group_size does
+not divide K (the last group is short), the QuantWeight's groups are gcd(K, group_size), each
+GPTQ group's scale and zero point repeated over its sub-groups.
 
 Zero points: checkpoint_format "gptq" (auto-gptq's "v1", what optimum and transformers write and
 vLLM reads) stores z - 1, read back as stored + 1 with no wrap, as auto-gptq's dequantization
@@ -26,6 +28,7 @@ and hand the kernel that order as the weight's perm: it gathers x through it bef
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,13 +88,15 @@ def read(t: LinearTensors, s: Scheme) -> QuantWeight:
     k, n = qweight.shape[0] * per, qweight.shape[1]
     if k % 32:
         raise t.error("qweight", f"packs {k} inputs, not a multiple of 32 (the kernels' block)")
-    if s.group_size != -1 and k % s.group_size:
-        raise t.error("qweight", f"packs {k} inputs, not a multiple of group_size {s.group_size}")
     if n * bits % 32:
         raise t.error("qweight", f"has {n} outputs; qzeros packs them {per} to an int32, so it must be a multiple "
                       f"of {per}")
     group = k if s.group_size == -1 else s.group_size
-    groups = k // group
+    groups = -(-k // group)  # GPTQ's last group may be short (SmolLM2's 576 inputs in groups of 128)
+    sub = math.gcd(k, group)  # the QuantWeight's group: divides k, and each GPTQ group is whole sub-groups
+    if sub % 32:
+        raise t.error("qweight", f"packs {k} inputs; with group_size {group} the groups do not fall on the "
+                      "kernels' blocks of 32")
     u = unpack_words(t.words("qweight", (k // per, n)), bits, axis=0).T  # [N, K]
     z = unpack_words(t.words("qzeros", (groups, n // per), f"{groups} groups x out_features * {bits} / 32"),
                      bits, axis=1).astype(np.int32) + (1 if s.v1_zeros else 0)
@@ -99,13 +104,14 @@ def read(t: LinearTensors, s: Scheme) -> QuantWeight:
     perm = group_order(t, "g_idx", k, group, groups) if t.has("g_idx") else None
     if perm is not None:
         u = u[:, perm]
-    d, z = np.ascontiguousarray(d.T), np.ascontiguousarray(z.T)
+    at = np.arange(k // sub) * sub // group  # the GPTQ group of each sub-group (in packed k order)
+    d, z = np.ascontiguousarray(d.T[:, at]), np.ascontiguousarray(z.T[:, at])
     if z.max() > 255:
         try:
             m = scale16(-d.astype(np.float32) * z)
         except ValueError:
             raise t.error("scales", "times a zero point of 256 overflows float16") from None
-        return QuantWeight.pack(np.ascontiguousarray(u), d, m=m, bits=bits, group=group, kind=s.kind, perm=perm)
-    return QuantWeight.pack(np.ascontiguousarray(u), d, z.astype(np.uint8), bits=bits, group=group, kind=s.kind,
+        return QuantWeight.pack(np.ascontiguousarray(u), d, m=m, bits=bits, group=sub, kind=s.kind, perm=perm)
+    return QuantWeight.pack(np.ascontiguousarray(u), d, z.astype(np.uint8), bits=bits, group=sub, kind=s.kind,
                             perm=perm)
 

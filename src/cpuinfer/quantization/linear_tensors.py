@@ -89,7 +89,7 @@ def unpack_words(words: np.ndarray, bits: int, axis: int, order: tuple[int, ...]
 def group_order(t: LinearTensors, suffix: str, k: int, group: int, groups: int) -> np.ndarray | None:
     """The k order that makes a g_idx tensor's groups contiguous (act-order), or None when they already are.
 
-    Each group must hold exactly `group` inputs, as GPTQ's act-order writes them.
+    Each group must hold exactly `group` inputs (the last one the rest), as GPTQ's act-order writes them.
     """
     g_idx = t.get(suffix, (torch.int32, torch.int64), (k,), "in_features").numpy().astype(np.int64)
     if g_idx.size and (g_idx.min() < 0 or g_idx.max() >= groups):
@@ -98,7 +98,8 @@ def group_order(t: LinearTensors, suffix: str, k: int, group: int, groups: int) 
     if groups == 1 or np.array_equal(g_idx, np.arange(k) // group):
         return None
     counts = np.bincount(g_idx, minlength=groups)
-    if (counts != group).any():
-        g = int(np.nonzero(counts != group)[0][0])
-        raise t.error(suffix, f"puts {counts[g]} inputs in group {g}, expected group_size = {group} in every group")
+    expected = np.minimum(group, k - np.arange(groups) * group)
+    if (counts != expected).any():
+        g = int(np.nonzero(counts != expected)[0][0])
+        raise t.error(suffix, f"puts {counts[g]} inputs in group {g}, expected {expected[g]} (group_size = {group})")
     return np.argsort(g_idx, kind="stable").astype(np.int32)
