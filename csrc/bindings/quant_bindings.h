@@ -2,7 +2,7 @@
 //
 // A quantized weight crosses as a Python object (cpuinfer.quantization's
 // QuantWeight) with attributes qs, d, z, m (tensors; z or m is None), bits,
-// group, n, k; a stack of them (QuantStack) as an object whose `parts` lists
+// group, n, k and optionally perm (int32 [k] or None: the packed k order); a stack of them (QuantStack) as an object whose `parts` lists
 // them. Every tensor's dtype and size is checked against the shape it claims,
 // so a malformed weight is a ValueError naming it, never a read past its end.
 #pragma once
@@ -87,6 +87,19 @@ inline QuantMatrix quant_part(nb::handle obj, const std::string &name, std::vect
     } else {
         In mt = tensor(m, "m");
         q.m = static_cast<const f16_t *>(flat_tensor(mt, name + ".m", uint8_t(Code::Float), 16, panels * groups * 16, "float16"));
+    }
+    // perm (optional: act-order GPTQ) is read by index, so it must be a permutation of 0..k-1.
+    nb::object perm = nb::getattr(obj, "perm", nb::none());
+    if (!perm.is_none()) {
+        In pt = tensor(perm, "perm");
+        q.perm = static_cast<const int32_t *>(flat_tensor(pt, name + ".perm", uint8_t(Code::Int), 32, q.K, "int32"));
+        std::vector<uint8_t> seen(size_t(q.K), 0);
+        for (int64_t i = 0; i < q.K; ++i) {
+            const int32_t v = q.perm[i];
+            if (v < 0 || v >= q.K || seen[size_t(v)]++)
+                fail_value(name + ".perm is not a permutation of 0.." + str(q.K - 1) + " (entry " + str(i) + " = " +
+                           str(v) + "); the quantized weight is corrupt: rebuild it with cpuinfer.quantization");
+        }
     }
     return q;
 }

@@ -104,6 +104,10 @@ struct QuantMatrix {
     const f16_t *d = nullptr;     // [panels][K / group][16]
     const uint8_t *z = nullptr;   // [panels][K / group][16], or null with m
     const f16_t *m = nullptr;     // [panels][K / group][16], or null with z
+    // The k order the values are packed in, or null for 0..K-1: packed k j
+    // multiplies input feature perm[j]. GPTQ's act-order sorts k by group so
+    // that groups are contiguous; x is gathered through it when quantized.
+    const int32_t *perm = nullptr;  // [K], a permutation of 0..K-1
 };
 inline int64_t quant_panels(int64_t N) { return (N + 15) / 16; }
 
@@ -120,7 +124,8 @@ void quant_pack(const QuantMatrix &shape, const uint8_t *u, const f16_t *d, cons
 void quant_linear(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_stride, const QuantMatrix &w,
                   const void *bias, int64_t M);
 
-// out[i] = row ids[i] of the dequantized weight, in dt (ids checked by the caller).
+// out[i] = row ids[i] of the dequantized weight, in dt, in input-feature order
+// (perm undone; ids checked by the caller).
 void quant_rows(DType dt, void *out, int64_t out_stride, const QuantMatrix &w, const int64_t *ids, int64_t n);
 
 // A projection weight as the fused decoder layer takes it: dense (row-major

@@ -68,7 +68,11 @@ void quantize_row(const T *x, int64_t K, int8_t *q, float *dx, float *sx, int32_
     }
 }
 
-// x [M, K] quantized (the caller's thread pool splits the rows).
+// x [M, K] quantized (the caller's thread pool splits the rows), in the
+// weight's k order: with a perm, each row is first gathered through it, so
+// the blocks of 32 are those of the packed weight and the quantization is
+// still one function of the row alone (batch invariant, the same bits on
+// every variant).
 struct QuantizedX {
     std::vector<int8_t> q;
     std::vector<float> dx, sx;
@@ -76,7 +80,7 @@ struct QuantizedX {
     quant::QuantRows rows{};
 
     template <typename T>
-    QuantizedX(const T *x, int64_t xs, int64_t M, int64_t K) {
+    QuantizedX(const T *x, int64_t xs, int64_t M, int64_t K, const int32_t *perm) {
         const int64_t nb = K / kBlock;
         q.resize(size_t(M * K));
         dx.resize(size_t(M * nb));
@@ -84,9 +88,16 @@ struct QuantizedX {
         s16.resize(size_t(M * 2 * nb));
         const int64_t grain = std::max<int64_t>(1, 16384 / K);
         parallel_for(M, grain, [&](int64_t b, int64_t e) {
-            for (int64_t r = b; r < e; ++r)
-                quantize_row(x + r * xs, K, q.data() + r * K, dx.data() + r * nb, sx.data() + r * nb,
+            std::vector<T> gathered(perm ? size_t(K) : 0);
+            for (int64_t r = b; r < e; ++r) {
+                const T *row = x + r * xs;
+                if (perm) {
+                    for (int64_t k = 0; k < K; ++k) gathered[size_t(k)] = row[perm[k]];
+                    row = gathered.data();
+                }
+                quantize_row(row, K, q.data() + r * K, dx.data() + r * nb, sx.data() + r * nb,
                              s16.data() + r * 2 * nb);
+            }
         });
         rows = {q.data(), dx.data(), sx.data(), s16.data(), K, nb};
     }
@@ -160,7 +171,7 @@ void quant_linear(DType dt, void *out, int64_t out_stride, const void *x, int64_
     if (M <= 0 || w.N <= 0) return;
     with_float_type(dt, [&](auto tag) {
         using T = decltype(tag);
-        const QuantizedX xq(static_cast<const T *>(x), x_stride, M, w.K);
+        const QuantizedX xq(static_cast<const T *>(x), x_stride, M, w.K, w.perm);
         with_tile(w, [&](auto tile) {
             run<decltype(tile)>(static_cast<T *>(out), out_stride, xq.rows, w, static_cast<const T *>(bias), M);
         });
@@ -219,7 +230,8 @@ void quant_rows(DType dt, void *out, int64_t out_stride, const QuantMatrix &w, c
                         const float d = to_f32(w.d[at]);
                         const float v = w.z ? d * float(int32_t(u[f][k]) - int32_t(w.z[at]))
                                             : d * float(u[f][k]) + to_f32(w.m[at]);
-                        o[b * kBlock + k] = from_f32<T>(v);
+                        const int64_t kk = b * kBlock + k;
+                        o[w.perm ? w.perm[kk] : kk] = from_f32<T>(v);
                     }
                 }
             }

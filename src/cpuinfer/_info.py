@@ -129,4 +129,8 @@ def show(report: dict[str, Any]) -> str:
     lines.append(f"Vector:     {report['vector_layer']}, ABI stamp {report['abi_stamp']}")
     t = report["threading"]
     lines.append(f"Threads:    {t['threads']} on {t['openmp_runtime'] or 'no OpenMP runtime (serial)'}")
+    if "model" in report:
+        m = report["model"]
+        lines.append(f"Model:      {m['path']}")
+        lines.append(f"Quantized:  {m['quantization']}: {m['linear layers']} ({m['kernel']})")
     return "\n".join(lines)

@@ -19,6 +19,7 @@ import torch
 
 from cpuinfer import envs
 from cpuinfer.attention.cache_dtypes import CACHE_DTYPES
+from cpuinfer.quantization.checkpoint import METHODS as QUANTIZATION_METHODS
 
 DTYPES = ("auto", "bfloat16", "float16", "half", "float32", "float")
 DEMO_HINT = ("pip install 'cpuinfer[demo]' (or, to skip its llama.cpp build dependencies, "
@@ -46,6 +47,7 @@ class EngineArgs:
 
     model: str | None = None
     dtype: str = "auto"
+    quantization: str | None = None  # None: read from the checkpoint
     max_model_len: int | None = None
     block_size: int = 128
     kv_cache_dtype: str = "auto"
@@ -74,6 +76,9 @@ class EngineArgs:
         g.add_argument("--model", default=None, required=model_required,
                        help="HF model directory or .gguf file (default: the bundled SmolLM2-135M-Instruct).")
         g.add_argument("--dtype", default="auto", choices=DTYPES, help="Weight and activation dtype.")
+        g.add_argument("--quantization", "-q", default=None, choices=QUANTIZATION_METHODS,
+                       help="The checkpoint's quantization method (default: read from the checkpoint; when given, "
+                            "it must match).")
         g.add_argument("--max-model-len", type=int, default=None, help="Context length (default: the model's).")
         g.add_argument("--block-size", type=int, default=128, help="Tokens per KV-cache block (multiple of 16).")
         g.add_argument("--kv-cache-dtype", default="auto", choices=["auto", *CACHE_DTYPES],
@@ -136,6 +141,8 @@ class EngineArgs:
             raise ValueError(f"--long-prefill-token-threshold={self.long_prefill_token_threshold} must be >= 0")
         if self.dtype not in DTYPES:
             raise ValueError(f"--dtype={self.dtype!r} is not one of {', '.join(DTYPES)}")
+        if self.quantization is not None and self.quantization not in QUANTIZATION_METHODS:
+            raise ValueError(f"--quantization={self.quantization!r} is not one of {', '.join(QUANTIZATION_METHODS)}")
         if self.kv_cache_dtype != "auto" and self.kv_cache_dtype not in CACHE_DTYPES:
             raise ValueError(f"--kv-cache-dtype={self.kv_cache_dtype!r} is not one of auto, "
                              f"{', '.join(CACHE_DTYPES)}")
@@ -145,7 +152,7 @@ class EngineArgs:
                              ".gguf file)")
         space_gib = envs.KVCACHE_SPACE.get()  # parse errors name the variable
 
-        spec = _load_spec(model, self.dtype, os.path.getmtime(model))
+        spec = _load_spec(model, self.dtype, self.quantization, os.path.getmtime(model))
         cache_dtype = spec.dtype if self.kv_cache_dtype == "auto" else CACHE_DTYPES[self.kv_cache_dtype]
         per_token = spec.kv_bytes_per_token(cache_dtype)
         if self.num_gpu_blocks_override:
@@ -175,11 +182,11 @@ class EngineArgs:
 
 
 @functools.lru_cache(maxsize=4)
-def _load_spec(path: str, dtype: str, mtime: float):
+def _load_spec(path: str, dtype: str, quantization: str | None, mtime: float):
     """load_model_spec, remembered per file version (building a GGUF tokenizer takes seconds)."""
     from cpuinfer.model_loader import load_model_spec
 
-    return load_model_spec(path, dtype)
+    return load_model_spec(path, dtype, quantization)
 
 
 @dataclass

@@ -162,3 +162,73 @@ def test_malformed_weights_are_refused(kernels):
     with pytest.raises(ValueError, match="more than 4 bits"):
         QuantWeight.pack(np.full((16, 32), 16, np.uint8), np.ones((16, 1), np.float16), np.zeros((16, 1), np.uint8),
                          bits=4, group=32, kind="test")
+
+
+def permuted_weight(n: int, k: int, bits: int, seed: int = 0) -> tuple[QuantWeight, torch.Tensor]:
+    """A zero-point weight packed in a random k order (as GPTQ act-order), and its dequantization in input order."""
+    rng = np.random.default_rng(seed)
+    u = rng.integers(0, 2**bits, (n, k), dtype=np.uint8)
+    d = (rng.random((n, k // 32)) * 0.01 + 1e-3).astype(np.float16)
+    z = rng.integers(0, 2**bits, (n, k // 32), dtype=np.uint8)
+    perm = rng.permutation(k).astype(np.int32)
+    w = QuantWeight.pack(u, d, z, bits=bits, group=32, kind="test", perm=perm)
+    packed = np.repeat(d.astype(np.float32), 32, 1) * (u.astype(np.float32) - np.repeat(z, 32, 1))
+    ref = np.empty_like(packed)
+    ref[:, perm] = packed  # packed k j is input feature perm[j]
+    return w, torch.from_numpy(ref)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_permuted_k_order(kernels, bits):
+    """A weight packed in a permuted k order: x is read through perm (torch on the unpermuted weight), rows in
+    input order, batch invariant and the same bits on every variant."""
+    w, ref = permuted_weight(40, 256, bits)
+    assert torch.equal(w.dequantize(), ref)
+    x = torch.randn(9, 256, dtype=torch.bfloat16)
+    out = torch.empty(9, 40)
+    kernels.quant_linear(out, x.float(), w, None)
+    xp = x.float()[:, w.perm.long()]  # the kernel quantizes the gathered row per block of 32
+    exact = int8_rows(xp).double() @ ref[:, w.perm.long()].double().T
+    torch.testing.assert_close(out.double(), exact, rtol=1e-5, atol=1e-5 * exact.abs().max().item())
+    batch = torch.empty(9, 40, dtype=torch.bfloat16)
+    kernels.quant_linear(batch, x, w, None)
+    one = torch.empty(1, 40, dtype=torch.bfloat16)
+    kernels.quant_linear(one, x[4:5], w, None)
+    assert torch.equal(one, batch[4:5])
+    generic = pytest.importorskip("cpuinfer._C_generic")
+    same = torch.empty_like(batch)
+    generic.quant_linear(same, x, w, None)
+    assert torch.equal(same, batch)
+
+
+def test_parts_in_different_k_orders_stay_apart(kernels):
+    """concat keeps weights of different perms as separate parts (each reads x its own way); equal perms merge."""
+    a, _ = permuted_weight(32, 128, 4, seed=1)
+    b, _ = permuted_weight(32, 128, 4, seed=2)
+    stack = concat([a, b])
+    assert isinstance(stack, QuantStack) and len(stack.parts) == 2
+    x = torch.randn(3, 128)
+    out = torch.empty(3, 64)
+    kernels.quant_linear(out, x, stack, None)
+    for i, p in enumerate((a, b)):
+        alone = torch.empty(3, 32)
+        kernels.quant_linear(alone, x, p, None)
+        assert torch.equal(out[:, 32 * i:32 * i + 32], alone)
+    twin = QuantWeight(**{**a.__dict__, "perm": a.perm.clone()})
+    merged = concat([a, twin])
+    assert isinstance(merged, QuantWeight) and merged.n == 64 and torch.equal(merged.perm, a.perm)
+
+
+def test_bad_perm_is_refused(kernels):
+    """A perm that is not a permutation of 0..k-1 is a ValueError naming it (it is read by index)."""
+    w, _ = permuted_weight(16, 64, 4)
+    x, out = torch.randn(1, 64), torch.empty(1, 16)
+    dup = w.perm.clone()
+    dup[0] = dup[1]
+    with pytest.raises(ValueError, match=r"weight\.perm is not a permutation of 0\.\.63"):
+        kernels.quant_linear(out, x, QuantWeight(**{**w.__dict__, "perm": dup}), None)
+    with pytest.raises(ValueError, match=r"weight\.perm has 63 elements"):
+        kernels.quant_linear(out, x, QuantWeight(**{**w.__dict__, "perm": w.perm[:63].clone()}), None)
+    with pytest.raises(ValueError, match="perm must be a permutation"):
+        QuantWeight.pack(np.zeros((16, 64), np.uint8), np.ones((16, 2), np.float16), np.zeros((16, 2), np.uint8),
+                         bits=4, group=32, kind="test", perm=np.zeros(64, np.int32))

@@ -9,6 +9,9 @@ import json
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `cpuinfer info`."""
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--model", default=None,
+                        help="also say how this checkpoint (HF directory or .gguf file) is quantized and which kernel "
+                             "path its linear layers take")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -16,6 +19,10 @@ def run(args: argparse.Namespace) -> int:
     import cpuinfer
 
     report = cpuinfer.info()
+    if args.model:
+        from cpuinfer.quantization.checkpoint import describe
+
+        report["model"] = describe(args.model)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

@@ -26,7 +26,8 @@ _IGNORED = {"trust_remote_code", "enforce_eager", "disable_log_stats", "tokenize
 class LLM:
     """An engine for offline batch generation."""
 
-    def __init__(self, model: str | None = None, dtype: str = "auto", max_model_len: int | None = None,
+    def __init__(self, model: str | None = None, dtype: str = "auto", quantization: str | None = None,
+                 max_model_len: int | None = None,
                  kv_cache_dtype: str = "auto", enable_prefix_caching: bool = True, block_size: int = 128,
                  seed: int | None = 0, max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                  tensor_parallel_size: int = 1, **kwargs: Any):
@@ -35,7 +36,8 @@ class LLM:
         unknown = sorted(set(kwargs) - known - _IGNORED)
         if unknown:
             raise TypeError(f"LLM() got unexpected argument(s) {', '.join(unknown)}")
-        args = EngineArgs(model=model, dtype=dtype, max_model_len=max_model_len, kv_cache_dtype=kv_cache_dtype,
+        args = EngineArgs(model=model, dtype=dtype, quantization=quantization, max_model_len=max_model_len,
+                          kv_cache_dtype=kv_cache_dtype,
                           enable_prefix_caching=enable_prefix_caching, block_size=block_size, seed=seed,
                           max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                           tensor_parallel_size=tensor_parallel_size, **extra)

@@ -27,9 +27,13 @@ def _check_token_ids(ids: list, vocab_size: int, what: str, source: str) -> None
                                  "the model's config is corrupt: fix it or re-download the model")
 
 
-def load_model_spec(path: str, dtype: str | torch.dtype = "auto") -> ModelSpec:
-    """Read config + tokenizer (no weights yet) from an HF directory or a .gguf file."""
+def load_model_spec(path: str, dtype: str | torch.dtype = "auto", quantization: str | None = None) -> ModelSpec:
+    """Read config + tokenizer (no weights yet) from an HF directory or a .gguf file.
+
+    quantization (vLLM's --quantization): None reads the method from the checkpoint; a name must match it.
+    """
     from ..models import registry
+    from ..quantization import checkpoint
 
     path = os.fspath(path)
     if not os.path.exists(path):
@@ -39,6 +43,8 @@ def load_model_spec(path: str, dtype: str | torch.dtype = "auto") -> ModelSpec:
     else:
         spec_kwargs = _gguf_spec(path, dtype)
     config = spec_kwargs["hf_config"]
+    found = "gguf" if spec_kwargs["format"] == "gguf" else checkpoint.declared(config, f"{path}/config.json")
+    spec_kwargs["quantization"] = checkpoint.resolve(quantization, found, path)
     arch = spec_kwargs["architecture"]
     shape = registry.describe(arch, config, path)
     _check_token_ids(spec_kwargs["eos_token_ids"], shape["vocab_size"], "eos token id", path)
@@ -112,7 +118,13 @@ def load_weights(spec: ModelSpec) -> tuple[dict[str, torch.Tensor], dict]:
         return tensors, {"rope_freq_factors": g.rope_freq_factors()}
     from .hf_dir import safetensors_tensors
 
-    tensors = dict(safetensors_tensors(spec.path, spec.dtype))
+    if spec.quantization is not None:
+        from ..quantization.checkpoint import quantized_weights
+
+        raw = dict(safetensors_tensors(spec.path, None))  # packed integers and f16 scales as stored
+        tensors = quantized_weights(spec.quantization, spec.hf_config, raw, spec.dtype, spec.path)
+    else:
+        tensors = dict(safetensors_tensors(spec.path, spec.dtype))
     _check_hf_vocab(spec, tensors)
     return tensors, {}
 

@@ -84,8 +84,9 @@ def safetensors_files(directory: str) -> list[str]:
     return files
 
 
-def safetensors_tensors(directory: str, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) for every tensor; matrices in dtype right away, vectors (norms, biases) as stored."""
+def safetensors_tensors(directory: str, dtype: torch.dtype | None) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) for every tensor; matrices in dtype right away (all as stored for None), vectors (norms,
+    biases) as stored."""
     from safetensors import SafetensorError, safe_open
 
     for path in safetensors_files(directory):
@@ -93,7 +94,7 @@ def safetensors_tensors(directory: str, dtype: torch.dtype) -> Iterator[tuple[st
             with safe_open(path, framework="pt") as f:
                 for name in f.keys():
                     t = f.get_tensor(name)
-                    yield name, (t.to(dtype) if t.dim() >= 2 else t)
+                    yield name, (t.to(dtype) if dtype is not None and t.dim() >= 2 else t)
         except (SafetensorError, OSError, RuntimeError, ValueError) as e:
             raise ModelLoadError(f"{path} is not a readable safetensors file ({e}); re-download or re-save it") from e
 

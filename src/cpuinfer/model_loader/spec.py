@@ -48,6 +48,7 @@ class ModelSpec:
     generation_defaults: dict
     hf_config: dict = field(repr=False, default_factory=dict)
     format: str = "hf"  # "hf" (directory with safetensors) or "gguf"
+    quantization: str | None = None  # "gguf", "gptq", "awq", "compressed-tensors" (quantization/checkpoint.py)
     bos_token: str | None = None
     eos_token: str | None = None
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .weight import QuantWeight
+from .weight import QuantWeight, scale16
 
 KEPT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 _BLOCK_BYTES = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34),
@@ -56,14 +56,6 @@ def _k_scales(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     sc = np.concatenate([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], axis=-1)
     mn = np.concatenate([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], axis=-1)
     return sc, mn
-
-
-def _scale16(x: np.ndarray) -> np.ndarray:
-    """float32 group scales as float16, refusing what does not fit (a corrupt or exotic file)."""
-    out = x.astype(np.float16)
-    if not np.isfinite(out).all() and np.isfinite(x).all():
-        raise ValueError("a group scale overflows float16")
-    return out
 
 
 def unpack(type_name: str, data: np.ndarray, rows: int, cols: int, row_order: np.ndarray | None = None) -> QuantWeight:
@@ -102,8 +94,8 @@ def unpack(type_name: str, data: np.ndarray, rows: int, cols: int, row_order: np
             u = u | ((qh & 1) << 4)
             bits = 8
         u = u.reshape(n, 256)
-        d = _scale16(dd * sc.astype(np.float32))
-        m = _scale16(-(dmin * mn.astype(np.float32)))
+        d = scale16(dd * sc.astype(np.float32))
+        m = scale16(-(dmin * mn.astype(np.float32)))
         group = 32
     else:  # Q6_K
         n = b.shape[0]
@@ -111,7 +103,7 @@ def unpack(type_name: str, data: np.ndarray, rows: int, cols: int, row_order: np
         qh = b[:, 128:192].reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
         u = ((ql & 15).reshape(n, 8, 32) | ((qh & 3).reshape(n, 8, 32) << 4)).reshape(n, 256)
         sc = b[:, 192:208].view(np.int8).astype(np.float32)
-        d = _scale16(_f16(b[:, 208:210]).astype(np.float32) * sc)
+        d = scale16(_f16(b[:, 208:210]).astype(np.float32) * sc)
         z, bits, group = 32, 8, 16
     groups = cols // group
     u = u.reshape(rows, cols)

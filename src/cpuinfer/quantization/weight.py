@@ -6,6 +6,10 @@ point z (w = d * (u - z)) or a float16 minimum m (w = d * u + m). Every format w
 block quants, GPTQ, AWQ, compressed-tensors) is rewritten into this form once, at load; the
 layout does not depend on the kernel variant. A QuantStack is several of them stacked along n
 (a fused QKV whose q, k and v came in different formats).
+
+A weight may be packed in a k order other than the input's (GPTQ act-order: k sorted by group
+so that every group is contiguous): `perm` (int32 [k]) names the input feature of each packed
+k, and the kernel quantizes x gathered through it.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ class QuantWeight:
     n: int
     k: int
     kind: str  # the source format, e.g. "Q4_1", for logs and `cpuinfer info`
+    perm: torch.Tensor | None = None  # int32 [k]: input feature of each packed k, or None (in order)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -52,7 +57,8 @@ class QuantWeight:
     @property
     def nbytes(self) -> int:
         """Bytes held in memory."""
-        return sum(t.numel() * t.element_size() for t in (self.qs, self.d, self.z, self.m) if t is not None)
+        held = (self.qs, self.d, self.z, self.m, self.perm)
+        return sum(t.numel() * t.element_size() for t in held if t is not None)
 
     @classmethod
     def empty(cls, n: int, k: int, bits: int, group: int, has_min: bool, kind: str) -> QuantWeight:
@@ -66,12 +72,17 @@ class QuantWeight:
 
     @classmethod
     def pack(cls, u: np.ndarray, d: np.ndarray, z: np.ndarray | None = None, m: np.ndarray | None = None, *,
-             bits: int, group: int, kind: str) -> QuantWeight:
-        """From values u [n, k] (uint8, < 2**bits) and per-group d and z or m [n, k / group]."""
+             bits: int, group: int, kind: str, perm: np.ndarray | None = None) -> QuantWeight:
+        """From values u [n, k] (uint8, < 2**bits) and per-group d and z or m [n, k / group], all in perm's k order."""
         n, k = u.shape
         if (z is None) == (m is None):
             raise ValueError("pass exactly one of z (zero points) and m (minimums)")
         w = cls.empty(n, k, bits, group, m is not None, kind)
+        if perm is not None:
+            perm = np.asarray(perm)
+            if perm.shape != (k,) or not np.array_equal(np.sort(perm), np.arange(k)):
+                raise ValueError(f"perm must be a permutation of 0..{k - 1}")
+            w.perm = _tensor(perm, np.int32)
         _C.quant_pack(w, _tensor(u, np.uint8), _tensor(d, np.float16), None if z is None else _tensor(z, np.uint8),
                       None if m is None else _tensor(m, np.float16))
         return w
@@ -133,14 +144,17 @@ def is_quantized(w) -> bool:
 
 
 def _same_form(a: QuantWeight, b: QuantWeight) -> bool:
-    return (a.bits, a.group, a.z is None, a.k) == (b.bits, b.group, b.z is None, b.k)
+    """Whether b can be appended to a's panels (one kernel call reads x once, in one k order)."""
+    same_order = a.perm is b.perm or (a.perm is not None and b.perm is not None and torch.equal(a.perm, b.perm))
+    return (a.bits, a.group, a.z is None, a.k) == (b.bits, b.group, b.z is None, b.k) and same_order
 
 
 def concat(weights: list[QuantWeight]) -> Quantized:
     """weights stacked along n: merged into one QuantWeight where formats agree, else a QuantStack.
 
-    Panels are 16 rows, so two weights of one form merge by concatenation when the first has a
-    multiple of 16 rows (its last panel is full). At most 3 parts remain (the kernels' limit).
+    Panels are 16 rows, so two weights of one form (and k order) merge by concatenation when the
+    first has a multiple of 16 rows (its last panel is full). Parts packed in different k orders
+    stay separate parts, each read through its own perm. At most 3 parts remain (the kernels' limit).
     """
     merged: list[QuantWeight] = []
     for w in weights:
@@ -150,7 +164,8 @@ def concat(weights: list[QuantWeight]) -> Quantized:
                 qs=torch.cat([last.qs, w.qs]), d=torch.cat([last.d, w.d]),
                 z=None if w.z is None else torch.cat([last.z, w.z]),
                 m=None if w.m is None else torch.cat([last.m, w.m]), bits=w.bits, group=w.group,
-                n=last.n + w.n, k=w.k, kind=last.kind if last.kind == w.kind else f"{last.kind}+{w.kind}")
+                n=last.n + w.n, k=w.k, kind=last.kind if last.kind == w.kind else f"{last.kind}+{w.kind}",
+                perm=last.perm)
         else:
             merged.append(w)
     if len(merged) == 1:
@@ -158,6 +173,16 @@ def concat(weights: list[QuantWeight]) -> Quantized:
     if len(merged) > 3:
         raise ValueError(f"{len(merged)} quantized parts of different formats cannot be stacked (at most 3)")
     return QuantStack(tuple(merged))
+
+
+def scale16(x: np.ndarray) -> np.ndarray:
+    """Group scales (or minimums) as float16, refusing what does not fit (a corrupt or exotic file)."""
+    x = np.asarray(x)
+    with np.errstate(over="ignore"):
+        out = x.astype(np.float16)
+    if not np.isfinite(out).all() and np.isfinite(x).all():
+        raise ValueError("a group scale overflows float16")
+    return out
 
 
 def _tensor(a: np.ndarray, dtype) -> torch.Tensor:

@@ -1,0 +1,123 @@
+"""Which quantization a checkpoint uses, and its quantized linear layers rewritten as QuantWeight.
+
+The one place that knows the methods (`--quantization`, as vLLM names them): "gguf" (a .gguf
+file, read by model_loader/gguf_file.py through gguf_blocks.py) and the Hugging Face formats,
+declared by config.json's quantization_config.quant_method, each read by its module here:
+gptq.py, awq.py, compressed_tensors.py. Every quantized linear layer reaches the models as a
+QuantWeight under its plain `<prefix>.weight` name, so models need no per-format code.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import Counter
+from types import ModuleType
+
+import torch
+
+from ..errors import ModelLoadError
+from . import awq, compressed_tensors, gptq
+from .linear_tensors import LinearTensors
+from .weight import QuantWeight
+
+logger = logging.getLogger(__name__)
+
+HF_READERS: dict[str, ModuleType] = {"gptq": gptq, "awq": awq, "compressed-tensors": compressed_tensors}
+METHODS = ("gguf", *HF_READERS)
+
+
+def declared(config: dict, source: str) -> str | None:
+    """The method config.json's quantization_config declares (None: not quantized); unknown ones refused."""
+    qcfg = config.get("quantization_config")
+    if qcfg is None:
+        return None
+    method = qcfg.get("quant_method") if isinstance(qcfg, dict) else None
+    if method not in HF_READERS:
+        raise ModelLoadError(f"{source}: quantization_config.quant_method {method!r} is not supported; cpuinfer "
+                             f"reads {', '.join(HF_READERS)} checkpoints (and GGUF files)")
+    return method
+
+
+def resolve(requested: str | None, found: str | None, source: str) -> str | None:
+    """The method to load with: the checkpoint's; --quantization, when given, must name it."""
+    if requested is not None and requested not in METHODS:
+        raise ModelLoadError(f"--quantization={requested!r} is not one of {', '.join(METHODS)}")
+    if requested is not None and requested != found:
+        has = f"is a {found} checkpoint" if found else "is not quantized"
+        fix = f"pass --quantization={found} or drop the flag" if found else f"pass a {requested} checkpoint"
+        raise ModelLoadError(f"--quantization={requested} but {source} {has}; {fix} (the method is read from the "
+                             "checkpoint when the flag is omitted)")
+    return found
+
+
+def quantized_weights(method: str, config: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
+                      source: str) -> dict[str, torch.Tensor | QuantWeight]:
+    """tensors (as stored) with each quantized linear's tensors replaced by `<prefix>.weight`: a QuantWeight
+    (or, in float32 runs, the reference mode, its float32 dequantization); other matrices in dtype."""
+    reader = HF_READERS[method]
+    s = reader.scheme(config["quantization_config"], source)
+    marker = "." + reader.MARKER
+    prefixes = sorted(n[: -len(marker)] for n in tensors if n.endswith(marker))
+    kinds: Counter = Counter()
+    for prefix in prefixes:
+        t = LinearTensors(prefix, tensors, source, method)
+        try:
+            w = reader.read(t, s)
+        except ModelLoadError:
+            raise
+        except ValueError as e:  # QuantWeight.pack's checks: a value past its bits, a bad order
+            raise ModelLoadError(f"{source}: {method} layer {prefix!r}: {e}") from None
+        t.pop_all(reader.SUFFIXES)
+        tensors[f"{prefix}.weight"] = w if dtype != torch.float32 else w.dequantize(torch.float32)
+        kinds[w.kind] += 1
+    for name, v in tensors.items():
+        if not isinstance(v, QuantWeight) and v.dim() >= 2 and v.is_floating_point():
+            tensors[name] = v.to(dtype)
+    if not prefixes:
+        raise ModelLoadError(f"{source}: quantization_config says {method} but no tensor ends in {marker}; the "
+                             "checkpoint is not quantized as its config says: re-download it")
+    log_kinds(os.path.basename(os.path.normpath(source)), method, kinds, dtype)
+    return tensors
+
+
+def log_kinds(name: str, method: str, kinds: Counter, dtype: torch.dtype) -> None:
+    """One load-log line: the format, and which kernel path its linear layers take."""
+    counts = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+    if dtype == torch.float32:
+        logger.info("%s: %s; %s linear layers dequantized to float32 (float32 runs are the reference mode)", name,
+                    method, counts)
+    else:
+        logger.info("%s: %s; %s linear layers kept quantized (%s)", name, method, counts, kernel_path())
+
+
+def kernel_path() -> str:
+    """The kernel quantized linear layers run on this CPU, e.g. 'integer kernels, avx512vnni tile'."""
+    from .. import _C
+
+    return f"integer kernels, {_C.quant_tile_impl()} tile"
+
+
+def describe(path: str) -> dict[str, str]:
+    """For `cpuinfer info --model`: the checkpoint's method, how its linear layers are stored, and the kernel
+    path they take in a bf16/f16 run (read from config.json or the GGUF header: no weights are loaded)."""
+    if os.path.isdir(path):
+        from ..model_loader.hf_dir import read_json
+
+        config = read_json(os.path.join(path, "config.json"))
+        method = declared(config, path)
+        if method is None:
+            return {"path": path, "quantization": "none", "linear layers": "dense", "kernel": "bf16/f16 GEMM"}
+        s = HF_READERS[method].scheme(config["quantization_config"], path)
+        kinds = [ws.kind for _, ws in s.groups] if method == "compressed-tensors" else [s.kind]
+        return {"path": path, "quantization": method, "linear layers": ", ".join(kinds), "kernel": kernel_path()}
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    from .gguf_blocks import KEPT_TYPES
+
+    types = Counter(GGMLQuantizationType(t.tensor_type).name for t in GGUFReader(path).tensors if len(t.shape) == 2)
+    kept = {k: n for k, n in types.items() if k in KEPT_TYPES}
+    rest = {k: n for k, n in types.items() if k not in KEPT_TYPES}
+    parts = [f"{n} {k}" for k, n in sorted(kept.items())] + [f"{n} {k} (dequantized)" for k, n in sorted(rest.items())]
+    return {"path": path, "quantization": "gguf", "linear layers": ", ".join(parts),
+            "kernel": kernel_path() if kept else "bf16/f16 GEMM"}
