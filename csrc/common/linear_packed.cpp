@@ -36,7 +36,6 @@
 namespace cpuinfer {
 namespace {
 
-constexpr int64_t kChunkBytes = 192 * 1024;  // x bytes per row chunk: half of a 1-2 MB L2 with the panel
 constexpr int kMaxLanes = 64;                // f32 lanes of the widest vector (SVE 2048-bit)
 
 template <typename T>
@@ -46,7 +45,7 @@ void run(T *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, 
     using X = typename Kernel::X;
     const int W = vec::width();
     const int64_t C = 2 * int64_t(W), MR = Kernel::kMaxRows;
-    const int64_t chunk = row_chunk(M, K * int64_t(sizeof(T)), MR, kChunkBytes), tasks = (M + chunk - 1) / chunk * panels;
+    const int64_t chunk = row_chunk(M, K * int64_t(sizeof(T)), MR, Kernel::kChunkBytes), tasks = (M + chunk - 1) / chunk * panels;
     // As the row-major GEMV: at least ~64K multiply-adds per thread, so that
     // a decode step's small projections do not pay for waking the team.
     const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / (C * K * std::min<int64_t>(chunk, 64)));
@@ -60,39 +59,28 @@ void run(T *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, 
     int64_t xbs = K + line;
     if ((xbs * int64_t(sizeof(X))) % 4096 == 0) xbs += line;
     parallel_for(tasks, grain, [&](int64_t b, int64_t e) {
-        alignas(64) float acc[32 * 2 * kMaxLanes];  // up to 32 slots of (row, panel)
+        alignas(64) float acc[32 * 2 * kMaxLanes];  // up to 32 slots of (row, panel), or 128 rows of a 32-column panel (amx)
         alignas(64) float bias_f[4 * 2 * kMaxLanes];
         thread_local std::vector<X> x_copy;  // the row chunk as the tile reads it (see copy_x)
         int64_t copied = -1;                 // which chunk x_copy holds
+        int64_t copy_stride = xbs;           // its x stride for the kernel (Kernel::pack_x)
         Kernel::begin();
         for (int64_t t = b; t < e; ++t) {
             const int64_t c = t / panels, p = t % panels;
             const int64_t m_begin = c * chunk, rows = std::min(chunk, M - m_begin);
             if (rows <= 0) continue;
             const X *xc = reinterpret_cast<const X *>(x + m_begin * xs);  // X is T unless copy_x
-            int64_t xcs = xs;
             if (copy_x) {
                 if (copied != c) {
                     // Rows up to a multiple of kRowPad, zero (AMX tiles read 16 rows).
                     const int64_t padded = (rows + Kernel::kRowPad - 1) / Kernel::kRowPad * Kernel::kRowPad;
                     if (int64_t(x_copy.size()) < padded * xbs) x_copy.resize(size_t(padded * xbs));
-                    if (padded > rows) std::memset(x_copy.data() + rows * xbs, 0, size_t((padded - rows) * xbs) * sizeof(X));
-                    for (int64_t r = 0; r < rows; ++r) {
-                        const T *src = x + (m_begin + r) * xs;
-                        X *dst = x_copy.data() + r * xbs;
-                        if constexpr (std::is_same_v<X, T>) {
-                            std::memcpy(dst, src, size_t(K) * sizeof(T));
-                        } else {
-                            int64_t k = 0;
-                            for (; k + W <= K; k += W) vec::store(dst + k, vec::load(src + k));
-                            for (; k < K; ++k) dst[k] = to_f32(src[k]);
-                        }
-                    }
+                    copy_stride = Kernel::pack_x(x_copy.data(), xbs, x + m_begin * xs, xs, rows, padded, K);
                     copied = c;
                 }
                 xc = x_copy.data();
-                xcs = xbs;
             }
+            const int64_t xcs = copy_x ? copy_stride : xs;
             const int64_t groups = (rows + MR - 1) / MR;
             const int64_t per = std::min<int64_t>(MR, ((rows + groups - 1) / groups + Kernel::kRowPad - 1) /
                                                           Kernel::kRowPad * Kernel::kRowPad);

@@ -18,6 +18,8 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "dtype.h"
 #include "vec.h"
@@ -69,9 +71,31 @@ struct RegisterTiles {
     static constexpr int kMaxRows = panel::kMaxRows;  // rows per call of run()
     static constexpr int kRowPad = 1;                  // x copies padded to a multiple of this many rows
     static constexpr bool kCopyX = false;              // read x through a copy even when X is T
+    static constexpr int64_t kChunkBytes = 192 * 1024; // x bytes per row chunk: half of a 1-2 MB L2 with the panel
     static int panels(int mr) { return panels_for_rows(mr); }
     static void begin() {}  // per thread, before a run of calls (tile registers, ...)
     static void end() {}
+
+    // Copies rows [0, rows) of x (row stride xs) into dst as run() reads them,
+    // zero rows up to `padded`, and returns the x stride to pass to run():
+    // here row-major, each row widened to X, rows ds elements apart.
+    template <typename X, typename T>
+    static int64_t pack_x(X *dst, int64_t ds, const T *x, int64_t xs, int64_t rows, int64_t padded, int64_t K) {
+        if (padded > rows) std::memset(dst + rows * ds, 0, size_t((padded - rows) * ds) * sizeof(X));
+        for (int64_t r = 0; r < rows; ++r) {
+            const T *src = x + r * xs;
+            X *d = dst + r * ds;
+            if constexpr (std::is_same_v<X, T>) {
+                std::memcpy(d, src, size_t(K) * sizeof(T));
+            } else {
+                const int W = vec::width();
+                int64_t k = 0;
+                for (; k + W <= K; k += W) vec::store(d + k, vec::load(src + k));
+                for (; k < K; ++k) d[k] = to_f32(src[k]);
+            }
+        }
+        return ds;
+    }
 
     // Derived::tile<mr, np>, for np <= panels(mr).
     template <typename X, typename T>
