@@ -8,8 +8,8 @@ and a last-bit difference in an activation can flip its int8 rounding, a step of
 block's maximum that the next layers carry on. Measured on SmolLM2 Q4_1 on one Sapphire Rapids,
 prompt by prompt, across the five x86 variants: 0.064-0.107, 0.018-0.110 and 0.012-0.017, with
 every variant's attention within bf16 rounding of a float64 reference. So the check is: relative
-error below 0.15 and our top token among transformers' top 5. What must hold exactly: every way of batching gives the same tokens (batch
-invariance), and the fused layer equals the per-op path.
+error below 0.15 and our top token among transformers' top 5. What must hold exactly: every way of
+batching gives the same tokens (batch invariance), and the fused layer equals the per-op path.
 """
 
 from __future__ import annotations
