@@ -6,7 +6,8 @@
 # sets:
 #   CPUINFER_PLATFORM   key of the table ("x86_64", "aarch64", "arm64-apple", "s390x")
 #   CPUINFER_VARIANTS   the variants to compile, generic first
-# plus, per variant V: CPUINFER_FLAGS_<V>, CPUINFER_VEC_<V>.
+# plus, per variant V: CPUINFER_FLAGS_<V>, CPUINFER_VEC_<V>, CPUINFER_HEADERS_<V> (its vector layer's
+# header and hook headers, as compile definitions).
 #
 # Inputs (environment, or -D cache variables of the same name):
 #   CPUINFER_ISAS       "native" (default: what this host runs, plus generic),
@@ -52,6 +53,22 @@ foreach(i RANGE ${_last})
   list(APPEND CPUINFER_TABLE_VARIANTS "${_name}")
   string(JSON _entry GET "${_platform}" "${_name}")
   string(JSON _vec GET "${_entry}" vec)
+  # The vector layer's header and its ISA fast-path headers (hooks), as
+  # compile definitions CPUINFER_VEC_HEADER, CPUINFER_<HOOK>_HOOKS.
+  string(JSON _layer ERROR_VARIABLE _missing GET "${_table}" vec_layers "${_vec}")
+  if(_missing)
+    message(FATAL_ERROR "cpuinfer: variant ${_name} names vector layer '${_vec}', which isa_table.json's "
+                        "vec_layers does not list")
+  endif()
+  string(JSON _header GET "${_layer}" header)
+  set(CPUINFER_HEADERS_${_name} "CPUINFER_VEC_HEADER=\"${_header}\"")
+  foreach(_hook panel quant attention)
+    string(JSON _h ERROR_VARIABLE _none GET "${_layer}" ${_hook})
+    if(NOT _none)
+      string(TOUPPER "${_hook}" _uhook)
+      list(APPEND CPUINFER_HEADERS_${_name} "CPUINFER_${_uhook}_HOOKS=\"${_h}\"")
+    endif()
+  endforeach()
   string(TOUPPER "${_vec}" _vec)
   set(CPUINFER_VEC_${_name} "${_vec}")
   foreach(_key flags features)

@@ -7,6 +7,11 @@
 
 namespace cpuinfer::vec {
 
+// Register budget of the common tiles (a vf is two NEON registers): query rows per attention
+// tile (attention_tile.h), x rows per linear panel tile (panel_kernel.h).
+constexpr int kAttnRows = 8;
+constexpr int kPanelRows = 6;
+
 constexpr const char *kName = "neon";
 constexpr int kW = 8;
 struct vf { float32x4_t lo, hi; };

@@ -6,6 +6,11 @@
 
 namespace cpuinfer::vec {
 
+// Register budget of the common tiles (32 registers): query rows per attention
+// tile (attention_tile.h), x rows per linear panel tile (panel_kernel.h).
+constexpr int kAttnRows = 16;
+constexpr int kPanelRows = 12;
+
 constexpr const char *kName = "sve";
 using vf = svfloat32_t;
 

@@ -13,11 +13,7 @@
 
 namespace cpuinfer::attn {
 
-#if defined(CPUINFER_VEC_AVX512) || defined(CPUINFER_VEC_SVE) || defined(CPUINFER_VEC_VXE)
-constexpr int kTileRows = 16;  // 32 vector registers: 16 accumulators fit
-#else
-constexpr int kTileRows = 8;   // 16 registers (AVX2), or two per vf (NEON)
-#endif
+constexpr int kTileRows = vec::kAttnRows;  // accumulator rows that fit the layer's registers
 
 // Prefetches a byte range a little at a time, about `per` bytes (whole
 // cache lines) per call of next() in some loop, so that the reads of a later
@@ -51,16 +47,13 @@ inline void with_rows(int r, F &&f) {
         case 6: f(std::integral_constant<int, 6>{}); break;
         case 7: f(std::integral_constant<int, 7>{}); break;
         case 8: f(std::integral_constant<int, 8>{}); break;
-#if !(defined(CPUINFER_VEC_AVX2) || defined(CPUINFER_VEC_NEON) || defined(CPUINFER_VEC_SCALAR))
-        case 9: f(std::integral_constant<int, 9>{}); break;
-        case 10: f(std::integral_constant<int, 10>{}); break;
-        case 11: f(std::integral_constant<int, 11>{}); break;
-        case 12: f(std::integral_constant<int, 12>{}); break;
-        case 13: f(std::integral_constant<int, 13>{}); break;
-        case 14: f(std::integral_constant<int, 14>{}); break;
-        case 15: f(std::integral_constant<int, 15>{}); break;
-        case 16: f(std::integral_constant<int, 16>{}); break;
-#endif
+#define CPUINFER_WIDE_ROWS(i) \
+    case i:                   \
+        if constexpr (i <= kTileRows) f(std::integral_constant<int, i>{}); \
+        break;
+        CPUINFER_WIDE_ROWS(9) CPUINFER_WIDE_ROWS(10) CPUINFER_WIDE_ROWS(11) CPUINFER_WIDE_ROWS(12)
+        CPUINFER_WIDE_ROWS(13) CPUINFER_WIDE_ROWS(14) CPUINFER_WIDE_ROWS(15) CPUINFER_WIDE_ROWS(16)
+#undef CPUINFER_WIDE_ROWS
         default: break;
     }
 }
@@ -277,4 +270,49 @@ inline void pv_tile(float *acc, int64_t D, const float *alpha, const float *p, i
 #undef CPUINFER_HEAD_DIM_LOOP
 #undef CPUINFER_ROWS
 
+// ISA hooks of paged attention (paged_attention.cpp), with their portable
+// defaults here; the vector layer's attention header (cmake/isa_table.json)
+// specialises them for the types it speeds up.
+
+// QK^T of raw bf16 query rows (q[r * D ..], r < R) against the bf16 keys
+// [j0, j1) of one block: s[r * ss + j].
+template <typename T, typename C>
+struct QkBf16 {
+    static constexpr bool kAvailable = false;
+    template <int R>
+    static void run(const bf16_t *, int64_t, const bf16_t *, int64_t, int64_t, float *, int64_t) {}
+};
+
+// One unit's query rows and running softmax state (natural d order), for a
+// path that takes a whole unit at once.
+struct FlashUnit {
+    const bf16_t *q;     // [whole 16-row tiles][D] raw query rows (rows past `rows` readable, ignored)
+    int64_t rows, D;
+    const int64_t *pos;  // [rows] the position of each row's token
+    int64_t k0, k1;      // the unit's keys
+    int64_t window;      // sliding window (0: none)
+    float qscale, soft_cap;
+    float *m, *l, *acc;  // [rows], [rows], [rows][D]
+};
+
+// A whole unit at once where applies(rows, D); key(j) / value(j) give the
+// cache rows of absolute key j.
+template <typename T, typename C>
+struct WholeUnit {
+    static bool applies(int64_t, int64_t) { return false; }
+    template <typename KeyRow, typename ValueRow>
+    static void run(const FlashUnit &, KeyRow &&, ValueRow &&) {}
+};
+
+// The name `attention_impl()` reports for this build's fast paths.
+template <typename = void>
+struct Impl {
+    static constexpr const char *kName = "vec";
+};
+
 }  // namespace cpuinfer::attn
+
+#if defined(CPUINFER_ATTENTION_HOOKS)
+#include CPUINFER_ATTENTION_HOOKS
+#endif
+

@@ -21,9 +21,6 @@
 #include "kernels.h"
 #include "parallel.h"
 #include "vec.h"
-#if defined(__x86_64__)
-#include "../x86/attention_x86.h"
-#endif
 
 namespace cpuinfer {
 namespace {
@@ -183,22 +180,21 @@ struct Runner {
         const int64_t row_bytes = D * int64_t(sizeof(C));
         // Element offset of this head's part of the unit's block nb in either cache.
         auto block = [&](int64_t nb) { return (int64_t(table[nb]) * a.num_kv_heads + h) * bs * D; };
-#if defined(CPUINFER_ATTN_AMX)
-        // The AMX path takes the whole unit (attention_x86.h). It writes
-        // natural order, which the AVX-512 layer keeps for load2a/b.
-        if (kBf16 && rows >= attn::kAmxMinRows && D % 32 == 0) {
+        // A whole-unit fast path (attention_tile.h's WholeUnit hook: AMX
+        // flash attention) writes natural order, which the layers that
+        // have one keep for load2a/b.
+        if (attn::WholeUnit<T, C>::applies(rows, D)) {
             const int64_t padded = (rows + 15) / 16 * 16;
             if (int64_t(sc.qb.size()) < padded * D) sc.qb.resize(size_t(padded * D));
             std::memset(sc.qb.data() + rows * D, 0, sizeof(bf16_t) * size_t((padded - rows) * D));
             const auto *kb = reinterpret_cast<const bf16_t *>(kc), *vb = reinterpret_cast<const bf16_t *>(vc);
-            attn::flash_unit_amx({.q = sc.qb.data(), .rows = rows, .D = D, .pos = pos, .k0 = k0, .k1 = k1, .window = W,
+            attn::WholeUnit<T, C>::run({.q = sc.qb.data(), .rows = rows, .D = D, .pos = pos, .k0 = k0, .k1 = k1, .window = W,
                                   .qscale = qscale, .soft_cap = a.soft_cap, .m = m, .l = l, .acc = acc},
                                  [&](int64_t j) { return kb + block(j / bs) + (j % bs) * D; },
                                  [&](int64_t j) { return vb + block(j / bs) + (j % bs) * D; });
             finish_unit(g, u, m, l, acc);
             return;
         }
-#endif
         // Where this unit's keys of block nb sit in a cache, and how many bytes (0 past the end).
         auto span = [&](const C *cache, int64_t nb, int64_t &bytes) {
             const int64_t lo = std::max(k0, nb * bs), hi = std::min(k1, (nb + 1) * bs);
@@ -283,13 +279,11 @@ struct Runner {
 
     template <int R>
     void qk(const float *q, const bf16_t *qb, const C *kb, int64_t j0, int64_t j1, float *sbuf, attn::Prefetch &pf) {
-#if defined(CPUINFER_ATTN_DPBF16)
-        if constexpr (kBf16) {
+        if constexpr (kBf16 && attn::QkBf16<T, C>::kAvailable) {
             pf.rest();
-            attn::qk_tile_dpbf16<R>(qb, D, kb, j0, j1, sbuf, bs);
+            attn::QkBf16<T, C>::template run<R>(qb, D, kb, j0, j1, sbuf, bs);
             return;
         }
-#endif
         (void)qb;
         attn::qk_tile<R>(q, D, kb, j0, j1, sbuf, bs, pf);
     }
@@ -428,12 +422,6 @@ void paged_attention(const PagedAttentionArgs &args) {
     });
 }
 
-const char *attention_impl() {
-#if defined(CPUINFER_ATTN_IMPL)
-    return CPUINFER_ATTN_IMPL;
-#else
-    return "vec";
-#endif
-}
+const char *attention_impl() { return attn::Impl<>::kName; }
 
 }  // namespace cpuinfer

@@ -27,15 +27,8 @@
 namespace cpuinfer::panel {
 
 // Rows per tile: 2 * MR accumulators plus 2 weight vectors and one broadcast
-// must fit the register file (16 on AVX2, where MR = 6 made GCC spill an
-// accumulator of the bf16 tile, halving its speed; NEON spends two per vf).
-#if defined(CPUINFER_VEC_AVX2)
-constexpr int kMaxRows = 5;
-#elif defined(CPUINFER_VEC_NEON) || defined(CPUINFER_VEC_SCALAR)
-constexpr int kMaxRows = 6;
-#else
-constexpr int kMaxRows = 12;
-#endif
+// must fit the register file (the vector layer's budget).
+constexpr int kMaxRows = vec::kPanelRows;
 
 // Panels per tile for MR rows. One to three rows give too few independent
 // accumulator chains to hide the multiply-add latency, so they take 4 or 2
@@ -205,7 +198,7 @@ struct PanelKernel : RegisterTiles<PanelKernel<T>> {
 
 }  // namespace cpuinfer::panel
 
-// ISA-specific specialisations (a selector like vec.h's: nothing else in it).
-#if defined(CPUINFER_VEC_AVX512)
-#include "../x86/panel_kernel_x86.h"
+// The vector layer's specialisations, if it has any (cmake/isa_table.json).
+#if defined(CPUINFER_PANEL_HOOKS)
+#include CPUINFER_PANEL_HOOKS
 #endif

@@ -136,18 +136,21 @@ struct QuantTile {
 
 }  // namespace cpuinfer::quant
 
-// ISA-specific specialisations (a selector, as panel_kernel.h's).
-#if defined(CPUINFER_VEC_AVX512) || defined(CPUINFER_VEC_AVX2)
-#include "../x86/quant_tile_x86.h"
+namespace cpuinfer::quant {
+// The tile this build runs: the portable one, unless the vector layer's hook
+// header specialises TileSelect<void> with its own.
+template <typename = void>
+struct TileSelect {
+    template <int Bits, bool Min, bool G16>
+    using Tile = QuantTile<Bits, Min, G16>;
+};
+}  // namespace cpuinfer::quant
+
+#if defined(CPUINFER_QUANT_HOOKS)
+#include CPUINFER_QUANT_HOOKS
 #endif
 
 namespace cpuinfer::quant {
-// The tile this build runs: the ISA's where its folder has one, else the portable one.
-#if defined(CPUINFER_QUANT_ISA_TILE)
 template <int Bits, bool Min, bool G16>
-using Tile = IsaQuantTile<Bits, Min, G16>;
-#else
-template <int Bits, bool Min, bool G16>
-using Tile = QuantTile<Bits, Min, G16>;
-#endif
+using Tile = typename TileSelect<>::template Tile<Bits, Min, G16>;
 }  // namespace cpuinfer::quant

@@ -1,7 +1,8 @@
 // The vector interface every kernel is written against.
 //
-// Each ISA header (selected by CPUINFER_VEC_<NAME>, set per variant by CMake
-// from cmake/isa_table.json) defines, in namespace cpuinfer::vec:
+// Each layer header (CPUINFER_VEC_HEADER, set per variant by CMake from
+// cmake/isa_table.json's vec_layers) defines, in namespace cpuinfer::vec:
+//   kAttnRows, kPanelRows   the common tiles' register budget (rows per tile)
 //   vf                      a vector of f32 lanes (a plain value type)
 //   int width()             lanes per vf (a runtime value: SVE is length-agnostic)
 //   vf zero(), splat(float)
@@ -33,24 +34,15 @@
 #pragma once
 #include "dtype.h"
 
-#if defined(CPUINFER_VEC_AVX512)
-#include "../x86/vec_avx512.h"
-#elif defined(CPUINFER_VEC_AVX2)
-#include "../x86/vec_avx2.h"
-#elif defined(CPUINFER_VEC_NEON)
-#include "../arm/vec_neon.h"
-#elif defined(CPUINFER_VEC_SVE)
-#include "../arm/vec_sve.h"
-#elif defined(CPUINFER_VEC_VXE)
-#include "../s390x/vec_vxe.h"
-#elif defined(CPUINFER_VEC_SCALAR)
-#include "../generic/vec_scalar.h"
-#else
-#error "no vector layer selected: CMake must define CPUINFER_VEC_<NAME> (see cmake/isa_table.json)"
+#if !defined(CPUINFER_VEC_HEADER)
+#error "no vector layer selected: CMake must define CPUINFER_VEC_HEADER (see cmake/isa_table.json)"
 #endif
+#include CPUINFER_VEC_HEADER
 
-#if defined(__APPLE__) && defined(__aarch64__)
-#include "../apple/apple_tuning.h"
+// A platform's tuning constants (CPUINFER_TUNING_HEADER, from CMake: Apple's
+// 128-byte lines), else these.
+#if defined(CPUINFER_TUNING_HEADER)
+#include CPUINFER_TUNING_HEADER
 #else
 namespace cpuinfer::tuning {
 constexpr int kCacheLine = 64;

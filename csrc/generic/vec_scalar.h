@@ -6,6 +6,11 @@
 
 namespace cpuinfer::vec {
 
+// Register budget of the common tiles (portable): query rows per attention
+// tile (attention_tile.h), x rows per linear panel tile (panel_kernel.h).
+constexpr int kAttnRows = 8;
+constexpr int kPanelRows = 6;
+
 constexpr const char *kName = "scalar";
 constexpr int kW = 8;
 struct vf { float v[kW]; };

@@ -15,7 +15,6 @@
 #include <limits>
 #include <vector>
 
-#include "../common/attention_tile.h"
 #include "../common/vec.h"
 #include "bf16_x86.h"
 
@@ -26,11 +25,6 @@
 #define CPUINFER_ATTN_AMX 1
 #endif
 
-#if defined(CPUINFER_ATTN_AMX)
-#define CPUINFER_ATTN_IMPL "amx"
-#elif defined(CPUINFER_ATTN_DPBF16)
-#define CPUINFER_ATTN_IMPL "avx512bf16"
-#endif
 
 namespace cpuinfer::attn {
 
@@ -106,16 +100,6 @@ inline void qk_tile_dpbf16(const bf16_t *q, int64_t D, const bf16_t *k, int64_t 
 constexpr int kAmxMinRows = 8;  // below this a 16-row tile wastes too much of itself
 constexpr int64_t kFlashKeys = 32;
 
-// One unit's query rows and running softmax state (natural d order).
-struct FlashUnit {
-    const bf16_t *q;     // [whole 16-row tiles][D] raw query rows (rows past `rows` readable, ignored)
-    int64_t rows, D;     // D % 32 == 0
-    const int64_t *pos;  // [rows] the position of each row's token
-    int64_t k0, k1;      // the unit's keys
-    int64_t window;      // sliding window (0: none)
-    float qscale, soft_cap;
-    float *m, *l, *acc;  // [rows], [rows], [rows][D]
-};
 
 // Per-thread buffers of the AMX path.
 struct FlashScratch {
@@ -292,6 +276,38 @@ inline void flash_unit_amx(const FlashUnit &u, KeyRow &&key, ValueRow &&value) {
     }
     amx_end();
 }
+#endif
+
+// The hooks of common/attention_tile.h this build fills.
+#if defined(CPUINFER_ATTN_DPBF16)
+template <>
+struct QkBf16<bf16_t, bf16_t> {
+    static constexpr bool kAvailable = true;
+    template <int R>
+    static void run(const bf16_t *q, int64_t D, const bf16_t *k, int64_t j0, int64_t j1, float *s, int64_t ss) {
+        qk_tile_dpbf16<R>(q, D, k, j0, j1, s, ss);
+    }
+};
+#endif
+
+#if defined(CPUINFER_ATTN_AMX)
+template <>
+struct WholeUnit<bf16_t, bf16_t> {
+    static bool applies(int64_t rows, int64_t D) { return rows >= kAmxMinRows && D % 32 == 0; }
+    template <typename KeyRow, typename ValueRow>
+    static void run(const FlashUnit &u, KeyRow &&key, ValueRow &&value) {
+        flash_unit_amx(u, key, value);
+    }
+};
+template <>
+struct Impl<void> {
+    static constexpr const char *kName = "amx";
+};
+#elif defined(CPUINFER_ATTN_DPBF16)
+template <>
+struct Impl<void> {
+    static constexpr const char *kName = "avx512bf16";
+};
 #endif
 
 }  // namespace cpuinfer::attn

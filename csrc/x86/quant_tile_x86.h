@@ -17,8 +17,6 @@
 
 #include <cstring>
 
-#define CPUINFER_QUANT_ISA_TILE 1
-
 namespace cpuinfer::quant {
 
 inline int32_t load4(const int8_t *p) {
@@ -184,6 +182,13 @@ struct IsaQuantTile {
             default: break;
         }
     }
+};
+
+// This build's tile (common/quant_tile.h).
+template <>
+struct TileSelect<void> {
+    template <int Bits, bool Min, bool G16>
+    using Tile = IsaQuantTile<Bits, Min, G16>;
 };
 
 }  // namespace cpuinfer::quant

@@ -5,6 +5,11 @@
 
 namespace cpuinfer::vec {
 
+// Register budget of the common tiles (16 registers: 8 attention rows; 2 * 5 panel accumulators + 2 weights + a broadcast (6 rows made GCC spill, halving the bf16 tile)): query rows per attention
+// tile (attention_tile.h), x rows per linear panel tile (panel_kernel.h).
+constexpr int kAttnRows = 8;
+constexpr int kPanelRows = 5;
+
 constexpr const char *kName = "avx2";
 constexpr int kW = 8;
 struct vf { __m256 v; };

@@ -1,10 +1,12 @@
 """The import direction of CONTRIBUTING.md, enforced: entrypoints -> engine -> worker -> models / model
-loader / attention / ops / sampling -> kernels. No module imports a layer above its own."""
+loader / attention / ops / sampling -> kernels. No module imports a layer above its own. And the
+common kernel sources carry no architecture conditions."""
 
 from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 import cpuinfer
 
@@ -42,3 +44,23 @@ def test_no_layer_imports_a_layer_above_it():
             if target in LAYERS and LAYERS[target] < LAYERS[layer]:
                 upward.append(f"{path.relative_to(ROOT)} imports {name}")
     assert not upward, "imports against the layer direction (see CONTRIBUTING.md):\n" + "\n".join(upward)
+
+
+ARCH_CONDITION = re.compile(r"__x86_64__|__aarch64__|__s390x__|__AVX|__AMX|__ARM_"
+                            r"|CPUINFER_VEC_[A-Z0-9]+\b(?<!HEADER)|CPUINFER_ATTN_(AMX|DPBF16|IMPL)|CPUINFER_SIMDE")
+
+
+def test_common_kernels_have_no_architecture_conditions():
+    """csrc/common is arch-free: fast paths come in through the hooks named in cmake/isa_table.json."""
+    common = pathlib.Path(__file__).resolve().parents[2] / "csrc" / "common"
+    sources = sorted([*common.glob("*.h"), *common.glob("*.cpp")])
+    assert len(sources) > 10, f"found only {len(sources)} kernel sources under {common}"
+    found = []
+    for path in sources:
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            directive = line.strip()
+            if directive.startswith(("#if", "#elif")) and ARCH_CONDITION.search(directive):
+                found.append(f"{path.name}:{n}: {directive}")
+            if directive.startswith("#include") and re.search(r'"\.\./(x86|arm|s390x|apple)/', directive):
+                found.append(f"{path.name}:{n}: {directive}")
+    assert not found, "architecture conditions in csrc/common (use a hook instead):\n" + "\n".join(found)
