@@ -120,6 +120,8 @@ def describe_validation_errors(errors: list[dict]) -> tuple[str, str | None]:
                          and x not in ("constrained-int", "constrained-float")) or None
         if kind == "missing":
             text = f"field '{field}' is required" if field else "a required field is missing"
+        elif kind == "extra_forbidden":
+            text = f"'{field}' is not supported by this server; remove it"
         else:
             text = f"{field}: {msg}" if field else msg
         if text in seen:
