@@ -173,3 +173,17 @@ def test_structured_outputs_params_need_exactly_one_constraint():
         StructuredOutputsParams(regex="a", choice=["a"])
     with pytest.raises(ValueError, match="choice"):
         StructuredOutputsParams(choice=[])
+
+
+def test_an_empty_language_and_min_tokens_or_ignore_eos_with_a_constraint_are_refused(smol_runner, smol_spec,
+                                                                                     grammars):
+    core = make_core(smol_runner, smol_spec, grammars)
+    for sp, param in ((SamplingParams(structured_outputs=StructuredOutputsParams(regex="[^\\s\\S]")),
+                       "structured_outputs.regex"),
+                      (SamplingParams(min_tokens=2, structured_outputs=StructuredOutputsParams(regex="a")),
+                       "min_tokens"),
+                      (SamplingParams(ignore_eos=True, structured_outputs=StructuredOutputsParams(regex="a")),
+                       "ignore_eos")):
+        with pytest.raises(InvalidRequestError) as e:
+            core.add_request(AddRequest("bad", [1, 2, 3], sp))
+        assert e.value.param == param

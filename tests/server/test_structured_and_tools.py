@@ -29,7 +29,8 @@ You can call these functions:
 {%- if m.role == 'tool' %}<|im_start|>user
 <tool_response>{{ m.content }}</tool_response><|im_end|>
 {% elif m.tool_calls %}<|im_start|>assistant
-{% for c in m.tool_calls %}<tool_call>{{ {"name": c.function.name, "arguments": c.function.arguments} | tojson }}</tool_call>
+{% for c in m.tool_calls %}<tool_call>{{ {"name": c.function.name, "arguments": c.function.arguments} | tojson }}
+</tool_call>
 {% endfor %}<|im_end|>
 {% else %}<|im_start|>{{ m.role }}
 {{ m.content }}<|im_end|>

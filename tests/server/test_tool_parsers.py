@@ -17,7 +17,8 @@ LLAMA = TOOL_PARSERS["llama3_json"]()
 QWEN_ONE = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>')
 QWEN_TWO = ('Let me check both.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
             '<tool_call>\n{"name": "get_time", "arguments": {"tz": "Europe/Paris"}}\n</tool_call>')
-LLAMA_TWO = '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo"}}; {"name": "get_time", "parameters": {}}'
+LLAMA_TWO = ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo"}}; '
+             '{"name": "get_time", "parameters": {}}')
 
 
 def calls(parsed):

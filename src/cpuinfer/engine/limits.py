@@ -113,6 +113,11 @@ def validate_request(prompt_token_ids: list[int], params: SamplingParams, limits
                 f"logprob entries; at most {limits.max_retained_logprobs} are allowed (--max-retained-logprobs): "
                 "lower n, max_tokens or logprobs", "logprobs")
     if params.structured_outputs is not None:
+        # The grammar decides where a constrained output ends: past its end only end-of-sequence is allowed.
+        for name, value in (("min_tokens", params.min_tokens), ("ignore_eos", params.ignore_eos)):
+            if value:
+                raise InvalidRequestError(f"{name} cannot be combined with a structured output (JSON schema, regex, "
+                                          "choice, grammar or tool choice): the grammar decides where it ends", name)
         if grammars is None:
             raise InvalidRequestError("structured outputs are not available in this engine", "structured_outputs")
         grammars.compile(params.structured_outputs)

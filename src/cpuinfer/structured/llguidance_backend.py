@@ -58,6 +58,8 @@ class LLGuidanceBackend(GrammarBackend):
         except ValueError as e:
             raise invalid(kind, str(e)) from e
         matcher = M(self.tokenizer, grammar, log_level=0)
+        if not matcher.is_error() and not any(matcher.compute_bitmask()):
+            raise invalid(kind, "no output can match it (no token is allowed at its start)")
         if matcher.is_error():
             raise invalid(kind, matcher.get_error())
         return matcher
