@@ -137,6 +137,14 @@ class EngineArgs:
             positive(name, getattr(self, name))
         if not isinstance(self.max_logprobs, int) or self.max_logprobs < 0:
             raise ValueError(f"--max-logprobs={self.max_logprobs!r} must be an integer >= 0")
+        if self.structured_outputs_backend not in ("llguidance", "xgrammar"):
+            raise ValueError(f"--structured-outputs-backend={self.structured_outputs_backend!r} is not supported; "
+                             "use llguidance or xgrammar")
+        import importlib.util
+
+        if self.structured_outputs_backend == "xgrammar" and importlib.util.find_spec("xgrammar") is None:
+            raise ValueError(f"--structured-outputs-backend {self.structured_outputs_backend} needs "
+                             f"pip install {self.structured_outputs_backend}")
         if not isinstance(self.max_waiting_requests, int) or self.max_waiting_requests < 0:
             raise ValueError(f"--max-waiting-requests={self.max_waiting_requests!r} must be an integer >= 0")
         if not isinstance(self.engine_heartbeat_timeout, (int, float)) or not self.engine_heartbeat_timeout > 0:

@@ -187,3 +187,15 @@ def test_an_empty_language_and_min_tokens_or_ignore_eos_with_a_constraint_are_re
         with pytest.raises(InvalidRequestError) as e:
             core.add_request(AddRequest("bad", [1, 2, 3], sp))
         assert e.value.param == param
+
+
+def test_offline_llm_generate_with_structured_outputs(smol_path):
+    from cpuinfer import LLM
+
+    llm = LLM(smol_path, max_model_len=256, num_gpu_blocks_override=64)
+    sp = SamplingParams(n=3, temperature=1.0, seed=0, max_tokens=96, structured_outputs=StructuredOutputsParams(
+        json=PERSON))
+    for out in llm.generate(["A person as JSON: "], sp)[0].outputs:
+        jsonschema.validate(json.loads(out.text), PERSON)
+    with pytest.raises(ValueError, match="structured-outputs-backend"):
+        LLM(smol_path, max_model_len=256, num_gpu_blocks_override=64, structured_outputs_backend="outlines")

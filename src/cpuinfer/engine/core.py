@@ -19,7 +19,7 @@ from cpuinfer.engine.request import Request
 from cpuinfer.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from cpuinfer.errors import InvalidRequestError, new_error_id
 from cpuinfer.sampling.sampler import Sampler, SampleResult
-from cpuinfer.structured.manager import StructuredOutputManager
+from cpuinfer.structured.manager import MaskJob, StructuredOutputManager
 
 logger = logging.getLogger("cpuinfer.engine")
 
@@ -117,11 +117,16 @@ class EngineCore:
                 raise RuntimeError(f"request {req.request_id!r} ({req.num_tokens} tokens) cannot fit the KV cache "
                                    f"({self.pool.num_blocks} blocks of {self.pool.block_size})")
             return []
+        masks = None
+        if self.grammars is not None and any(r.grammar is not None for r in sched.sampled):
+            masks = self.grammars.start_masks([r.grammar for r in sched.sampled])  # during the forward pass
         try:
             logits = self.runner.execute(sched.seqs)
         except Exception as exc:  # noqa: BLE001 - isolated below: one request's failure is not the engine's
+            if masks is not None:
+                masks.done.exception()  # wait: the states must not be read while the next step runs
             return self._isolate_runner_failure(sched, exc)
-        tokens, lps, failed = self._sample(logits, sched.sampled)
+        tokens, lps, failed = self._sample(logits, sched.sampled, masks)
         if failed:
             sched = _without(sched, {id(req) for req, _ in failed})
         failures = [self._fail(req, exc) for req, exc in failed]
@@ -145,13 +150,14 @@ class EngineCore:
         return outputs + failures
 
     # ---- one request's failure ------------------------------------------------------------------
-    def _sample(self, logits: torch.Tensor, reqs: list[Request]) -> tuple[list[int], list, list]:
+    def _sample(self, logits: torch.Tensor, reqs: list[Request], masks: MaskJob | None = None
+                ) -> tuple[list[int], list, list]:
         """Sample the batch; if that fails, row by row. Returns (tokens, logprobs, [(request, error)])
         with tokens and logprobs of the requests that did not fail, in order."""
         if not reqs:
             return [], [], []
         try:
-            return self._advance_grammars(reqs, self._masked_sample(logits, reqs))
+            return self._advance_grammars(reqs, self._masked_sample(logits, reqs, masks))
         except Exception as exc:  # noqa: BLE001 - narrowed to the failing rows below
             if len(reqs) == 1:
                 return [], [], [(reqs[0], exc)]
@@ -166,10 +172,11 @@ class EngineCore:
             tokens, lps, failed = tokens + t, lps + lp, failed + f
         return tokens, lps, failed
 
-    def _masked_sample(self, logits: torch.Tensor, reqs: list[Request]) -> SampleResult:
+    def _masked_sample(self, logits: torch.Tensor, reqs: list[Request], masks: MaskJob | None = None
+                       ) -> SampleResult:
         """The sampler's pick, after masking (in place) the tokens each constrained row's grammar forbids."""
         if self.grammars is not None and any(r.grammar is not None for r in reqs):
-            self.grammars.mask(logits, [r.grammar for r in reqs])
+            self.grammars.mask(logits, [r.grammar for r in reqs], masks)
         return self.sampler(logits, reqs)
 
     @staticmethod
