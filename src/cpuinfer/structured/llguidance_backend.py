@@ -68,6 +68,9 @@ class LLGuidanceBackend(GrammarBackend):
         return _State(compiled.deep_copy())
 
     def fill_bitmask(self, states: list[GrammarState], bitmask: torch.Tensor) -> None:
-        from llguidance.torch import fill_next_token_bitmask_par
-
-        fill_next_token_bitmask_par(self.executor, [(s.matcher, i) for i, s in enumerate(states)], bitmask)
+        # What llguidance.torch.fill_next_token_bitmask_par does, without importing that module: it applies
+        # torch.compile at import, which loads torch._dynamo (1-2 s, measured: the first request paid it).
+        if bitmask.dtype != torch.int32 or not bitmask.is_contiguous() or bitmask.shape[0] < len(states):
+            raise ValueError("the bitmask must be a contiguous int32 tensor with a row per state")
+        self.executor.unsafe_compute_mask_ptr([(s.matcher, i) for i, s in enumerate(states)], bitmask.data_ptr(),
+                                              bitmask.shape[1] * 4, bitmask.shape[0])
