@@ -199,3 +199,22 @@ def test_offline_llm_generate_with_structured_outputs(smol_path):
         jsonschema.validate(json.loads(out.text), PERSON)
     with pytest.raises(ValueError, match="structured-outputs-backend"):
         LLM(smol_path, max_model_len=256, num_gpu_blocks_override=64, structured_outputs_backend="outlines")
+
+
+@pytest.mark.parametrize("backend", ["llguidance", "xgrammar"])
+def test_each_backend_allows_a_valid_output_token_by_token_and_then_only_the_end(smol_spec, backend):
+    pytest.importorskip(backend)
+    import torch
+
+    m = StructuredOutputManager(backend, smol_spec.tokenizer, smol_spec.vocab_size, smol_spec.eos_token_ids)
+    state = m.new_state(StructuredOutputsParams(json=PERSON))
+    text = json.dumps({"name": "Zoë", "age": 30, "pets": ["cat", "fish"]}, ensure_ascii=False)
+    for tok in smol_spec.tokenizer.encode(text, add_special_tokens=False).ids:
+        logits = torch.zeros(1, smol_spec.vocab_size)
+        m.mask(logits, [state])
+        assert logits[0, tok] == 0, smol_spec.tokenizer.decode([tok])
+        assert state.accept(tok)
+    logits = torch.zeros(1, smol_spec.vocab_size)
+    m.mask(logits, [state])
+    assert set((logits[0] == 0).nonzero().flatten().tolist()) <= set(smol_spec.eos_token_ids)
+    assert state.is_terminated()

@@ -1,10 +1,11 @@
 """The grammar backend interface, the constraint -> cache key rule, and the choice between backends.
 
-Chosen by measurement on CPU (benchmarks/bench_structured.py; numbers in the commit that added it):
-llguidance is the default. It computes masks lazily (no per-schema precompile: a new schema costs
-milliseconds, not the hundreds of milliseconds xgrammar spends on its adaptive token cache), fills a batch's
-masks in one call on its own threads with the GIL released, and depends on nothing (xgrammar pulls in
-transformers and triton). xgrammar stays available as `--structured-outputs-backend xgrammar`.
+Chosen by measurement on CPU (SmolLM2's 49k vocabulary, a nested schema with enums, bounds and a pattern, 2
+shared cores): llguidance compiles a new schema in 2.5 ms (xgrammar: 138 ms, it precomputes a token cache per
+grammar), a cached one in 0.12 ms (0.43), and fills masks in 0.09 ms per token at batch 1 (0.59) and 0.55 ms
+for a batch of 32 (1.50), in one call on its own threads with the GIL released. It also depends on nothing
+(xgrammar pulls in transformers and triton). So llguidance is the default; xgrammar stays available as
+`--structured-outputs-backend xgrammar` (pip install xgrammar).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ class _State(GrammarState):
         return self.matcher.accept_token(token_id)
 
     def is_terminated(self) -> bool:
-        return self.matcher.is_terminated()
+        return self.matcher.is_completed() or self.matcher.is_terminated()
 
 
 class XGrammarBackend(GrammarBackend):
