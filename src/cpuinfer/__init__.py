@@ -40,12 +40,13 @@ _C = _selection.module
 
 if TYPE_CHECKING:
     from .entrypoints.llm import LLM
-    from .sampling_params import SamplingParams
+    from .sampling_params import SamplingParams, StructuredOutputsParams
 
 # The engine is imported on first use so that `import cpuinfer` stays cheap.
 _LAZY = {
     "LLM": ("cpuinfer.entrypoints.llm", "LLM"),
     "SamplingParams": ("cpuinfer.sampling_params", "SamplingParams"),
+    "StructuredOutputsParams": ("cpuinfer.sampling_params", "StructuredOutputsParams"),
 }
 
 
@@ -67,4 +68,4 @@ def info() -> dict[str, Any]:
     return collect(_selection)
 
 
-__all__ = ["LLM", "SamplingParams", "IsaError", "EnvError", "info", "__version__"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "IsaError", "EnvError", "info", "__version__"]

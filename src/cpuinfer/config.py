@@ -67,6 +67,7 @@ class EngineArgs:
     max_waiting_requests: int = 1024
     engine_heartbeat_timeout: float = 30.0
     num_gpu_blocks_override: int | None = None  # vLLM's name; here: KV blocks instead of the GiB budget
+    structured_outputs_backend: str = "llguidance"  # cpuinfer.structured.backend.BACKENDS
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @staticmethod
@@ -94,6 +95,9 @@ class EngineArgs:
         g.add_argument("--long-prefill-token-threshold", type=int, default=0,
                        help="Cap on one request's prefill chunk per step (0 = none).")
         g.add_argument("--max-logprobs", type=int, default=20, help="Most logprobs a request may ask for.")
+        g.add_argument("--structured-outputs-backend", default="llguidance", choices=["llguidance", "xgrammar"],
+                       help="Grammar backend of JSON-schema / regex / choice / grammar outputs (xgrammar needs "
+                            "pip install xgrammar).")
         g = parser.add_argument_group("request limits (a request over one gets a clear error, nothing starts)")
         g.add_argument("--max-stop-strings", type=int, default=64, help="Most stop strings per request.")
         g.add_argument("--max-stop-string-length", type=int, default=1024,
@@ -133,6 +137,14 @@ class EngineArgs:
             positive(name, getattr(self, name))
         if not isinstance(self.max_logprobs, int) or self.max_logprobs < 0:
             raise ValueError(f"--max-logprobs={self.max_logprobs!r} must be an integer >= 0")
+        if self.structured_outputs_backend not in ("llguidance", "xgrammar"):
+            raise ValueError(f"--structured-outputs-backend={self.structured_outputs_backend!r} is not supported; "
+                             "use llguidance or xgrammar")
+        import importlib.util
+
+        if self.structured_outputs_backend == "xgrammar" and importlib.util.find_spec("xgrammar") is None:
+            raise ValueError(f"--structured-outputs-backend {self.structured_outputs_backend} needs "
+                             f"pip install {self.structured_outputs_backend}")
         if not isinstance(self.max_waiting_requests, int) or self.max_waiting_requests < 0:
             raise ValueError(f"--max-waiting-requests={self.max_waiting_requests!r} must be an integer >= 0")
         if not isinstance(self.engine_heartbeat_timeout, (int, float)) or not self.engine_heartbeat_timeout > 0:

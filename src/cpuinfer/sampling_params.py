@@ -25,6 +25,45 @@ INT32_MAX = 2**31 - 1  # token ids, token counts, top_k, logprobs
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # seed: what torch.Generator.manual_seed takes
 
 
+@dataclass
+class StructuredOutputsParams:
+    """Constrain a request's output (vLLM's fields): exactly one of json, regex, choice, grammar, json_object.
+
+    Only the shape is checked here; whether a schema, regex or grammar compiles is the engine's request
+    validation's (cpuinfer.engine.limits), which refuses it before any work starts.
+    """
+
+    json: str | dict | None = None  # a JSON schema (text or object)
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None  # EBNF (GBNF) or Lark, as the backend reads it
+    json_object: bool | None = None  # any JSON object
+
+    def __post_init__(self) -> None:
+        given = [name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None]
+        given += ["json_object"] if self.json_object else []
+        if len(given) != 1:
+            raise ValueError("StructuredOutputsParams needs exactly one of json, regex, choice, grammar, "
+                             f"json_object; got {', '.join(given) or 'none'}")
+        if self.json is not None and not isinstance(self.json, (str, dict)):
+            raise ValueError("StructuredOutputsParams.json must be a JSON schema (a str or a dict)")
+        for name in ("regex", "grammar"):
+            v = getattr(self, name)
+            if v is not None and not isinstance(v, str):
+                raise ValueError(f"StructuredOutputsParams.{name} must be a str")
+        if self.choice is not None:
+            if (not isinstance(self.choice, (list, tuple)) or not self.choice
+                    or not all(isinstance(c, str) for c in self.choice)):
+                raise ValueError("StructuredOutputsParams.choice must be a non-empty list of strings")
+            self.choice = list(self.choice)
+
+    @property
+    def kind(self) -> str:
+        """Which constraint this is: json, regex, choice, grammar or json_object."""
+        return next(n for n in ("json", "regex", "choice", "grammar") if getattr(self, n) is not None) \
+            if not self.json_object else "json_object"
+
+
 class RequestOutputKind(enum.Enum):
     """What each streamed RequestOutput holds (as in vLLM)."""
 
@@ -58,6 +97,7 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    structured_outputs: StructuredOutputsParams | None = None
     # Filled by the engine: the model's end-of-sequence ids (stop unless ignore_eos).
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
 
@@ -122,6 +162,8 @@ class SamplingParams:
             raise bad("stop", "must be non-empty strings")
         if any(not is_int(t) or not 0 <= t <= INT32_MAX for t in self.stop_token_ids):
             raise bad("stop_token_ids", f"must be token ids in [0, {INT32_MAX}]")
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise bad("structured_outputs", "must be a StructuredOutputsParams or None")
         if not isinstance(self.output_kind, RequestOutputKind):
             raise bad("output_kind", "must be a RequestOutputKind")
 

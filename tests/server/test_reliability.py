@@ -152,8 +152,8 @@ def test_every_route_but_the_probes_needs_the_key(server, method, path):
     r = httpx.request(method, server.url + path, json={"prompt": "hi"}, timeout=10)
     assert r.status_code == 401, (path, r.status_code)
     assert "API key" in r.json()["error"]["message"]
-    r = httpx.request(method, server.url + path, json={"prompt": "hi", "tokens": [1]}, headers=server.headers(),
-                      timeout=10)
+    body = {"tokens": [1]} if path == "/detokenize" else {"prompt": "hi"}  # an unknown field would be a 400
+    r = httpx.request(method, server.url + path, json=body, headers=server.headers(), timeout=10)
     assert r.status_code == 200, (path, r.status_code, r.text[:300])
 
 

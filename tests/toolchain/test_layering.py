@@ -11,7 +11,8 @@ import re
 import cpuinfer
 
 LAYERS = {"cli": 0, "entrypoints": 0, "engine": 1, "worker": 2, "quantization": 3,
-          "models": 3, "model_loader": 3, "attention": 3, "ops": 3, "sampling": 3}
+          "models": 3, "model_loader": 3, "attention": 3, "ops": 3, "sampling": 3,
+          "structured": 3}
 ROOT = pathlib.Path(cpuinfer.__file__).parent
 
 

@@ -18,7 +18,7 @@ def run(args: argparse.Namespace) -> int:
     """Start the engine process and serve HTTP until SIGINT/SIGTERM."""
     from cpuinfer import envs
     from cpuinfer.entrypoints.openai.api_server import ServerConfig, ServerState, run_server
-    from cpuinfer.entrypoints.openai.cli_args import resolve_model, served_names
+    from cpuinfer.entrypoints.openai.cli_args import read_chat_template, resolve_model, served_names, tool_call_parser
     from cpuinfer.entrypoints.openai.engine_binding import make_engine_starter
 
     logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
@@ -31,7 +31,8 @@ def run(args: argparse.Namespace) -> int:
     config = ServerConfig(served_model_names=served_names(args), api_key=api_key,
                           open_routes=tuple(args.allow_unauthenticated_routes),
                           max_body_bytes=args.max_request_body_bytes, log_requests=not args.disable_log_requests,
-                          log_stats_interval=0.0 if args.disable_log_stats else args.log_stats_interval)
+                          log_stats_interval=0.0 if args.disable_log_stats else args.log_stats_interval,
+                          tool_call_parser=tool_call_parser(args), chat_template=read_chat_template(args))
     state = ServerState(config)
     log = logging.getLogger("cpuinfer.server")
     log.info("cpuinfer serve: pid %d, http://%s:%d (model %s)", os.getpid(), args.host, args.port,

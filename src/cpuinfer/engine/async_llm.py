@@ -59,6 +59,7 @@ from cpuinfer.engine.output_processor import OutputProcessor
 from cpuinfer.errors import EngineDeadError, EngineOverloadedError, InvalidRequestError, RequestFailedError
 from cpuinfer.outputs import RequestOutput
 from cpuinfer.sampling_params import SamplingParams
+from cpuinfer.structured.manager import StructuredOutputManager
 
 logger = logging.getLogger("cpuinfer.engine")
 
@@ -118,6 +119,10 @@ class AsyncLLM:
         self.tokenizer = self.config.spec.tokenizer
         self.max_model_len = self.config.max_model_len
         self.limits = RequestLimits.from_config(self.config)
+        spec = self.config.spec
+        # Compiles each new constraint once here too, so a bad schema is a 400 before the request is sent on.
+        self.grammars = StructuredOutputManager(args.structured_outputs_backend, spec.tokenizer, spec.vocab_size,
+                                                spec.eos_token_ids)
         self.model_name = args.model or os.path.basename(self.config.model)
         self.max_queued_seqs = self.config.max_num_seqs + args.max_waiting_requests
         self.heartbeat_timeout = float(args.engine_heartbeat_timeout)
@@ -159,7 +164,7 @@ class AsyncLLM:
         self._loop = asyncio.get_running_loop()  # where outputs are delivered (the caller's loop)
         if request_id in self._streams:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
-        validate_request(prompt_token_ids, sampling_params, self.limits)
+        validate_request(prompt_token_ids, sampling_params, self.limits, self.grammars)
         queued = self.num_unfinished_seqs()
         if queued + sampling_params.n > self.max_queued_seqs:
             raise EngineOverloadedError(f"The server is at capacity: {queued} sequences are running or waiting "

@@ -18,7 +18,8 @@ from cpuinfer.engine.messages import AddRequest, EngineStats, SeqOutput
 from cpuinfer.engine.request import Request
 from cpuinfer.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from cpuinfer.errors import InvalidRequestError, new_error_id
-from cpuinfer.sampling.sampler import Sampler
+from cpuinfer.sampling.sampler import Sampler, SampleResult
+from cpuinfer.structured.manager import MaskJob, StructuredOutputManager
 
 logger = logging.getLogger("cpuinfer.engine")
 
@@ -32,12 +33,18 @@ class EngineBrokenError(RuntimeError):
     """The engine cannot run any request; the core process must exit."""
 
 
+class GrammarRejectedError(RuntimeError):
+    """A constrained sequence sampled a token its grammar does not allow (the mask should make that impossible)."""
+
+
 class EngineCore:
     """Owns the live sequences; `step()` runs one batch through the model and samples."""
 
     def __init__(self, runner, scheduler_config: SchedulerConfig, num_blocks: int, block_size: int,
-                 enable_prefix_caching: bool, eos_token_ids: list[int], limits: RequestLimits, seed: int | None = 0):
+                 enable_prefix_caching: bool, eos_token_ids: list[int], limits: RequestLimits, seed: int | None = 0,
+                 grammars: StructuredOutputManager | None = None):
         self.runner = runner
+        self.grammars = grammars
         self.pool = BlockPool(num_blocks, block_size, enable_prefix_caching)
         self.scheduler = Scheduler(scheduler_config, self.pool)
         self.sampler = Sampler(seed)
@@ -60,8 +67,10 @@ class EngineCore:
         runner = ModelRunner(spec, config.block_size, config.num_blocks, config.cache_dtype)
         sched = SchedulerConfig(config.max_num_batched_tokens, config.max_num_seqs, config.max_model_len,
                                 config.args.long_prefill_token_threshold)
+        grammars = StructuredOutputManager(config.args.structured_outputs_backend, spec.tokenizer, spec.vocab_size,
+                                           spec.eos_token_ids)
         return cls(runner, sched, config.num_blocks, config.block_size, config.args.enable_prefix_caching,
-                   spec.eos_token_ids, RequestLimits.from_config(config), config.args.seed)
+                   spec.eos_token_ids, RequestLimits.from_config(config), config.args.seed, grammars)
 
     @property
     def max_model_len(self) -> int:
@@ -74,11 +83,14 @@ class EngineCore:
         taken = next((i for i in ids if i in self.requests), None)
         if taken is not None:
             raise InvalidRequestError(f"request id {taken!r} is already running")
-        max_tokens = validate_request(msg.prompt_token_ids, msg.params, self.limits)
+        max_tokens = validate_request(msg.prompt_token_ids, msg.params, self.limits, self.grammars)
         prompt = list(msg.prompt_token_ids)
+        constraint = msg.params.structured_outputs
         for index, rid in enumerate(ids):
             params = msg.params if len(ids) == 1 else msg.params.for_sample(index)
             req = Request(rid, prompt, params, self._arrivals, max_tokens, self.eos_token_ids)
+            if constraint is not None:
+                req.grammar = self.grammars.new_state(constraint)  # each sample walks the grammar on its own
             self._arrivals += 1
             self.requests[rid] = req
             self.scheduler.add(req)
@@ -105,11 +117,16 @@ class EngineCore:
                 raise RuntimeError(f"request {req.request_id!r} ({req.num_tokens} tokens) cannot fit the KV cache "
                                    f"({self.pool.num_blocks} blocks of {self.pool.block_size})")
             return []
+        masks = None
+        if self.grammars is not None and any(r.grammar is not None for r in sched.sampled):
+            masks = self.grammars.start_masks([r.grammar for r in sched.sampled])  # during the forward pass
         try:
             logits = self.runner.execute(sched.seqs)
         except Exception as exc:  # noqa: BLE001 - isolated below: one request's failure is not the engine's
+            if masks is not None:
+                masks.done.exception()  # wait: the states must not be read while the next step runs
             return self._isolate_runner_failure(sched, exc)
-        tokens, lps, failed = self._sample(logits, sched.sampled)
+        tokens, lps, failed = self._sample(logits, sched.sampled, masks)
         if failed:
             sched = _without(sched, {id(req) for req, _ in failed})
         failures = [self._fail(req, exc) for req, exc in failed]
@@ -133,26 +150,45 @@ class EngineCore:
         return outputs + failures
 
     # ---- one request's failure ------------------------------------------------------------------
-    def _sample(self, logits: torch.Tensor, reqs: list[Request]) -> tuple[list[int], list, list]:
+    def _sample(self, logits: torch.Tensor, reqs: list[Request], masks: MaskJob | None = None
+                ) -> tuple[list[int], list, list]:
         """Sample the batch; if that fails, row by row. Returns (tokens, logprobs, [(request, error)])
         with tokens and logprobs of the requests that did not fail, in order."""
         if not reqs:
             return [], [], []
         try:
-            result = self.sampler(logits, reqs)
-            return result.token_ids, result.logprobs, []
+            return self._advance_grammars(reqs, self._masked_sample(logits, reqs, masks))
         except Exception as exc:  # noqa: BLE001 - narrowed to the failing rows below
             if len(reqs) == 1:
                 return [], [], [(reqs[0], exc)]
         tokens, lps, failed = [], [], []
         for i, req in enumerate(reqs):
             try:
-                result = self.sampler(logits[i:i + 1], [req])
+                result = self._masked_sample(logits[i:i + 1], [req])
             except Exception as exc:  # noqa: BLE001 - this request fails, the others go on
                 failed.append((req, exc))
                 continue
-            tokens += result.token_ids
-            lps += result.logprobs
+            t, lp, f = self._advance_grammars([req], result)
+            tokens, lps, failed = tokens + t, lps + lp, failed + f
+        return tokens, lps, failed
+
+    def _masked_sample(self, logits: torch.Tensor, reqs: list[Request], masks: MaskJob | None = None
+                       ) -> SampleResult:
+        """The sampler's pick, after masking (in place) the tokens each constrained row's grammar forbids."""
+        if self.grammars is not None and any(r.grammar is not None for r in reqs):
+            self.grammars.mask(logits, [r.grammar for r in reqs], masks)
+        return self.sampler(logits, reqs)
+
+    @staticmethod
+    def _advance_grammars(reqs: list[Request], result: SampleResult) -> tuple[list[int], list, list]:
+        """Feed each sampled token to its sequence's grammar; a sequence whose grammar refuses it fails alone."""
+        tokens, lps, failed = [], [], []
+        for req, tok, lp in zip(reqs, result.token_ids, result.logprobs, strict=True):
+            if req.grammar is not None and not req.grammar.accept(tok):
+                failed.append((req, GrammarRejectedError(f"token {tok} is not allowed by the request's grammar")))
+                continue
+            tokens.append(tok)
+            lps.append(lp)
         return tokens, lps, failed
 
     def _isolate_runner_failure(self, sched: SchedulerOutput, exc: Exception) -> list[SeqOutput]:

@@ -14,9 +14,13 @@ and retained logprobs are `n x max_tokens x (logprobs + 1)` Python objects.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from cpuinfer.errors import InvalidRequestError
 from cpuinfer.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from cpuinfer.structured.manager import StructuredOutputManager
 
 
 @dataclass(frozen=True)
@@ -51,8 +55,13 @@ def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
                                   f"vocabulary has {vocab_size} tokens (valid ids are 0..{vocab_size - 1})", param)
 
 
-def validate_request(prompt_token_ids: list[int], params: SamplingParams, limits: RequestLimits) -> int:
-    """Check one request (all its n samples) before any work; returns its resolved max_tokens."""
+def validate_request(prompt_token_ids: list[int], params: SamplingParams, limits: RequestLimits,
+                     grammars: StructuredOutputManager | None = None) -> int:
+    """Check one request (all its n samples) before any work; returns its resolved max_tokens.
+
+    A structured-output constraint is compiled by `grammars` (cached, so the engine core's own compile of the
+    same text is a lookup): a schema, regex or grammar that does not compile is refused here, naming it.
+    """
     if not isinstance(params, SamplingParams):
         raise InvalidRequestError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
     ctx = limits.max_model_len
@@ -103,4 +112,13 @@ def validate_request(prompt_token_ids: list[int], params: SamplingParams, limits
                 f"n={params.n} x max_tokens={max_tokens} x (logprobs={params.logprobs} + 1) would keep {retained} "
                 f"logprob entries; at most {limits.max_retained_logprobs} are allowed (--max-retained-logprobs): "
                 "lower n, max_tokens or logprobs", "logprobs")
+    if params.structured_outputs is not None:
+        # The grammar decides where a constrained output ends: past its end only end-of-sequence is allowed.
+        for name, value in (("min_tokens", params.min_tokens), ("ignore_eos", params.ignore_eos)):
+            if value:
+                raise InvalidRequestError(f"{name} cannot be combined with a structured output (JSON schema, regex, "
+                                          "choice, grammar or tool choice): the grammar decides where it ends", name)
+        if grammars is None:
+            raise InvalidRequestError("structured outputs are not available in this engine", "structured_outputs")
+        grammars.compile(params.structured_outputs)
     return max_tokens

@@ -60,7 +60,7 @@ class LLMEngine:
     def validate(self, prompt: Prompt, params: SamplingParams) -> tuple[str | None, list[int]]:
         """Tokenize and check a request against the limits; raises InvalidRequestError before any work."""
         text, ids = tokenize_prompt(self.tokenizer, prompt)
-        validate_request(ids, params, self.core.limits)
+        validate_request(ids, params, self.core.limits, self.core.grammars)
         return text, ids
 
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams) -> None:

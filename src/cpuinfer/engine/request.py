@@ -9,6 +9,7 @@ import torch
 
 from cpuinfer.engine.block_pool import block_hash
 from cpuinfer.sampling_params import SamplingParams
+from cpuinfer.structured.backend import GrammarState
 
 
 class Status(enum.Enum):
@@ -43,6 +44,8 @@ class Request:
     generator: torch.Generator | None = None
     # Stop tokens masked until min_tokens are out (eos unless ignore_eos, plus stop_token_ids).
     stop_ids: tuple[int, ...] = ()
+    # Where a structured-output request is in its grammar (advanced by every sampled token); None: unconstrained.
+    grammar: GrammarState | None = None
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:

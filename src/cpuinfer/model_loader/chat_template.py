@@ -27,6 +27,7 @@ def _compile(template: str):
 
 def render_chat_template(template: str, messages: list[dict], *, add_generation_prompt: bool = True,
                          bos_token: str | None = None, eos_token: str | None = None, **kwargs) -> str:
-    """The prompt text for messages under template (special tokens appear as text; encode it without adding BOS)."""
-    return _compile(template).render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                     bos_token=bos_token or "", eos_token=eos_token or "", **kwargs)
+    """The prompt text for messages under template (special tokens appear as text; encode it without adding BOS).
+    Extra keyword arguments (`tools`, `documents`, a template's own switches) become template variables."""
+    variables = {**kwargs, "bos_token": bos_token or "", "eos_token": eos_token or ""}
+    return _compile(template).render(messages=messages, add_generation_prompt=add_generation_prompt, **variables)

@@ -53,31 +53,40 @@ class ModelSpec:
     eos_token: str | None = None
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            continue_final_message: bool = False) -> str:
+                            continue_final_message: bool = False, tools: list[dict] | None = None,
+                            chat_template: str | None = None, **template_kwargs) -> str:
         """Render messages with the model's chat template (encode the result without adding BOS again).
 
+        As transformers' apply_chat_template: `tools` (OpenAI-style function definitions) and any extra variables
+        reach the template; messages may carry `tool_calls` (assistant) and `tool_call_id` (role "tool").
+        `chat_template` replaces the model's own.
         continue_final_message: the conversation is rendered whole, then cut after the final (partial)
         assistant message, so the model continues it instead of starting a new turn (as transformers does).
         """
-        if not self.chat_template:
+        template = chat_template or self.chat_template
+        if not template:
             raise ValueError(f"{self.path} has no chat template; pass a plain prompt instead of chat messages")
+        kwargs = dict(template_kwargs, bos_token=self.bos_token, eos_token=self.eos_token)
+        if tools is not None:
+            kwargs["tools"] = tools
         if not continue_final_message:
-            return render_chat_template(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
-                                        bos_token=self.bos_token, eos_token=self.eos_token)
-        text = render_chat_template(self.chat_template, messages, add_generation_prompt=False,
-                                    bos_token=self.bos_token, eos_token=self.eos_token)
+            return render_chat_template(template, messages, add_generation_prompt=add_generation_prompt, **kwargs)
+        text = render_chat_template(template, messages, add_generation_prompt=False, **kwargs)
         final = messages[-1]["content"]
         cut = text.rfind(final) if final else -1
         return text[: cut + len(final)] if cut >= 0 else text
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True,
-                    continue_final_message: bool = False, add_special_tokens: bool = False) -> tuple[str, list[int]]:
+                    continue_final_message: bool = False, add_special_tokens: bool = False,
+                    tools: list[dict] | None = None, chat_template: str | None = None,
+                    **template_kwargs) -> tuple[str, list[int]]:
         """(prompt text, token ids) of a conversation: the one helper that applies the chat template and encodes.
 
         The template writes the special tokens as text, so BOS is not added again by default. encode_batch,
         unlike encode, releases the GIL: a long conversation can be encoded on a worker thread.
         """
-        text = self.apply_chat_template(messages, add_generation_prompt, continue_final_message)
+        text = self.apply_chat_template(messages, add_generation_prompt, continue_final_message, tools,
+                                        chat_template, **template_kwargs)
         return text, list(self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids)
 
     def kv_bytes_per_token(self, cache_dtype: torch.dtype) -> int:

@@ -69,6 +69,8 @@ class ServerConfig:
     max_body_bytes: int = 8 * 1024 * 1024
     log_requests: bool = True
     log_stats_interval: float = 10.0  # seconds; 0 disables the periodic stats line
+    tool_call_parser: str | None = None  # set by --enable-auto-tool-choice --tool-call-parser: tool_choice "auto"
+    chat_template: str | None = None  # --chat-template: replaces the model's
 
 
 @dataclass
@@ -261,7 +263,8 @@ async def _load(state: ServerState, start_engine: Callable[[], Awaitable[EngineA
     state.engine = engine
     names = state.config.served_model_names
     state.metrics = ServerMetrics(names[0], lambda: state.last_stats)
-    state.serving = OpenAIServing(engine, names, state.metrics, state.config.log_requests)
+    state.serving = OpenAIServing(engine, names, state.metrics, state.config.log_requests,
+                                  state.config.tool_call_parser, state.config.chat_template)
     state.background.append(asyncio.create_task(_watch_engine(state)))
     logger.info("engine ready in %.1fs: serving %s (max_model_len=%d)", time.monotonic() - t0, ", ".join(names),
                 engine.max_model_len)

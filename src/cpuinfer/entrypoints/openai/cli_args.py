@@ -4,6 +4,9 @@ plus the HTTP front end's, spelled as vLLM spells them."""
 from __future__ import annotations
 
 import argparse
+import os
+
+from cpuinfer.entrypoints.openai.tool_parsers import TOOL_PARSERS
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,6 +38,13 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--disable-log-requests", action="store_true", help="no per-request log line")
     g.add_argument("--disable-log-stats", action="store_true", help="no periodic throughput log line")
     g.add_argument("--log-stats-interval", type=float, default=10.0, help="seconds between throughput lines")
+    g.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help='let the model decide when to call tools (tool_choice "auto"); needs --tool-call-parser')
+    g.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_PARSERS),
+                   help="how tool calls are found in the model's replies: hermes (<tool_call>{json}</tool_call>: "
+                        "Qwen 2.5/3, Hermes, SmolLM3) or llama3_json (Llama 3.x)")
+    g.add_argument("--chat-template", default=None,
+                   help="a Jinja chat template (file path or the template itself) used instead of the model's")
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"],
                    help="log level of the server and uvicorn")
 
@@ -55,6 +65,23 @@ def served_names(args: argparse.Namespace) -> list[str]:
     if args.model:
         return [args.model]
     return ["SmolLM2-135M-Instruct"]
+
+
+def tool_call_parser(args: argparse.Namespace) -> str | None:
+    """The parser for tool_choice "auto", or None when auto tool choice is off (as vLLM: both flags, or neither)."""
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        raise SystemExit("cpuinfer serve: --enable-auto-tool-choice needs --tool-call-parser "
+                         f"({', '.join(sorted(TOOL_PARSERS))})")
+    return args.tool_call_parser if args.enable_auto_tool_choice else None
+
+
+def read_chat_template(args: argparse.Namespace) -> str | None:
+    """--chat-template: a file's text, or the argument itself when it is no file."""
+    value = args.chat_template
+    if value and os.path.isfile(value):
+        with open(value, encoding="utf-8") as f:
+            return f.read()
+    return value
 
 
 def _positive_int(value: str) -> int:

@@ -116,10 +116,14 @@ def describe_validation_errors(errors: list[dict]) -> tuple[str, str | None]:
             params.append(None)
             continue
         # Union members each report; keep the field path without the union branch tags.
+        # A union of models (the /tokenize body) tags the path with the model's name: CamelCase, unlike fields.
         field = ".".join(x for x in loc if not x.startswith(("function-", "list[", "str", "int", "float"))
-                         and x not in ("constrained-int", "constrained-float")) or None
+                         and x not in ("constrained-int", "constrained-float")
+                         and not (x[:1].isupper() and x.isalnum())) or None
         if kind == "missing":
             text = f"field '{field}' is required" if field else "a required field is missing"
+        elif kind == "extra_forbidden":
+            text = f"'{field}' is not supported by this server; remove it"
         else:
             text = f"{field}: {msg}" if field else msg
         if text in seen:

@@ -1,13 +1,14 @@
 """Request and response bodies of the OpenAI API as vLLM serves it (pydantic).
 
 Field names, defaults and limits follow OpenAI's API plus vLLM's sampling
-extras, so clients written for either work unchanged. Unknown fields are
-accepted and ignored, as vLLM does. Bounds that depend on the loaded model
+extras, so clients written for either work unchanged. A field this server does
+not implement is refused with a 400 naming it (never silently ignored). Bounds that depend on the loaded model
 (context length, vocabulary) are checked later, in the serving layer.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Annotated, Any, Literal
@@ -36,9 +37,41 @@ def random_id(prefix: str) -> str:
 
 
 class OpenAIModel(BaseModel):
-    """Base of request bodies: extra fields are ignored, like vLLM."""
+    """Base of request bodies: a field we do not implement is an error naming it, not silently dropped."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class StructuredOutputsField(OpenAIModel):
+    """vLLM's `structured_outputs`: exactly one of json, regex, choice, grammar, json_object."""
+
+    json_: str | dict | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+
+class JsonSchemaFormat(OpenAIModel):
+    """`response_format.json_schema`: a named schema (strict or not: the output always follows it)."""
+
+    name: str
+    description: str | None = None
+    schema_: dict | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(OpenAIModel):
+    """`response_format`: text, any JSON object, or JSON following a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _check_schema(self):
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format of type json_schema needs a json_schema object")
+        return self
 
 
 class StreamOptions(OpenAIModel):
@@ -73,6 +106,13 @@ class SamplingFields(OpenAIModel):
     stream_options: StreamOptions | None = None
     user: str | None = None
     logit_bias: dict[str, float] | None = None
+    # Constrained output: OpenAI's response_format, vLLM's structured_outputs and its older guided_* fields.
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsField | None = None
+    guided_json: str | dict | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     @model_validator(mode="after")
     def _check_cross_fields(self):
@@ -118,12 +158,76 @@ class TextContentPart(OpenAIModel):
     text: str
 
 
+class ToolCallFunction(OpenAIModel):
+    """The function a tool call names and its arguments (a JSON text)."""
+
+    name: str
+    arguments: str
+
+
+class ToolCall(OpenAIModel):
+    """One tool call of an assistant message."""
+
+    id: str = Field(default_factory=lambda: random_id("chatcmpl-tool"))
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class FunctionDefinition(OpenAIModel):
+    """A function the model may call: its name, description and JSON-schema parameters."""
+
+    name: Annotated[str, Field(pattern=r"^[a-zA-Z0-9_.-]{1,64}$")]
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
+class ChatTool(OpenAIModel):
+    """An entry of `tools`."""
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(OpenAIModel):
+    """The function a named tool_choice forces."""
+
+    name: str
+
+
+class NamedToolChoice(OpenAIModel):
+    """`tool_choice: {"type": "function", "function": {"name": ...}}`."""
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatMessage(OpenAIModel):
     """One message of a conversation."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
+    # Fields of a response message that clients echo back as they got them; only empty values carry nothing.
+    refusal: None = None
+    function_call: None = None
+    audio: None = None
+    annotations: Annotated[list, Field(max_length=0)] | None = None
+
+    def template_dict(self) -> dict:
+        """The message as chat templates read it (transformers' shape: tool_calls arguments as objects)."""
+        d: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.name is not None:
+            d["name"] = self.name
+        if self.tool_calls:
+            d["tool_calls"] = [{"id": c.id, "type": "function",
+                                "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
+                               for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            d["tool_call_id"] = self.tool_call_id
+        return d
 
     def text(self) -> str:
         """The content as one string (text parts joined)."""
@@ -134,12 +238,6 @@ class ChatMessage(OpenAIModel):
         return "".join(part.text for part in self.content)
 
 
-class ResponseFormat(OpenAIModel):
-    """`response_format`: only plain text is supported."""
-
-    type: Literal["text", "json_object", "json_schema"]
-
-
 class ChatCompletionRequest(SamplingFields):
     """POST /v1/chat/completions."""
 
@@ -147,17 +245,19 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = None
     logprobs: bool | None = False
     top_logprobs: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = None  # at most --max-logprobs
-    response_format: ResponseFormat | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     add_special_tokens: bool = False
+    tools: list[ChatTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = True
+    chat_template: str | None = None  # vLLM's: a Jinja template used instead of the model's
+    chat_template_kwargs: dict[str, Any] | None = None  # extra variables for the template (vLLM's)
 
     @model_validator(mode="after")
     def _check_chat(self):
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs to be true")
-        if self.response_format is not None and self.response_format.type != "text":
-            raise ValueError(f"response_format type {self.response_format.type!r} is not supported; use 'text'")
         if self.continue_final_message and self.add_generation_prompt:
             raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
         if self.continue_final_message and self.messages[-1].role != "assistant":
@@ -167,6 +267,14 @@ class ChatCompletionRequest(SamplingFields):
     def output_limit(self) -> int | None:
         """max_completion_tokens (OpenAI's newer name) wins over max_tokens."""
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+def _arguments(text: str) -> Any:
+    """Tool-call arguments as an object for the template (as transformers passes them), or the text if not JSON."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 class TokenizeCompletionRequest(OpenAIModel):
@@ -273,6 +381,23 @@ class ChatResponseMessage(BaseModel):
 
     role: str = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+
+
+class DeltaFunctionCall(BaseModel):
+    """The new part of a streamed tool call's function: its name once, then pieces of its arguments."""
+
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(BaseModel):
+    """A streamed piece of one tool call (id, type and name come with its first piece)."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall
 
 
 class ChatChoice(BaseModel):
@@ -301,6 +426,7 @@ class DeltaMessage(BaseModel):
 
     role: str | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatStreamChoice(BaseModel):

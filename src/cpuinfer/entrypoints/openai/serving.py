@@ -30,6 +30,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.responses import StreamingResponse
 
+from cpuinfer.entrypoints.openai.constraints import engine_param, request_constraint
 from cpuinfer.entrypoints.openai.engine_adapter import ChoiceDelta, EngineAdapter, TokenLogprob
 from cpuinfer.entrypoints.openai.errors import APIError, to_api_error
 from cpuinfer.entrypoints.openai.metrics import RequestTimer, ServerMetrics
@@ -60,7 +61,9 @@ from cpuinfer.entrypoints.openai.protocol import (
     dump,
     random_id,
 )
-from cpuinfer.sampling_params import RequestOutputKind, SamplingParams
+from cpuinfer.entrypoints.openai.tool_calls import ToolCallStream, tool_constraint, tool_parser_for
+from cpuinfer.entrypoints.openai.tool_parsers import ToolParser
+from cpuinfer.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
 logger = logging.getLogger("cpuinfer.server")
 
@@ -253,10 +256,12 @@ class _CompletionFormat(_Format):
 
 
 class _ChatFormat(_Format):
-    def __init__(self, serving: OpenAIServing, job: Job, req: ChatCompletionRequest):
+    def __init__(self, serving: OpenAIServing, job: Job, req: ChatCompletionRequest, parser: ToolParser | None):
         super().__init__(serving, job)
         self.req = req
         self.k = (req.top_logprobs or 0) if req.logprobs else None
+        self.parser = parser  # None: the reply is plain content
+        self.streams = [ToolCallStream(parser) for _ in job.states] if parser else []
 
     def _body(self, choices: list[ChatStreamChoice], usage: UsageInfo | None) -> dict:
         return chat_chunk_json(ChatCompletionChunk(id=self.job.request_id, created=self.created,
@@ -269,22 +274,42 @@ class _ChatFormat(_Format):
 
     def chunk(self, d: ChoiceDelta, state: ChoiceState) -> dict | None:
         lp = self.serving.chat_logprobs(d.logprobs or [], self.k) if self.k is not None else None
-        if not (d.text or d.finish_reason is not None or (lp and lp.content)):
+        text, calls, finish = d.text, None, d.finish_reason
+        if self.parser is not None:
+            stream = self.streams[d.index]
+            text, calls = stream.feed(d.text, d.finish_reason is not None)
+            finish = _finish_reason(finish, bool(stream.ids))
+        if not (text or calls or finish is not None or (lp and lp.content)):
             return None
-        delta = DeltaMessage(content=d.text) if d.text else DeltaMessage()
-        return self._body([ChatStreamChoice(index=d.index, delta=delta, logprobs=lp, finish_reason=d.finish_reason,
+        delta = DeltaMessage(content=text or None, tool_calls=calls or None)
+        return self._body([ChatStreamChoice(index=d.index, delta=delta, logprobs=lp, finish_reason=finish,
                                             stop_reason=d.stop_reason)], None)
 
     def usage_chunk(self, usage: UsageInfo) -> dict:
         return self._body([], usage)
 
+    def _message(self, s: ChoiceState) -> tuple[ChatResponseMessage, str | None]:
+        if self.parser is None:
+            return ChatResponseMessage(content=s.text), s.finish_reason
+        stream = ToolCallStream(self.parser, s.text)
+        content, calls = stream.final_calls()
+        return (ChatResponseMessage(content=content or None, tool_calls=calls),
+                _finish_reason(s.finish_reason, bool(calls)))
+
     def response(self) -> ChatCompletionResponse:
-        choices = [ChatChoice(index=i, message=ChatResponseMessage(content=s.text),
-                              logprobs=self.serving.chat_logprobs(s.logprobs, self.k) if self.k is not None else None,
-                              finish_reason=s.finish_reason, stop_reason=s.stop_reason)
-                   for i, s in enumerate(self.job.states)]
+        choices = []
+        for i, s in enumerate(self.job.states):
+            message, finish = self._message(s)
+            choices.append(ChatChoice(index=i, message=message, finish_reason=finish, stop_reason=s.stop_reason,
+                                      logprobs=self.serving.chat_logprobs(s.logprobs, self.k)
+                                      if self.k is not None else None))
         return ChatCompletionResponse(id=self.job.request_id, model=self.serving.model_name, choices=choices,
                                       usage=self.job.usage())
+
+
+def _finish_reason(reason: str | None, called: bool) -> str | None:
+    """OpenAI's "tool_calls" for a reply that ended on its own with calls in it."""
+    return "tool_calls" if called and reason == "stop" else reason
 
 
 def _continuous(req: SamplingFields) -> bool:
@@ -295,8 +320,10 @@ class OpenAIServing:
     """Handlers of every OpenAI route, bound to one engine and one served model name."""
 
     def __init__(self, engine: EngineAdapter, served_model_names: list[str], metrics: ServerMetrics | None,
-                 log_requests: bool = True):
+                 log_requests: bool = True, tool_call_parser: str | None = None, chat_template: str | None = None):
         self.engine = engine
+        self.tool_call_parser = tool_call_parser  # tool_choice "auto" works only with one
+        self.chat_template = chat_template
         self.model_names = served_model_names
         self.metrics = metrics
         self.log_requests = log_requests
@@ -326,10 +353,12 @@ class OpenAIServing:
             return tok.encode(text, add_special_tokens)
         return await anyio.to_thread.run_sync(tok.encode, text, add_special_tokens)
 
-    def sampling_params(self, req: SamplingFields, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    def sampling_params(self, req: SamplingFields, max_tokens: int | None, logprobs: int | None,
+                        constraint: StructuredOutputsParams | None = None) -> SamplingParams:
         """The request's SamplingParams (model defaults fill unset fields); a bad field is a 400 naming it."""
         defaults = self.engine.generation_defaults
         kw: dict[str, Any] = {
+            "structured_outputs": constraint,
             "n": req.n,
             "presence_penalty": req.presence_penalty or 0.0,
             "frequency_penalty": req.frequency_penalty or 0.0,
@@ -357,7 +386,7 @@ class OpenAIServing:
             raise to_api_error(e) from e
 
     def start(self, request_id: str, prompts: list[Prompt], params: SamplingParams, timer: RequestTimer,
-              max_tokens_name: str = "max_tokens") -> Job:
+              max_tokens_name: str = "max_tokens", constraint_source: str | None = None) -> Job:
         """Start every prompt on the engine, all or none (each is validated as it starts)."""
         streams: list[tuple[str, AsyncIterator[list[ChoiceDelta]]]] = []
         try:
@@ -368,6 +397,7 @@ class OpenAIServing:
             for rid, _ in streams:
                 self.engine.abort(rid)
             err = to_api_error(e)
+            err.param = engine_param(err.param, constraint_source)
             if err.param == "max_tokens" and max_tokens_name != "max_tokens":
                 err.param = max_tokens_name
                 err.message = err.message.replace("'max_tokens'", f"'{max_tokens_name}'")
@@ -540,8 +570,9 @@ class OpenAIServing:
         if req.echo and req.logprobs is not None:
             raise APIError("echo together with logprobs is not supported; drop one of them.", 400, "echo")
         prompts = await self._completion_prompts(req)
-        params = self.sampling_params(req, req.max_tokens, req.logprobs)
-        job = self.start(random_id("cmpl"), prompts, params, RequestTimer(self.metrics))
+        constraint, source = request_constraint(req)
+        params = self.sampling_params(req, req.max_tokens, req.logprobs, constraint)
+        job = self.start(random_id("cmpl"), prompts, params, RequestTimer(self.metrics), constraint_source=source)
         if req.echo:  # the ids are known to be in the vocabulary now
             tok = self.engine.tokenization
             for p in prompts:
@@ -553,8 +584,13 @@ class OpenAIServing:
 
     async def _chat_prompt(self, req: ChatCompletionRequest | TokenizeChatRequest, add_special_tokens: bool,
                            continue_final: bool = False) -> Prompt:
-        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-        args = (messages, req.add_generation_prompt, continue_final, add_special_tokens)
+        messages = [m.template_dict() for m in req.messages]
+        tools = None
+        if isinstance(req, ChatCompletionRequest) and req.tools and req.tool_choice != "none":
+            tools = [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in req.tools]
+        template = getattr(req, "chat_template", None) or self.chat_template
+        args = (messages, req.add_generation_prompt, continue_final, add_special_tokens, tools, template,
+                getattr(req, "chat_template_kwargs", None))
         encode_chat = self.engine.tokenization.encode_chat
         try:
             if sum(len(m["content"]) for m in messages) <= INLINE_TEXT_CHARS:
@@ -569,12 +605,19 @@ class OpenAIServing:
         """POST /v1/chat/completions."""
         self.check_model(req.model)
         self.check_ready()
+        parser = tool_parser_for(req, self.tool_call_parser)
+        constraint, source = request_constraint(req)
+        forced = tool_constraint(req)
+        if forced is not None:
+            if constraint is not None:
+                raise APIError(f"a forcing tool_choice cannot be combined with {source}", 400, source)
+            constraint, source = forced, "tools"
         prompt = await self._chat_prompt(req, req.add_special_tokens, req.continue_final_message)
         k = (req.top_logprobs or 0) if req.logprobs else None
-        params = self.sampling_params(req, req.output_limit(), k)
+        params = self.sampling_params(req, req.output_limit(), k, constraint)
         name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-        job = self.start(random_id("chatcmpl"), [prompt], params, RequestTimer(self.metrics), name)
-        return await self._respond(raw, req, _ChatFormat(self, job, req))
+        job = self.start(random_id("chatcmpl"), [prompt], params, RequestTimer(self.metrics), name, source)
+        return await self._respond(raw, req, _ChatFormat(self, job, req, parser))
 
     # ---- models, tokenize ----------------------------------------------------------------------
 

@@ -1,0 +1,109 @@
+"""The grammar backend interface, the constraint -> cache key rule, and the choice between backends.
+
+Chosen by measurement on CPU (SmolLM2's 49k vocabulary, a nested schema with enums, bounds and a pattern, 2
+shared cores): llguidance compiles a new schema in 2.5 ms (xgrammar: 138 ms, it precomputes a token cache per
+grammar), a cached one in 0.12 ms (0.43), and fills masks in 0.09 ms per token at batch 1 (0.59) and 0.55 ms
+for a batch of 32 (1.50), in one call on its own threads with the GIL released. It also depends on nothing
+(xgrammar pulls in transformers and triton). So llguidance is the default; xgrammar stays available as
+`--structured-outputs-backend xgrammar` (pip install xgrammar).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+from cpuinfer.errors import InvalidRequestError
+from cpuinfer.sampling_params import StructuredOutputsParams
+
+BACKENDS = ("llguidance", "xgrammar")
+CACHE_SIZE = 256  # compiled grammars kept per process (a schema is typically reused by every request of an app)
+
+
+class GrammarState:
+    """One sequence's position in its grammar."""
+
+    def accept(self, token_id: int) -> bool:
+        """Advance by one sampled token; False if the grammar does not allow it (the state is then unusable)."""
+        raise NotImplementedError
+
+    def is_terminated(self) -> bool:
+        """True once the grammar is complete and only end-of-sequence may follow."""
+        raise NotImplementedError
+
+
+class GrammarBackend:
+    """Compiles constraints (cached by their text) and fills token bitmasks for a batch of states."""
+
+    name: str
+
+    def __init__(self) -> None:
+        self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
+
+    def compile(self, params: StructuredOutputsParams) -> Any:
+        """The compiled grammar of a constraint (cached); raises InvalidRequestError naming the bad field."""
+        key = grammar_key(params)
+        compiled = self._cache.get(key)
+        if compiled is not None:
+            self._cache.move_to_end(key)
+            return compiled
+        compiled = self._compile(*key)
+        self._cache[key] = compiled
+        if len(self._cache) > CACHE_SIZE:
+            self._cache.popitem(last=False)
+        return compiled
+
+    def _compile(self, kind: str, text: str) -> Any:
+        raise NotImplementedError
+
+    def new_state(self, compiled: Any) -> GrammarState:
+        """A fresh state at the start of a compiled grammar."""
+        raise NotImplementedError
+
+    def fill_bitmask(self, states: list[GrammarState], bitmask: torch.Tensor) -> None:
+        """Row i of bitmask := the tokens states[i] allows next (one call for the whole batch)."""
+        raise NotImplementedError
+
+
+def grammar_key(params: StructuredOutputsParams) -> tuple[str, str]:
+    """(kind, canonical text) of a constraint: the cache key, and what a backend compiles."""
+    kind = params.kind
+    if kind == "json":
+        schema = params.json
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as e:
+                raise InvalidRequestError(f"The JSON schema is not valid JSON: {e}", "structured_outputs.json") from e
+        if not isinstance(schema, (dict, bool)):
+            raise InvalidRequestError("The JSON schema must be an object", "structured_outputs.json")
+        # Key order kept (not sorted): backends emit properties in the order the schema lists them.
+        return kind, json.dumps(schema, separators=(",", ":"))
+    if kind == "choice":
+        return kind, json.dumps(params.choice)
+    if kind == "json_object":
+        return kind, ""
+    return kind, getattr(params, kind)
+
+
+def invalid(kind: str, detail: str) -> InvalidRequestError:
+    """The error for a constraint that does not compile, naming its field."""
+    what = {"json": "JSON schema", "regex": "regex", "grammar": "grammar", "choice": "choice list",
+            "json_object": "json_object"}[kind]
+    return InvalidRequestError(f"The {what} cannot be compiled: {detail}", f"structured_outputs.{kind}")
+
+
+def make_backend(name: str, tokenizer: Any, vocab_size: int, eos_token_ids: list[int]) -> GrammarBackend:
+    """The backend `name` for a model (its tokenizers.Tokenizer, logits width and end-of-sequence ids)."""
+    if name == "llguidance":
+        from cpuinfer.structured.llguidance_backend import LLGuidanceBackend
+
+        return LLGuidanceBackend(tokenizer, vocab_size, eos_token_ids)
+    if name == "xgrammar":
+        from cpuinfer.structured.xgrammar_backend import XGrammarBackend
+
+        return XGrammarBackend(tokenizer, vocab_size, eos_token_ids)
+    raise ValueError(f"structured outputs backend {name!r} is not supported; use one of {', '.join(BACKENDS)}")

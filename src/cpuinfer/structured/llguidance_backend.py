@@ -1,0 +1,76 @@
+"""The llguidance backend (the default): Lark / JSON-schema / regex grammars, masks computed lazily in Rust."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from cpuinfer.structured.backend import GrammarBackend, GrammarState, invalid
+
+# JSON with fixed separators (as json.dumps writes them) and no free whitespace: a small model sampled at
+# temperature 1 otherwise drifts into runs of newlines until max_tokens cuts the object off.
+_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+class _State(GrammarState):
+    __slots__ = ("matcher",)
+
+    def __init__(self, matcher: Any):
+        self.matcher = matcher
+
+    def accept(self, token_id: int) -> bool:
+        return self.matcher.consume_token(token_id)
+
+    def is_terminated(self) -> bool:
+        return self.matcher.is_stopped()
+
+
+class LLGuidanceBackend(GrammarBackend):
+    """llguidance: a compiled grammar is a matcher at its start; each sequence gets a deep copy."""
+
+    name = "llguidance"
+
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: list[int]):
+        super().__init__()
+        import llguidance
+
+        self._llg = llguidance
+        # The tokenizers.Tokenizer serialized is exactly what llguidance reads (as from a tokenizer.json).
+        self.tokenizer = llguidance.LLTokenizer(tokenizer.to_str(), n_vocab=vocab_size,
+                                                eos_token=list(eos_token_ids) or None)
+        self.executor = llguidance.LLExecutor(max(1, min(8, (os.cpu_count() or 1))))
+
+    def _compile(self, kind: str, text: str) -> Any:
+        M = self._llg.LLMatcher
+        try:
+            if kind == "json":
+                grammar = M.grammar_from_json_schema(text, defaults=_JSON_OPTIONS)
+            elif kind == "json_object":
+                grammar = M.grammar_from_json_schema('{"type": "object"}', defaults=_JSON_OPTIONS)
+            elif kind == "regex":
+                grammar = M.grammar_from_regex(text)
+            elif kind == "choice":
+                grammar = self._llg.grammar_from("choice", text)
+            else:
+                grammar = self._llg.grammar_from("grammar", text)  # Lark, or GBNF/EBNF converted to Lark
+        except ValueError as e:
+            raise invalid(kind, str(e)) from e
+        matcher = M(self.tokenizer, grammar, log_level=0)
+        if not matcher.is_error() and not any(matcher.compute_bitmask()):
+            raise invalid(kind, "no output can match it (no token is allowed at its start)")
+        if matcher.is_error():
+            raise invalid(kind, matcher.get_error())
+        return matcher
+
+    def new_state(self, compiled: Any) -> GrammarState:
+        return _State(compiled.deep_copy())
+
+    def fill_bitmask(self, states: list[GrammarState], bitmask: torch.Tensor) -> None:
+        # What llguidance.torch.fill_next_token_bitmask_par does, without importing that module: it applies
+        # torch.compile at import, which loads torch._dynamo (1-2 s, measured: the first request paid it).
+        if bitmask.dtype != torch.int32 or not bitmask.is_contiguous() or bitmask.shape[0] < len(states):
+            raise ValueError("the bitmask must be a contiguous int32 tensor with a row per state")
+        self.executor.unsafe_compute_mask_ptr([(s.matcher, i) for i, s in enumerate(states)], bitmask.data_ptr(),
+                                              bitmask.shape[1] * 4, bitmask.shape[0])
