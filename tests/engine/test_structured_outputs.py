@@ -86,8 +86,14 @@ def test_json_schema_regex_choice_and_grammar_outputs_all_validate(smol_runner, 
     tokens, ends = drain(core)
     out = texts(smol_spec, tokens)
     parser = lark.Lark(ARITH)
+    # json_object bounds nothing (a string may run on), so a sampled object may hit max_tokens; the
+    # variants' last-bit differences pick different samples. Every bounded constraint must finish,
+    # and every object that finished must parse.
+    assert any(ends[f"obj{i}"] == "stop" for i in range(4)), {r: t for r, t in out.items() if r.startswith("obj")}
     for rid, text in out.items():
         kind = rid.rstrip("0123456789")
+        if kind == "obj" and ends[rid] == "length":
+            continue
         assert ends[rid] == "stop", (rid, text)
         if kind == "json":
             jsonschema.validate(json.loads(text), PERSON)
