@@ -110,16 +110,7 @@ struct FlashScratch {
     }
 };
 
-inline void amx_begin() {
-    static const x86::TileConfig cfg = [] {
-        x86::TileConfig c;
-        std::memset(&c, 0, sizeof c);
-        c.palette = 1;
-        for (int t = 0; t < 8; ++t) c.rows[t] = 16, c.colsb[t] = 64;
-        return c;
-    }();
-    x86::load_tile_config(cfg);
-}
+inline void amx_begin() { x86::load_tile_config(x86::full_tiles()); }
 
 inline void amx_end() { x86::release_tiles(); }
 

@@ -58,6 +58,18 @@ inline void load_tile_config(const TileConfig &cfg) {
 #endif
 }
 
+// The one configuration both AMX paths use: all eight tiles 16 rows x 64 bytes.
+inline const TileConfig &full_tiles() {
+    static const TileConfig cfg = [] {
+        TileConfig c;
+        std::memset(&c, 0, sizeof c);
+        c.palette = 1;
+        for (int t = 0; t < 8; ++t) c.rows[t] = 16, c.colsb[t] = 64;
+        return c;
+    }();
+    return cfg;
+}
+
 inline void release_tiles() {
 #if !defined(CPUINFER_SIMDE_EMULATION)
     _tile_release();

@@ -126,18 +126,8 @@ struct AmxTiles {
     static constexpr int64_t kKBlock = 256;  // k per block: 16 KB of panel, 8 KB of each A row group
     static int panels(int) { return 1; }
 
-    static const x86::TileConfig &config() {
-        static const x86::TileConfig cfg = [] {
-            x86::TileConfig c;
-            std::memset(&c, 0, sizeof c);
-            c.palette = 1;
-            for (int t = 0; t < 8; ++t) c.rows[t] = 16, c.colsb[t] = 64;
-            return c;
-        }();
-        return cfg;
-    }
     // Our tile configuration, loaded per thread before a run of calls (see x86::load_tile_config).
-    static void begin() { x86::load_tile_config(config()); }
+    static void begin() { x86::load_tile_config(x86::full_tiles()); }
     static void end() { x86::release_tiles(); }
 
     // K % 32 == 0: x in 16-row tiles, [group][k / 32][16 rows][32 k] (the
