@@ -32,11 +32,20 @@ buffer types such as the AMX / repacked weights on). W1: the 128-token prompt in
 then one token per llama_decode; TTFT: one llama_decode of the 512-token prompt (n_batch 512); W2:
 llama_batch with 32 sequences (n_seq_max 32): the 32 prompts in one llama_decode, then 32 tokens
 per llama_decode until each has 128. llama-cpp-python must be built from its sdist on the machine
-that measures, so that ggml uses this CPU's AVX-512 / VNNI / AMX as llama.cpp users get it (`nox -s
-bench` does this; by hand, in a venv of its own so that pip never touches torch):
+that measures, so that ggml uses this CPU's AVX-512 / VNNI / AMX as llama.cpp users get it. `nox -s
+bench` does it (noxfile.llama_cpp_build_env: with clang, because GCC 12 drops the stores that fill
+ggml's AMX tile configuration and that build segfaults in ggml_backend_amx_mul_mat on its first
+prompt; with ggml's spelling of the AMX macros, which clang < 18 does not define under -march=native,
+so that the AMX path is built). By hand on this machine, in a venv of its own so that pip never touches
+torch:
 
+    AMX="-D__AMX_TILE__ -D__AMX_INT8__ -D__AMX_BF16__"; CC=clang CXX=clang++ CFLAGS="$AMX" CXXFLAGS="$AMX" \\
     CMAKE_ARGS="-DGGML_NATIVE=ON" CMAKE_BUILD_PARALLEL_LEVEL=1 pip install --no-binary llama-cpp-python \\
         --no-deps llama-cpp-python==0.3.36 numpy typing-extensions diskcache jinja2
+
+llama.cpp's thread pool spins: with 2 threads on this 2-core machine while a compiler ran on one core,
+its Q4_0 decode fell to 1.5 tok/s (127 with 1 thread), so run this on a quiet machine (the load
+average is printed).
 
 Targets of issue 12 measured here (2 threads): Q4 (q4_0 and the Q4_1 `quant`) W1 decode >= 1.2x
 llama.cpp on the same file and >= 2.5x our own bf16; Q8_0 W1 decode >= 1.2x llama.cpp; W2 on Q4
@@ -62,8 +71,7 @@ HF_FORMATS = {"gptq4": ("gptq", dict(bits=4, group=128, sym=True, act_order=True
 GGUF_MADE = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k_m": "Q4_K_M"}
 GGUF_CONFIGS = ("quant", *GGUF_MADE)  # the configurations that run from a GGUF file kept quantized
 LLAMA_FTYPE = {"F32": 0, "Q4_0": 2, "Q8_0": 7, "Q4_K_M": 15}  # llama_ftype of general.file_type
-LLAMA_PIP = ('CMAKE_ARGS="-DGGML_NATIVE=ON" CMAKE_BUILD_PARALLEL_LEVEL=1 pip install --no-binary llama-cpp-python '
-             "--no-deps llama-cpp-python==0.3.36 numpy typing-extensions diskcache jinja2")
+LLAMA_PIP = "the command in this script's docstring (or nox -s bench)"
 
 
 def prompts(n: int, length: int, vocab: int) -> list[list[int]]:
@@ -147,7 +155,8 @@ def gguf_file(config: str, src: str, work_dir: str, llama_python: str | None) ->
             write_gguf(src, f32 + ".part", None)
             os.replace(f32 + ".part", f32)
         if llama_python is None:
-            raise RuntimeError(f"{config} is made by llama.cpp's quantizer, which needs llama-cpp-python: {LLAMA_PIP}")
+            raise RuntimeError(f"{config} is made by llama.cpp's quantizer, which needs llama-cpp-python: "
+                               f"install it with {LLAMA_PIP}")
         subprocess.run([llama_python, __file__, "--llama-quantize", f32, tmp, qtype], check=True)
     else:
         write_gguf(src, tmp, qtype)
@@ -276,13 +285,11 @@ def one_llama(model_path: str, args) -> dict:
 
 
 def gguf_type(path: str) -> str:
-    """The GGUF file type of path as a llama.cpp ftype name (Q4_1, Q8_0, ...; most of its 2-D tensors)."""
-    from collections import Counter
+    """The file type a GGUF file declares (general.file_type): Q4_1, Q8_0, Q4_K_M, ..."""
+    from gguf import GGUFReader, LlamaFileType
 
-    from gguf import GGUFReader
-
-    types = Counter(t.tensor_type.name for t in GGUFReader(path).tensors if len(t.shape) == 2)
-    return types.most_common(1)[0][0]
+    field = GGUFReader(path).fields.get("general.file_type")
+    return "?" if field is None else LlamaFileType(int(field.contents())).name.removeprefix("MOSTLY_")
 
 
 # --- the run ----------------------------------------------------------------------------------------------
@@ -292,7 +299,7 @@ def find_llama_python(arg: str | None) -> tuple[str | None, str]:
     py = arg or os.environ.get("CPUINFER_LLAMA_PYTHON") or sys.executable
     r = subprocess.run([py, "-c", "import llama_cpp"], capture_output=True, text=True)
     if r.returncode != 0:
-        return None, f"{py} cannot import llama_cpp ({r.stderr.strip().splitlines()[-1:]}); install it: {LLAMA_PIP}"
+        return None, f"{py} cannot import llama_cpp ({r.stderr.strip().splitlines()[-1:]}); install it with {LLAMA_PIP}"
     return py, ""
 
 
@@ -302,6 +309,9 @@ def run_row(python: str, row: str, path: str, args, env: dict) -> dict:
            "--input-len", str(args.input_len), "--output-len", str(args.output_len),
            "--long-input-len", str(args.long_input_len), "--batch", str(args.batch)]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if r.returncode == -11 and row.startswith("llama:") and "amx" in r.stderr:
+        raise RuntimeError(f"row {row}: llama.cpp segfaulted (with AMX buffers; GCC 12 builds of ggml's AMX code do): "
+                           f"rebuild it with clang: {LLAMA_PIP}")
     if r.returncode != 0:
         raise RuntimeError(f"row {row} failed (exit {r.returncode}):\n{r.stderr[-3000:]}")
     res = json.loads(r.stdout.strip().splitlines()[-1])
@@ -349,6 +359,10 @@ def main() -> int:
     from cpuinfer.config import default_model_path
 
     src = args.model or default_model_path()
+    load = os.getloadavg()[0]
+    if load > 0.5:  # llama.cpp's spinning thread pool loses up to 6x on a busy 2-core machine (cpuinfer less)
+        print(f"warning: load average {load:.1f} before the run; the numbers (llama.cpp's most) need a quiet machine",
+              file=sys.stderr)
     rows = []
     for config in args.configs.split(","):
         rows.append(config)
@@ -382,14 +396,19 @@ def main() -> int:
         print(f"{row}: {json.dumps(results.get(row))}", file=sys.stderr, flush=True)
 
     size_mb = {c: os.path.getsize(p) / 2**20 for c, p in paths.items() if os.path.isfile(p)}
+    types = {c: gguf_type(p) if p.endswith(".gguf") else c for c, p in paths.items()}
+    types["bf16"] = "BF16"
+    print(f"load average before the run {load:.2f}; {os.cpu_count()} CPUs")
     print(f"model {os.path.basename(src)} ({size_mb.get('quant', os.path.getsize(src) / 2**20):.0f} MB); "
           f"W1 = 1 x {args.input_len} in, {args.output_len} out; TTFT of {args.long_input_len} tokens; "
           f"W2 = {args.batch} x {args.input_len} in, {args.output_len} out")
-    print(f"{'row':<14}{'file MB':>9}{'threads':>8}{'W1 tok/s':>10}{'TTFT ' + str(args.long_input_len) + ' ms':>13}"
-          f"{'W2 tok/s':>10}{'weights MB':>12}{'RSS MB':>9}")
+    ttft = f"TTFT {args.long_input_len} ms"
+    print(f"{'row':<14}{'file':>8}{'file MB':>9}{'threads':>8}{'W1 tok/s':>10}{ttft:>13}{'W2 tok/s':>10}"
+          f"{'weights MB':>12}{'RSS MB':>9}")
     for row, r in results.items():
-        mb = size_mb.get(row.removeprefix("llama:"))
-        print(f"{row:<14}{'' if mb is None else f'{mb:.0f}':>9}{r['threads']:>8}{r['decode_tps']:>10.1f}"
+        config = row.removeprefix("llama:")
+        mb = f"{size_mb[config]:.0f}" if config in size_mb else ""
+        print(f"{row:<14}{types.get(config, ''):>8}{mb:>9}{r['threads']:>8}{r['decode_tps']:>10.1f}"
               f"{r['long_prefill'] * 1000:>13.0f}{r['throughput']:>10.1f}{r['weights_mb']:>12.0f}"
               f"{r['peak_rss_mb']:>9.0f}")
     for row, why_failed in failed.items():
@@ -413,7 +432,7 @@ def main() -> int:
         if not ours:
             continue
         # Q4 targets for the Q4_0 / Q4_1 files: the made q4_0, and `quant` when it is the bundled Q4_1.
-        is_q4 = config == "q4_0" or (config == "quant" and gguf_type(paths["quant"]) in ("Q4_0", "Q4_1"))
+        is_q4 = types[config] in ("Q4_0", "Q4_1")
         if ref and config == "q4_k_m":
             print(f"{config} / llama.cpp (no target): W1 decode {ours['decode_tps'] / ref['decode_tps']:.2f}x, "
                   f"TTFT {ours['long_prefill'] / ref['long_prefill']:.2f}x, "
