@@ -82,8 +82,14 @@ def prompts(n: int, length: int, vocab: int) -> list[list[int]]:
 
 
 def rss_mb() -> float:
-    """Peak resident set size of this process so far, in MB."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """Peak resident set size of this process so far, in MB: VmHWM where there is one, because on Linux
+    ru_maxrss carries over from the parent through fork + exec (a child of a parent that held the F32
+    model reported the parent's 814 MB)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 # --- model files, made once into --work-dir -------------------------------------------------------------
@@ -157,7 +163,10 @@ def gguf_file(config: str, src: str, work_dir: str, llama_python: str | None) ->
         if llama_python is None:
             raise RuntimeError(f"{config} is made by llama.cpp's quantizer, which needs llama-cpp-python: "
                                f"install it with {LLAMA_PIP}")
-        subprocess.run([llama_python, __file__, "--llama-quantize", f32, tmp, qtype], check=True)
+        r = subprocess.run([llama_python, __file__, "--llama-quantize", f32, tmp, qtype], capture_output=True,
+                           text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"llama.cpp's quantizer failed (exit {r.returncode}):\n{r.stderr[-3000:]}")
     else:
         write_gguf(src, tmp, qtype)
     os.replace(tmp, out)
@@ -181,7 +190,8 @@ def one(config: str, model: str, args) -> dict:
     assert engine_prompts(2, 8, 49152) == prompts(2, 8, 49152), "bench_engine.prompts changed: update prompts()"
     a = argparse.Namespace(input_len=args.input_len, output_len=args.output_len, long_input_len=args.long_input_len,
                            batch=args.batch)
-    return dict(bench_engine(model, a), threads=torch.get_num_threads())
+    # peak_rss_mb as rss_mb() measures it (bench_engine's ru_maxrss may be the parent's peak, see rss_mb)
+    return dict(bench_engine(model, a), threads=torch.get_num_threads(), peak_rss_mb=rss_mb())
 
 
 def llama_quantize(src: str, dst: str, qtype: str) -> None:
@@ -356,9 +366,12 @@ def main() -> int:
     if args.one:
         print(json.dumps(one(args.one, args.model, args)))
         return 0
-    from cpuinfer.config import default_model_path
+    if args.model:  # the llama.cpp rows and the files need no cpuinfer in this process
+        src = args.model
+    else:
+        from cpuinfer.config import default_model_path
 
-    src = args.model or default_model_path()
+        src = default_model_path()
     load = os.getloadavg()[0]
     if load > 0.5:  # llama.cpp's spinning thread pool loses up to 6x on a busy 2-core machine (cpuinfer less)
         print(f"warning: load average {load:.1f} before the run; the numbers (llama.cpp's most) need a quiet machine",
