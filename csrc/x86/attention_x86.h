@@ -78,7 +78,7 @@ inline void qk_tile_dpbf16(const bf16_t *q, int64_t D, const bf16_t *k, int64_t 
 #endif
 
 #if defined(CPUINFER_ATTN_AMX)
-// amx: a prefill unit (>= kAmxMinRows query rows of one KV head) runs as
+// amx: every unit (query rows of one KV head: a prefill chunk or a decode step) runs as
 // flash attention on AMX-BF16 tiles, 32 keys at a time:
 //   S = Q K^T   A: Q (16 rows x 32 d, straight from the query rows)
 //               B: K^T in VNNI form (16 d-pairs x 16 keys), packed per chunk
@@ -97,7 +97,6 @@ inline void qk_tile_dpbf16(const bf16_t *q, int64_t D, const bf16_t *k, int64_t 
 // bf16(P) and lo = bf16(P - hi) (P to ~2^-17), in two tile products: the
 // output is then as exact as the f32 FMA path's, for half again the tile
 // work (PV is half the FLOPs).
-constexpr int kAmxMinRows = 8;  // below this a 16-row tile wastes too much of itself
 constexpr int64_t kFlashKeys = 32;
 
 
@@ -284,7 +283,9 @@ struct QkBf16<bf16_t, bf16_t> {
 #if defined(CPUINFER_ATTN_AMX)
 template <>
 struct WholeUnit<bf16_t, bf16_t> {
-    static bool applies(int64_t rows, int64_t D) { return rows >= kAmxMinRows && D % 32 == 0; }
+    // Every row count, decode included, so that a row's result does not depend
+    // on its batch (the engine's greedy outputs rely on it, as on the GEMM's).
+    static bool applies(int64_t, int64_t D) { return D % 32 == 0; }
     template <typename KeyRow, typename ValueRow>
     static void run(const FlashUnit &u, KeyRow &&key, ValueRow &&value) {
         flash_unit_amx(u, key, value);
