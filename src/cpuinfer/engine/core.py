@@ -175,9 +175,17 @@ class EngineCore:
     def _masked_sample(self, logits: torch.Tensor, reqs: list[Request], masks: MaskJob | None = None
                        ) -> SampleResult:
         """The sampler's pick, after masking (in place) the tokens each constrained row's grammar forbids."""
-        if self.grammars is not None and any(r.grammar is not None for r in reqs):
-            self.grammars.mask(logits, [r.grammar for r in reqs], masks)
-        return self.sampler(logits, reqs)
+        if self.grammars is None or all(r.grammar is None for r in reqs):
+            return self.sampler(logits, reqs)
+        self.grammars.mask(logits, [r.grammar for r in reqs], masks)
+        result = self.sampler(logits, reqs)
+        # Extreme sampling parameters (a temperature near 0 overflowing the allowed logits, penalties)
+        # can leave a constrained row's distribution degenerate (NaN), and the draw then lands on a
+        # masked token; such a row takes its most likely allowed token instead (the fuzz test found it).
+        for i, (req, tok) in enumerate(zip(reqs, result.token_ids, strict=True)):
+            if req.grammar is not None and logits[i, tok] == float("-inf"):
+                result.token_ids[i] = int(logits[i].argmax())
+        return result
 
     @staticmethod
     def _advance_grammars(reqs: list[Request], result: SampleResult) -> tuple[list[int], list, list]:
@@ -212,7 +220,8 @@ class EngineCore:
         """End one request with an error: log the details, free its blocks, tell the front end."""
         if isinstance(exc, MemoryError):
             raise exc
-        self._consecutive_failures += 1
+        if not isinstance(exc, GrammarRejectedError):  # that one is the request's own constraint, not the engine
+            self._consecutive_failures += 1
         error_id = new_error_id()
         logger.error("request %s failed (error id %s): %s: %s", req.request_id, error_id, type(exc).__name__, exc,
                      exc_info=exc)
