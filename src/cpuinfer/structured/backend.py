@@ -71,6 +71,7 @@ class GrammarBackend:
 def grammar_key(params: StructuredOutputsParams) -> tuple[str, str]:
     """(kind, canonical text) of a constraint: the cache key, and what a backend compiles."""
     kind = params.kind
+    _check_unicode(kind, getattr(params, kind, None))
     if kind == "json":
         schema = params.json
         if isinstance(schema, str):
@@ -87,6 +88,17 @@ def grammar_key(params: StructuredOutputsParams) -> tuple[str, str]:
     if kind == "json_object":
         return kind, ""
     return kind, getattr(params, kind)
+
+
+def _check_unicode(kind: str, value: Any) -> None:
+    """Refuse unpaired surrogates (valid in JSON strings, not Unicode): no output can match them, and a
+    backend handed one allowed tokens its own matcher then refused (the fuzz test found it)."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise invalid(kind, f"it holds an unpaired surrogate (U+{ord(text[e.start]):04X}), which is not valid "
+                            "Unicode; remove it") from None
 
 
 def invalid(kind: str, detail: str) -> InvalidRequestError:
