@@ -161,15 +161,16 @@ struct Runner {
         float *qf = sc.q.data(), *acc = sc.acc.data(), *m = sc.m.data(), *l = sc.l.data(), *sbuf = sc.s.data();
         int64_t *pos = sc.pos.data();
         const T *query = static_cast<const T *>(a.query);
+        // Raw bf16 query rows for the bf16 fast paths, in whole 16-row tiles (the AMX path reads them so).
+        const bool whole = attn::WholeUnit<T, C>::applies(rows, D);
+        const int64_t padded = (rows + 15) / 16 * 16;
+        if (kBf16 && int64_t(sc.qb.size()) < padded * D) sc.qb.resize(size_t(padded * D));
         for (int64_t r = 0; r < rows; ++r) {
             const int64_t t = (g.row0 + r) / G, qh = h * G + (g.row0 + r) % G;
             pos[r] = ctx - L + t;
             const T *src = query + (qs + t) * a.q_token_stride + qh * a.q_head_stride;
-            load_row(qf + r * D, src);
-            if constexpr (kBf16) {
-                if (sc.qb.size() < size_t(rows * D)) sc.qb.resize(rows * D);
-                std::memcpy(sc.qb.data() + r * D, src, sizeof(T) * D);
-            }
+            if (!whole) load_row(qf + r * D, src);  // the whole-unit path reads the raw rows only
+            if constexpr (kBf16) std::memcpy(sc.qb.data() + r * D, src, sizeof(T) * D);
             m[r] = kNegInf;
             l[r] = 0.f;
         }
@@ -183,9 +184,7 @@ struct Runner {
         // A whole-unit fast path (attention_tile.h's WholeUnit hook: AMX
         // flash attention) writes natural order, which the layers that
         // have one keep for load2a/b.
-        if (attn::WholeUnit<T, C>::applies(rows, D)) {
-            const int64_t padded = (rows + 15) / 16 * 16;
-            if (int64_t(sc.qb.size()) < padded * D) sc.qb.resize(size_t(padded * D));
+        if (whole) {
             std::memset(sc.qb.data() + rows * D, 0, sizeof(bf16_t) * size_t((padded - rows) * D));
             const auto *kb = reinterpret_cast<const bf16_t *>(kc), *vb = reinterpret_cast<const bf16_t *>(vc);
             attn::WholeUnit<T, C>::run({.q = sc.qb.data(), .rows = rows, .D = D, .pos = pos, .k0 = k0, .k1 = k1, .window = W,
