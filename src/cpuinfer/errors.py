@@ -53,11 +53,15 @@ class RequestFailedError(CpuinferError, RuntimeError):
     engine's log under the same `error_id`.
     """
 
-    def __init__(self, request_id: str, error_id: str):
-        super().__init__(f"request {request_id} failed inside the engine (error id {error_id}); "
-                         "the server log has the details")
+    def __init__(self, request_id: str, error_id: str, reason: str | None = None, param: str | None = None):
+        super().__init__(reason or f"request {request_id} failed inside the engine (error id {error_id}); "
+                                   "the server log has the details")
         self.request_id = request_id
         self.error_id = error_id
+        # Set when the request itself is what cannot be served (its constraint cannot be followed by this
+        # model): a client error, shown as is, naming `param`. None: the engine's fault (a 500).
+        self.reason = reason
+        self.param = param
 
 
 def new_error_id() -> str:

@@ -50,3 +50,7 @@ class RequestOutput:
     # Set when the request failed inside the engine (its samples end with finish_reason "error"):
     # the id under which the engine logged the details.
     error_id: str | None = None
+    # With error_id, when the request itself is at fault (a client error): what to tell the client, and
+    # the request field it concerns.
+    error_reason: str | None = None
+    error_param: str | None = None

@@ -134,6 +134,9 @@ def test_regex_choice_grammar_and_json_object_on_completions(server):
     ({"guided_regex": "([a-z"}, "guided_regex"),
     ({"guided_regex": "a\ud8c0b"}, "guided_regex"),  # an unpaired surrogate (the fuzz test found a 500)
     ({"guided_choice": ["ok", "\udc00"]}, "guided_choice"),
+    # U+40000 is f1 80 80 80 in UTF-8, and SmolLM2's vocabulary has no token for byte f1: llguidance's start mask
+    # allowed the 0x80 token, which its matcher then refused (the fuzz test found a 500).
+    ({"guided_regex": "\U00040000"}, "guided_regex"),
     ({"structured_outputs": {"grammar": "start: missing_rule"}}, "structured_outputs.grammar"),
     ({"guided_json": "{not json"}, "guided_json"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}],
@@ -149,6 +152,23 @@ def test_bad_constraints_and_unimplemented_fields_are_a_400_naming_them(server, 
     assert r.json()["error"]["param"] == param, r.text
     ok = post(server, "/chat/completions", {"messages": ASK, "max_tokens": 3})
     assert ok.status_code == 200
+
+
+def test_a_constraint_that_dead_ends_while_generating_is_a_400_streamed_or_not(server):
+    # "a" first, then a character this vocabulary cannot spell: the grammar refuses its own mask's token after
+    # one generated token. That is the request's fault (400 naming structured_outputs), never a 500.
+    body = {"messages": ASK, "max_tokens": 8, "temperature": 0, "guided_regex": "a\U00040000"}
+    r = post(server, "/chat/completions", body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "structured_outputs" and "vocabulary" in r.json()["error"]["message"]
+    streamed = post(server, "/chat/completions", {**body, "stream": True})
+    assert streamed.status_code == 200
+    events = [json.loads(line[6:]) for line in streamed.text.splitlines()
+              if line.startswith("data: ") and line != "data: [DONE]"]
+    assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events if "choices" in e) == "a"
+    assert events[-1]["error"]["code"] == 400 and events[-1]["error"]["param"] == "structured_outputs"
+    assert streamed.text.rstrip().endswith("data: [DONE]")
+    assert post(server, "/chat/completions", {"messages": ASK, "max_tokens": 3}).status_code == 200
 
 
 def test_required_and_named_tool_choice_always_call_and_round_trip(client):

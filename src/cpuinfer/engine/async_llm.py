@@ -89,7 +89,7 @@ class RequestStream:
         if item.finished:
             self.done = True
             if item.error_id is not None:
-                raise RequestFailedError(self.request_id, item.error_id)
+                raise RequestFailedError(self.request_id, item.error_id, item.error_reason, item.error_param)
         return item
 
     async def aclose(self) -> None:

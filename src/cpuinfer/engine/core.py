@@ -34,7 +34,18 @@ class EngineBrokenError(RuntimeError):
 
 
 class GrammarRejectedError(RuntimeError):
-    """A constrained sequence sampled a token its grammar does not allow (the mask should make that impossible)."""
+    """A constrained sequence's grammar refused the token its own mask allowed: the backend's mask and matcher
+    disagree, which happens when what the grammar requires next has no token in this model's vocabulary (a
+    character whose UTF-8 bytes the tokenizer cannot spell; the fuzz test found U+40000 in a regex). The
+    request's constraint cannot be followed here: a client error (400), not the engine's."""
+
+    param = "structured_outputs"
+
+    def __init__(self, token_id: int, num_generated: int):
+        super().__init__(f"The structured output constraint cannot be followed by this model after {num_generated} "
+                         f"generated tokens: its grammar allowed token {token_id} next and then refused it, which "
+                         "happens when the text the grammar requires has no token in this model's vocabulary (for "
+                         "example a character whose UTF-8 bytes the tokenizer cannot spell). Change the constraint.")
 
 
 class EngineCore:
@@ -193,7 +204,7 @@ class EngineCore:
         tokens, lps, failed = [], [], []
         for req, tok, lp in zip(reqs, result.token_ids, result.logprobs, strict=True):
             if req.grammar is not None and not req.grammar.accept(tok):
-                failed.append((req, GrammarRejectedError(f"token {tok} is not allowed by the request's grammar")))
+                failed.append((req, GrammarRejectedError(tok, len(req.output_token_ids))))
                 continue
             tokens.append(tok)
             lps.append(lp)
@@ -220,18 +231,23 @@ class EngineCore:
         """End one request with an error: log the details, free its blocks, tell the front end."""
         if isinstance(exc, MemoryError):
             raise exc
-        if not isinstance(exc, GrammarRejectedError):  # that one is the request's own constraint, not the engine
-            self._consecutive_failures += 1
         error_id = new_error_id()
-        logger.error("request %s failed (error id %s): %s: %s", req.request_id, error_id, type(exc).__name__, exc,
-                     exc_info=exc)
+        reason = param = None
+        if isinstance(exc, GrammarRejectedError):  # the request's own constraint, not the engine: no traceback
+            reason, param = str(exc), exc.param
+            logger.warning("request %s failed (error id %s): %s", req.request_id, error_id, exc)
+        else:
+            self._consecutive_failures += 1
+            logger.error("request %s failed (error id %s): %s: %s", req.request_id, error_id, type(exc).__name__,
+                         exc, exc_info=exc)
         self.requests.pop(req.request_id, None)
         self.scheduler.abort(req)
         req.finish_reason = "error"
         if self._consecutive_failures >= MAX_CONSECUTIVE_FAILURES:
             raise EngineBrokenError(f"{self._consecutive_failures} requests failed in a row with no successful "
                                     f"step between them; the last: {type(exc).__name__}: {exc}") from exc
-        return SeqOutput(req.request_id, [], None, "error", None, req.num_prefix_hit_tokens, error_id=error_id)
+        return SeqOutput(req.request_id, [], None, "error", None, req.num_prefix_hit_tokens, error_id=error_id,
+                         error_reason=reason, error_param=param)
 
     @property
     def vocab_size(self) -> int:

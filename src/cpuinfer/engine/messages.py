@@ -58,6 +58,9 @@ class SeqOutput:
     # Set when the sequence failed inside the engine (finish_reason "error"): the id of the log entry
     # that holds the details. The engine goes on with the other sequences.
     error_id: str | None = None
+    # With error_id, when the request itself is at fault: a message safe for the client, and its field.
+    error_reason: str | None = None
+    error_param: str | None = None
 
 
 @dataclass

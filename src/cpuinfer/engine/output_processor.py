@@ -43,6 +43,8 @@ class _RequestState:
     samples: list[_Sample]
     num_cached_tokens: int = 0
     error_id: str | None = None
+    error_reason: str | None = None
+    error_param: str | None = None
 
 
 class OutputProcessor:
@@ -109,7 +111,7 @@ class OutputProcessor:
                 continue
             touched[state.request_id] = state
             if o.error_id is not None:
-                to_abort += self._fail(state, o.error_id)
+                to_abort += self._fail(state, o.error_id, o.error_reason, o.error_param)
                 continue
             try:
                 self._apply(state, s, o, to_abort)
@@ -149,9 +151,10 @@ class OutputProcessor:
         if s.finish_reason is None and o.finish_reason is not None:
             s.finish_reason, s.stop_reason = o.finish_reason, o.stop_reason
 
-    def _fail(self, state: _RequestState, error_id: str) -> list[str]:
+    def _fail(self, state: _RequestState, error_id: str, reason: str | None = None,
+              param: str | None = None) -> list[str]:
         """End every sample of a failed request with "error"; returns the core ids still to abort."""
-        state.error_id = error_id
+        state.error_id, state.error_reason, state.error_param = error_id, reason, param
         live = self.child_ids(state.request_id)
         for s in state.samples:
             if s.finish_reason is None:
@@ -190,7 +193,8 @@ class OutputProcessor:
             outs.append(CompletionOutput(s.index, text, ids, s.cumulative_logprob, lps, s.finish_reason,
                                          s.stop_reason))
         return RequestOutput(state.request_id, state.prompt, state.prompt_token_ids, outs, finished,
-                             num_cached_tokens=state.num_cached_tokens, error_id=state.error_id)
+                             num_cached_tokens=state.num_cached_tokens, error_id=state.error_id,
+                             error_reason=state.error_reason, error_param=state.error_param)
 
     def _forget(self, state: _RequestState) -> None:
         self.states.pop(state.request_id, None)

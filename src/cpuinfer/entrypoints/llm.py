@@ -106,8 +106,8 @@ class LLM:
                     if out.finished:
                         results[out.request_id] = out
                         if out.error_id is not None:  # the others go on; this one's outputs end with "error"
-                            logger.warning("request %s failed inside the engine (error id %s); see the log above",
-                                           out.request_id, out.error_id)
+                            logger.warning("request %s failed inside the engine (error id %s): %s",
+                                           out.request_id, out.error_id, out.error_reason or "see the log above")
                         if bar is not None:
                             n_in += len(out.prompt_token_ids)
                             n_out += sum(len(o.token_ids) for o in out.outputs)

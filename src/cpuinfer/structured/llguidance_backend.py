@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import numpy as np
 import torch
 
 from cpuinfer.structured.backend import GrammarBackend, GrammarState, invalid
 
 # JSON with fixed separators (as json.dumps writes them) and no free whitespace: a small model sampled at
 # temperature 1 otherwise drifts into runs of newlines until max_tokens cuts the object off.
+_START_PROBES = 64  # allowed first tokens tried at compile time (see _can_start)
 _JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
@@ -58,11 +60,26 @@ class LLGuidanceBackend(GrammarBackend):
         except ValueError as e:
             raise invalid(kind, str(e)) from e
         matcher = M(self.tokenizer, grammar, log_level=0)
-        if not matcher.is_error() and not any(matcher.compute_bitmask()):
-            raise invalid(kind, "no output can match it (no token is allowed at its start)")
-        if matcher.is_error():
+        can_start = not matcher.is_error() and self._can_start(matcher)
+        if matcher.is_error():  # also set by the first mask, for an empty language
             raise invalid(kind, matcher.get_error())
+        if not can_start:
+            raise invalid(kind, "no output can match it with this model's vocabulary (no token it allows at its "
+                                "start is accepted; a character it requires may have no token in this model)")
         return matcher
+
+    def _can_start(self, matcher: Any) -> bool:
+        """Whether some token the start mask allows is accepted. llguidance's mask can allow a token its matcher
+        then refuses: for a regex of U+40000 (bytes f1 80 80 80) on SmolLM2's vocabulary, which has no token for
+        byte f1, the mask allows the 0x80 byte token alone. Checks up to _START_PROBES allowed tokens; a start
+        with more is accepted as is (a later dead end fails the request with a 400 while generating)."""
+        mask = np.frombuffer(bytes(matcher.compute_bitmask()), dtype="<u4")
+        allowed = np.flatnonzero(np.unpackbits(mask.view(np.uint8), bitorder="little"))
+        for tok in allowed[:_START_PROBES]:
+            probe = matcher.deep_copy()
+            if probe.consume_token(int(tok)):
+                return True
+        return len(allowed) > _START_PROBES
 
     def new_state(self, compiled: Any) -> GrammarState:
         return _State(compiled.deep_copy())

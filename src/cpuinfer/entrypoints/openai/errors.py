@@ -79,6 +79,8 @@ def to_api_error(exc: BaseException, request_id: str | None = None) -> APIError:
     if isinstance(exc, EngineOverloadedError):
         return APIError(str(exc), 503, headers={"Retry-After": str(exc.retry_after)})
     if isinstance(exc, RequestFailedError):
+        if exc.reason is not None:  # the request's own fault (found while generating): a client error
+            return APIError(exc.reason, 400, exc.param)
         return APIError(f"Internal error while generating (error id {exc.error_id}); the server log has the "
                         "details. Other requests are unaffected; retry.", 500)
     if isinstance(exc, EngineDeadError):
