@@ -81,11 +81,11 @@ struct QuantizedX {
 
     template <typename T>
     QuantizedX(const T *x, int64_t xs, int64_t M, int64_t K, const int32_t *perm) {
-        const int64_t nb = K / kBlock;
-        q.resize(size_t(M * K));
-        dx.resize(size_t(M * nb));
-        sx.resize(size_t(M * nb));
-        s16.resize(size_t(M * 2 * nb));
+        const int64_t nb = K / kBlock, padded = M + quant::kTileReadRows;  // zero rows after the last
+        q.resize(size_t(padded * K));
+        dx.resize(size_t(padded * nb));
+        sx.resize(size_t(padded * nb));
+        s16.resize(size_t(padded * 2 * nb));
         const int64_t grain = std::max<int64_t>(1, 16384 / K);
         parallel_for(M, grain, [&](int64_t b, int64_t e) {
             std::vector<T> gathered(perm ? size_t(K) : 0);
@@ -113,12 +113,14 @@ quant::QuantPanel panel(const QuantMatrix &w, int64_t p) {
 
 template <typename Tile, typename T>
 void run(T *out, int64_t os, const quant::QuantRows &x, const QuantMatrix &w, const T *bias, int64_t M) {
+    static_assert(Tile::kMaxRows <= 16, "acc below holds 16 rows");
     const int64_t panels = quant_panels(w.N), K = w.K, MR = Tile::kMaxRows;
     const int64_t chunk = row_chunk(M, K, MR, kChunkBytes), tasks = (M + chunk - 1) / chunk * panels;
     // At least ~64K multiply-adds per thread, so that small projections do not wake the team.
     const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / (kLanes * K * std::min<int64_t>(chunk, 64)));
     parallel_for(tasks, grain, [&](int64_t b, int64_t e) {
         alignas(64) float acc[16 * kLanes];
+        Tile::begin();
         for (int64_t t = b; t < e; ++t) {
             const int64_t c = t / panels, p = t % panels;
             const int64_t m_begin = c * chunk, rows = std::min(chunk, M - m_begin);
@@ -146,6 +148,7 @@ void run(T *out, int64_t os, const quant::QuantRows &x, const QuantMatrix &w, co
                 }
             }
         }
+        Tile::end();
     });
 }
 

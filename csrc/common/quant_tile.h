@@ -26,7 +26,9 @@
 //
 // QuantTile<Bits, Min, G16> is the portable tile (plain loops the compiler
 // vectorizes); an ISA folder may specialise it (csrc/x86/quant_tile_x86.h:
-// VPDPBUSD on AVX512-VNNI, VPMADDUBSW on AVX2).
+// AMX-INT8 from 5 rows up, VPDPBUSD on AVX512-VNNI, VPMADDUBSW on AVX2).
+// A tile may read up to kTileReadRows rows of x from where its call starts,
+// whatever its row count: the x buffer is padded for that.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -37,6 +39,7 @@ namespace cpuinfer::quant {
 
 constexpr int kLanes = 16;  // output features per panel
 constexpr int kBlock = 32;  // k per activation block
+constexpr int kTileReadRows = 16;  // rows of x a tile call may read (see above)
 
 // Bytes of one panel's block of 32 k.
 constexpr int64_t block_bytes(int bits) { return int64_t(kLanes) * kBlock * bits / 8; }
@@ -84,6 +87,10 @@ struct QuantTile {
     static_assert(!(Min && G16), "group 16 comes with zero points only (Q6_K)");
     static constexpr int kMaxRows = 4;
     static constexpr const char *kName = "portable";
+
+    // Per thread, around a run of calls (a tile on matrix registers loads their configuration here).
+    static void begin() {}
+    static void end() {}
 
     // acc[r * 16 + f] = the panel's feature f against row r of x, r < mr.
     static void run(int mr, const QuantRows &x, const QuantPanel &w, float *acc) {
