@@ -32,39 +32,68 @@ using quant::kLanes;
 
 constexpr int64_t kChunkBytes = 192 * 1024;  // int8 x bytes per row chunk: a share of L2 next to the panel
 
-// Row x [K] -> q [K], dx / sx [K / 32], s16 [K / 16] (see quant_tile.h).
+// One block's int8 values from its f32 values already rounded (r), and the
+// block's entries of dx / sx / s16 (see quant_tile.h).
+inline void store_block(const float *r, float d, int8_t *qb, float *dx, float *sx, int32_t *s16) {
+    int32_t half[2] = {0, 0};
+    for (int h = 0; h < 2; ++h)
+        for (int k = 16 * h; k < 16 * h + 16; ++k) {
+            qb[k] = int8_t(r[k]);
+            half[h] += int32_t(r[k]);
+        }
+    *dx = d;
+    *sx = d * float(half[0] + half[1]);
+    s16[0] = half[0];
+    s16[1] = half[1];
+}
+
+// Row x [K] -> q [K], dx / sx [K / 32], s16 [K / 16] (see quant_tile.h): per
+// block, d = amax / 127 and q = round(x / d) (to nearest, ties to even)
+// clamped to +-127. Vector lanes and the scalar tail round the same way, and
+// the block's max and integer sums do not depend on their order, so every
+// layer gives the same bytes. A block holding inf or NaN gets d = NaN and
+// q = 0: its products become NaN, as torch's would be NaN or inf.
 template <typename T>
 void quantize_row(const T *x, int64_t K, int8_t *q, float *dx, float *sx, int32_t *s16) {
     const int W = vec::width();
-    alignas(64) float f[kBlock];
+    const bool lanes = W <= kBlock && kBlock % W == 0;
+    alignas(64) float r[kBlock];
     for (int64_t b = 0; b < K / kBlock; ++b) {
         const T *xb = x + b * kBlock;
-        if (W <= kBlock) {
-            for (int k = 0; k < kBlock; k += W) vec::store(f + k, vec::load(xb + k));
-        } else {
-            for (int k = 0; k < kBlock; ++k) f[k] = to_f32(xb[k]);
-        }
         float amax = 0.0f;
-        for (int k = 0; k < kBlock; ++k) amax = std::max(amax, std::fabs(f[k]));
-        int8_t *qb = q + b * kBlock;
-        int32_t half[2] = {0, 0};
-        float d = amax / 127.0f;
-        if (!std::isfinite(amax)) {
-            // inf or NaN in the block: the products become NaN, as torch's would be NaN or inf.
-            d = std::numeric_limits<float>::quiet_NaN();
-            for (int k = 0; k < kBlock; ++k) qb[k] = 0;
+        bool finite = true;
+        if (lanes) {
+            vec::vf m = vec::zero(), nonfinite = vec::zero();
+            for (int k = 0; k < kBlock; k += W) {
+                const vec::vf v = vec::load(xb + k);
+                m = vec::max(m, vec::abs(v));
+                nonfinite = vec::add(nonfinite, vec::sub(v, v));  // NaN in a lane once inf or NaN was seen
+            }
+            amax = vec::reduce_max(m);
+            finite = vec::reduce_add(nonfinite) == 0.0f;
         } else {
-            const float id = d != 0.0f ? 1.0f / d : 0.0f;
             for (int k = 0; k < kBlock; ++k) {
-                const float v = std::min(127.0f, std::max(-127.0f, std::nearbyint(f[k] * id)));
-                qb[k] = int8_t(v);
-                half[k / 16] += int32_t(v);
+                const float v = to_f32(xb[k]);
+                amax = std::max(amax, std::fabs(v));
+                finite = finite && std::isfinite(v);
             }
         }
-        dx[b] = d;
-        sx[b] = d * float(half[0] + half[1]);
-        s16[2 * b] = half[0];
-        s16[2 * b + 1] = half[1];
+        int8_t *qb = q + b * kBlock;
+        if (!finite) {
+            for (int k = 0; k < kBlock; ++k) r[k] = 0.0f;
+            store_block(r, std::numeric_limits<float>::quiet_NaN(), qb, dx + b, sx + b, s16 + 2 * b);
+            continue;
+        }
+        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        if (lanes) {
+            const vec::vf vid = vec::splat(id), hi = vec::splat(127.0f), lo = vec::splat(-127.0f);
+            for (int k = 0; k < kBlock; k += W)
+                vec::store(r + k, vec::min(hi, vec::max(lo, vec::round(vec::mul(vec::load(xb + k), vid)))));
+        } else {
+            for (int k = 0; k < kBlock; ++k)
+                r[k] = std::min(127.0f, std::max(-127.0f, std::nearbyint(to_f32(xb[k]) * id)));
+        }
+        store_block(r, d, qb, dx + b, sx + b, s16 + 2 * b);
     }
 }
 

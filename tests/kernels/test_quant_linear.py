@@ -234,3 +234,18 @@ def test_bad_perm_is_refused(kernels):
     with pytest.raises(ValueError, match="perm must be a permutation"):
         QuantWeight.pack(np.zeros((16, 64), np.uint8), np.ones((16, 2), np.float16), np.zeros((16, 2), np.uint8),
                          bits=4, group=32, kind="test", perm=np.zeros(64, np.int32))
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+def test_a_non_finite_activation_makes_its_row_nan_and_only_its_row(kernels, bad):
+    """As torch's product would be inf or NaN: the row holding it is NaN (on every variant alike), the rest exact."""
+    raw, _ = gguf_tensor("Q4_0", 48, 256)
+    w = unpack("Q4_0", raw, 48, 256)
+    x = torch.randn(20, 256)
+    x[7, 100] = bad
+    out = torch.empty(20, 48)
+    kernels.quant_linear(out, x, w, None)
+    assert out[7].isnan().all()
+    keep = [r for r in range(20) if r != 7]
+    exact = int8_rows(x[keep]).double() @ w.dequantize().double().T
+    torch.testing.assert_close(out[keep].double(), exact, rtol=1e-5, atol=1e-5 * exact.abs().max().item())
