@@ -30,7 +30,6 @@ using quant::block_bytes;
 using quant::kBlock;
 using quant::kLanes;
 
-constexpr int64_t kChunkBytes = 192 * 1024;  // int8 x bytes per row chunk: a share of L2 next to the panel
 
 // One block's int8 values from its f32 values already rounded (r), and the
 // block's entries of dx / sx / s16 (see quant_tile.h).
@@ -144,7 +143,7 @@ template <typename Tile, typename T>
 void run(T *out, int64_t os, const quant::QuantRows &x, const QuantMatrix &w, const T *bias, int64_t M) {
     static_assert(Tile::kMaxRows <= 16, "acc below holds 16 rows");
     const int64_t panels = quant_panels(w.N), K = w.K, MR = Tile::kMaxRows;
-    const int64_t chunk = row_chunk(M, K, MR, kChunkBytes), tasks = (M + chunk - 1) / chunk * panels;
+    const int64_t chunk = row_chunk(M, K, MR, Tile::kChunkBytes), tasks = (M + chunk - 1) / chunk * panels;
     // At least ~64K multiply-adds per thread, so that small projections do not wake the team.
     const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / (kLanes * K * std::min<int64_t>(chunk, 64)));
     parallel_for(tasks, grain, [&](int64_t b, int64_t e) {

@@ -87,6 +87,8 @@ struct QuantTile {
     static_assert(!(Min && G16), "group 16 comes with zero points only (Q6_K)");
     static constexpr int kMaxRows = 4;
     static constexpr const char *kName = "portable";
+    // int8 x bytes per row chunk (linear_quant.cpp): a share of L2 next to the panel.
+    static constexpr int64_t kChunkBytes = 192 * 1024;
 
     // Per thread, around a run of calls (a tile on matrix registers loads their configuration here).
     static void begin() {}
