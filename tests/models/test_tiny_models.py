@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from cpuinfer.model_loader import load_model_spec
-from cpuinfer.worker import ModelRunner
+from cpuinfer.worker import ModelRunner, ScheduledSeq
 
 from .greedy import greedy, hf_greedy
 
@@ -122,6 +122,29 @@ def test_fused_layers_equal_the_per_op_path(tmp_path_factory, monkeypatch, name,
     assert tokens == ref_tokens
     for got, want in zip(first, ref_first, strict=True):
         assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("name", ["llama_bias_linear_rope", "gemma3"])
+def test_fused_layer_over_512_tokens_equals_the_per_op_path(tmp_path_factory, monkeypatch, name):
+    """A step of more than 512 tokens: the fused layer runs its MLP 512 rows at a time (a long prefill's largest
+    scratch); every kernel gives a row the same bits in any batch, so the logits equal the per-op path's."""
+    path, _ = _checkpoint(tmp_path_factory, name)
+    spec = load_model_spec(str(path), "bfloat16")
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (300, 290)]
+    results = {}
+    for fused in (True, False):
+        monkeypatch.setenv("CPUINFER_FUSED_LAYERS", "1" if fused else "0")
+        runner = ModelRunner(spec, block_size=16, num_blocks=48, cache_dtype=torch.bfloat16)
+        assert all((layer.fused is not None) == fused for layer in runner.model.layers)
+        seqs = [ScheduledSeq(p, 0, list(range(i * 24, (i + 1) * 24)), True) for i, p in enumerate(prompts)]
+        first = runner.execute(seqs)
+        nxt = [int(t) for t in first.argmax(-1)]
+        second = runner.execute([ScheduledSeq([t], len(p), list(range(i * 24, (i + 1) * 24)), True)
+                                 for i, (p, t) in enumerate(zip(prompts, nxt, strict=True))])
+        results[fused] = (first, second)
+    assert torch.equal(results[True][0], results[False][0])
+    assert torch.equal(results[True][1], results[False][1])
 
 
 def test_fused_layer_rejects_bad_calls(tmp_path_factory):
