@@ -194,8 +194,11 @@ template <typename KeyRow, typename ValueRow>
 inline void flash_unit_amx(const FlashUnit &u, KeyRow &&key, ValueRow &&value) {
     using namespace vec;
     const int64_t D = u.D, W = u.window;
-    thread_local FlashScratch f;
-    f.reserve(D);
+    thread_local FlashScratch tls;
+    FlashScratch &f = tls;  // one TLS lookup: each access to a thread_local in a shared library calls
+    f.reserve(D);           // __tls_get_addr (it was in the PV loop, with a vzeroupper)
+    const uint32_t *kt = f.kt.data();
+    const uint16_t *vv = f.vv.data();
     alignas(64) float s[16 * 32], o[16 * 16];
     alignas(64) bf16_t p_hi[16 * 32], p_lo[16 * 32];
     const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -217,8 +220,8 @@ inline void flash_unit_amx(const FlashUnit &u, KeyRow &&key, ValueRow &&value) {
             _tile_zero(1);
             for (int64_t ch = 0; ch < D / 32; ++ch) {
                 _tile_loadd(2, u.q + r0 * D + ch * 32, D * 2);
-                _tile_loadd(3, f.kt.data() + (ch * 2) * 256, 64);
-                _tile_loadd(4, f.kt.data() + (ch * 2 + 1) * 256, 64);
+                _tile_loadd(3, kt + (ch * 2) * 256, 64);
+                _tile_loadd(4, kt + (ch * 2 + 1) * 256, 64);
                 _tile_dpbf16ps(0, 2, 3);
                 _tile_dpbf16ps(1, 2, 4);
             }
@@ -280,7 +283,7 @@ inline void flash_unit_amx(const FlashUnit &u, KeyRow &&key, ValueRow &&value) {
             _tile_loadd(4, p_lo, 64);
             for (int64_t dc = 0; dc < D / 16; ++dc) {
                 _tile_zero(7);
-                _tile_loadd(6, f.vv.data() + dc * 16 * 32, 64);
+                _tile_loadd(6, vv + dc * 16 * 32, 64);
                 _tile_dpbf16ps(7, 5, 6);
                 _tile_dpbf16ps(7, 4, 6);
                 _tile_stored(7, o, 64);
