@@ -56,11 +56,15 @@ struct Weight {
         auto value = [&] { return uint8_t(extreme ? top * coin(rng()) : val(rng())); };
         u.resize(size_t(N * K));
         for (auto &v : u) v = value();
+        // Extreme scales and minimums include f16 subnormals (the tiles widen f16 in their own ways).
+        std::uniform_int_distribution<int> sub(1, 0x3ff), quarter(0, 3);
+        auto f16 = [&](float v) { return extreme && quarter(rng()) == 0 ? f16_t{uint16_t(sub(rng()) | (coin(rng()) << 15))}
+                                                                         : from_f32<f16_t>(v); };
         d.resize(size_t(N * groups));
-        for (auto &v : d) v = from_f32<f16_t>((coin(rng()) ? 1.0f : -1.0f) * scale(rng()) / float(top + 1));
+        for (auto &v : d) v = f16((coin(rng()) ? 1.0f : -1.0f) * scale(rng()) / float(top + 1));
         if (f.min) {
             m.resize(d.size());
-            for (auto &v : m) v = from_f32<f16_t>(minimum(rng()));
+            for (auto &v : m) v = f16(minimum(rng()));
         } else {
             z.resize(d.size());
             for (auto &v : z) v = value();
