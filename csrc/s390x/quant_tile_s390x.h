@@ -19,13 +19,21 @@
 // magnitude (|u - z| <= 255, |x| <= 127, 32 terms), so adding them to the
 // bits of 1.5 * 2^23 and subtracting 1.5 * 2^23 converts exactly.
 //
-// Registers (32 of 128 bits): one or two rows keep all 16 features; three or
-// four rows run the panel as two halves of 8 features (as the NEON tile).
+// Registers (32 of 128 bits): per row and quad an f32 accumulator and a sum.
+// One row takes all 16 features in one pass over K, two rows 8 features per
+// pass, three or four rows 4 (the largest parts GCC keeps in registers,
+// read from its code); every pass shares its weight operands by all rows.
 #pragma once
 #if defined(__VEC__) && defined(__ARCH__) && __ARCH__ >= 12
 #include <vecintrin.h>
 
 #include <cstring>
+#include <type_traits>
+
+// The tile's loops run over template constants (rows, quads), fully unrolled so
+// that their arrays of registers can live in registers.
+#define CPUINFER_QUANT_UNROLL _Pragma("GCC unroll 16")
+#define CPUINFER_QUANT_INLINE [[gnu::always_inline]] inline
 
 namespace cpuinfer::quant {
 
@@ -84,9 +92,11 @@ struct VxeQuantTile {
     static_assert(!(Min && G16), "group 16 comes with zero points only (Q6_K)");
     static constexpr const char *kName = "vxe";
     static constexpr int kMaxRows = 4;
+    // A running sum of one row and quad: int32 (8-bit), or 16-bit pair sums widened at the epilogue (4-bit).
+    using Sum = std::conditional_t<Bits == 8, vxe::i32x4, vxe::i16x8>;
 
     // Quad q (features 4q..4q+3) of the values for k = 16h + 4j .. +3, as signed bytes.
-    static vxe::i8x16 operand(const uint8_t *qb, int h, int j, int q) {
+    CPUINFER_QUANT_INLINE static vxe::i8x16 operand(const uint8_t *qb, int h, int j, int q) {
         if constexpr (Bits == 8) {
             return (vxe::i8x16)(vec_xl(64 * (4 * h + j) + 16 * q, qb) ^ (unsigned char)0x80);
         } else {
@@ -94,14 +104,90 @@ struct VxeQuantTile {
             return (vxe::i8x16)(h ? v >> 4 : v & (unsigned char)15);
         }
     }
+    CPUINFER_QUANT_INLINE static Sum add(Sum s, vxe::i8x16 u, vxe::i8x16 x) {
+        if constexpr (Bits == 8) return vxe::widen(s, vxe::pairs(vec_splats((short)0), u, x));
+        else return vxe::pairs(s, u, x);
+    }
+    CPUINFER_QUANT_INLINE static vxe::i32x4 total(Sum s) {
+        if constexpr (Bits == 8) return s;
+        else return vxe::widen(vec_splats(0), s);
+    }
 
-    // Features 4*q0 .. 4*(q0 + NQ) - 1 of the panel against MR rows.
-    template <int MR, int NQ>
-    static void part(const QuantRows &x, const QuantPanel &w, float *acc, int q0) {
+    // The sums' start for half H of block b (both halves without G16): 8-bit values are u - 128.
+    template <int MR, int NQ, int H>
+    CPUINFER_QUANT_INLINE static void start(const QuantRows &x, int64_t b, Sum (&s)[MR][NQ]) {
+        CPUINFER_QUANT_UNROLL
+        for (int r = 0; r < MR; ++r) {
+            const int32_t *s16 = x.s16 + r * 2 * x.b_stride + 2 * b;
+            Sum v;
+            if constexpr (Bits == 8) v = vec_splats(128 * (G16 ? s16[H] : s16[0] + s16[1]));
+            else v = vec_splats((short)0);
+            CPUINFER_QUANT_UNROLL
+            for (int q = 0; q < NQ; ++q) s[r][q] = v;
+        }
+    }
+
+    // s[r][q] += the quads' values of k = 16H + 4J .. +3 against row r's x.
+    template <int MR, int NQ, int Q0, int H, int J>
+    CPUINFER_QUANT_INLINE static void step(const QuantRows &x, int64_t b, const uint8_t *qb, Sum (&s)[MR][NQ]) {
+        vxe::i8x16 xb[MR];
+        CPUINFER_QUANT_UNROLL
+        for (int r = 0; r < MR; ++r) xb[r] = vxe::splat4(x.q + r * x.q_stride + b * kBlock + 16 * H + 4 * J);
+        CPUINFER_QUANT_UNROLL
+        for (int q = 0; q < NQ; ++q) {
+            const vxe::i8x16 u = operand(qb, H, J, Q0 + q);
+            CPUINFER_QUANT_UNROLL
+            for (int r = 0; r < MR; ++r) s[r][q] = add(s[r][q], u, xb[r]);
+        }
+    }
+
+    template <int MR, int NQ, int Q0, int H>
+    CPUINFER_QUANT_INLINE static void half_block(const QuantRows &x, int64_t b, const uint8_t *qb, Sum (&s)[MR][NQ]) {
+        step<MR, NQ, Q0, H, 0>(x, b, qb, s);
+        step<MR, NQ, Q0, H, 1>(x, b, qb, s);
+        step<MR, NQ, Q0, H, 2>(x, b, qb, s);
+        step<MR, NQ, Q0, H, 3>(x, b, qb, s);
+    }
+
+    // The f32 steps for group gg (quant_tile.h's order), after half H of block b.
+    template <int MR, int NQ, int Q0, int H>
+    CPUINFER_QUANT_INLINE static void epilogue(const QuantRows &x, const QuantPanel &w, int64_t b, int64_t gg,
+                                               const Sum (&s)[MR][NQ], vxe::f32x4 (&a)[MR][NQ]) {
         using namespace vxe;
-        f32x4 a[MR][NQ];
-        for (int r = 0; r < MR; ++r)
+        CPUINFER_QUANT_UNROLL
+        for (int q = 0; q < NQ; ++q) {
+            const int64_t at = gg * kLanes + 4 * (Q0 + q);
+            const f32x4 d = half4(w.d + at);
+            if constexpr (Min) {
+                const f32x4 m = half4(w.m + at);
+                CPUINFER_QUANT_UNROLL
+                for (int r = 0; r < MR; ++r) {
+                    const f32x4 ddx = d * vec_splats(x.dx[r * x.b_stride + b]);
+                    a[r][q] = vec_madd(to_float(total(s[r][q])), ddx, a[r][q]);
+                    a[r][q] = vec_madd(m, vec_splats(x.sx[r * x.b_stride + b]), a[r][q]);
+                }
+            } else {
+                const i32x4 z = bytes4(w.z + at);
+                CPUINFER_QUANT_UNROLL
+                for (int r = 0; r < MR; ++r) {
+                    const int32_t *s16 = x.s16 + r * 2 * x.b_stride + 2 * b;
+                    const int32_t sum = G16 ? s16[H] : s16[0] + s16[1];
+                    const f32x4 ddx = d * vec_splats(x.dx[r * x.b_stride + b]);
+                    a[r][q] = vec_madd(to_float(total(s[r][q]) - z * vec_splats(sum)), ddx, a[r][q]);
+                }
+            }
+        }
+    }
+
+    // Features 4*Q0 .. 4*(Q0 + NQ) - 1 of the panel against MR rows.
+    template <int MR, int NQ, int Q0>
+    static void part(const QuantRows &x, const QuantPanel &w, float *acc) {
+        vxe::f32x4 a[MR][NQ];
+        CPUINFER_QUANT_UNROLL
+        for (int r = 0; r < MR; ++r) {
+            CPUINFER_QUANT_UNROLL
             for (int q = 0; q < NQ; ++q) a[r][q] = vec_splats(0.0f);
+        }
         int64_t g = 0, in_group = 0;
         for (int64_t b = 0; b < w.blocks; ++b) {
             const uint8_t *qb = w.qs + b * block_bytes(Bits);
@@ -109,61 +195,39 @@ struct VxeQuantTile {
             if constexpr (MR <= 2) {
                 for (int64_t l = 0; l < block_bytes(Bits); l += 256) __builtin_prefetch(qb + 8 * block_bytes(Bits) + l);
             }
-            // 8-bit: int32 sums, started at 128 * sum(x). 4-bit: 16-bit pair sums, widened at the epilogue.
-            i32x4 s[MR][NQ];
-            i16x8 p[MR][NQ];
-            for (int h = 0; h < 2; ++h) {
-                if (h == 0 || G16) {
-                    for (int r = 0; r < MR; ++r) {
-                        const int32_t *s16 = x.s16 + r * 2 * x.b_stride + 2 * b;
-                        const int32_t bias = Bits == 8 ? 128 * (G16 ? s16[h] : s16[0] + s16[1]) : 0;
-                        for (int q = 0; q < NQ; ++q) s[r][q] = vec_splats(bias), p[r][q] = vec_splats((short)0);
-                    }
-                }
-                for (int j = 0; j < 4; ++j) {
-                    i8x16 xb[MR];
-                    for (int r = 0; r < MR; ++r) xb[r] = splat4(x.q + r * x.q_stride + b * kBlock + 16 * h + 4 * j);
-                    for (int q = 0; q < NQ; ++q) {
-                        const i8x16 u = operand(qb, h, j, q0 + q);
-                        for (int r = 0; r < MR; ++r) {
-                            if constexpr (Bits == 8) s[r][q] = widen(s[r][q], pairs(vec_splats((short)0), u, xb[r]));
-                            else p[r][q] = pairs(p[r][q], u, xb[r]);
-                        }
-                    }
-                }
-                if (!G16 && h == 0) continue;  // one epilogue per block: both halves in one sum
-                const int64_t gg = G16 ? 2 * b + h : g;
-                for (int q = 0; q < NQ; ++q) {
-                    const int64_t at = gg * kLanes + 4 * (q0 + q);
-                    const f32x4 d = half4(w.d + at);
-                    for (int r = 0; r < MR; ++r) {
-                        const i32x4 sum4 = Bits == 8 ? s[r][q] : widen(s[r][q], p[r][q]);
-                        const f32x4 ddx = d * vec_splats(x.dx[r * x.b_stride + b]);
-                        if constexpr (Min) {
-                            a[r][q] = vec_madd(to_float(sum4), ddx, a[r][q]);
-                            a[r][q] = vec_madd(half4(w.m + at), vec_splats(x.sx[r * x.b_stride + b]), a[r][q]);
-                        } else {
-                            const int32_t *s16 = x.s16 + r * 2 * x.b_stride + 2 * b;
-                            const int32_t sum = G16 ? s16[h] : s16[0] + s16[1];
-                            a[r][q] = vec_madd(to_float(sum4 - bytes4(w.z + at) * vec_splats(sum)), ddx, a[r][q]);
-                        }
-                    }
-                }
+            Sum s[MR][NQ];
+            start<MR, NQ, 0>(x, b, s);
+            half_block<MR, NQ, Q0, 0>(x, b, qb, s);
+            if constexpr (G16) {  // one group per half
+                epilogue<MR, NQ, Q0, 0>(x, w, b, 2 * b, s, a);
+                start<MR, NQ, 1>(x, b, s);
+                half_block<MR, NQ, Q0, 1>(x, b, qb, s);
+                epilogue<MR, NQ, Q0, 1>(x, w, b, 2 * b + 1, s, a);
+            } else {  // both halves in one sum (4-bit: 8 pairs of at most 1905 per 16-bit lane)
+                half_block<MR, NQ, Q0, 1>(x, b, qb, s);
+                epilogue<MR, NQ, Q0, 1>(x, w, b, g, s, a);
+                if (++in_group == w.bpg) in_group = 0, ++g;
             }
-            if (!G16 && ++in_group == w.bpg) in_group = 0, ++g;
         }
-        for (int r = 0; r < MR; ++r)
-            for (int q = 0; q < NQ; ++q) vec_xst(a[r][q], 0, acc + r * kLanes + 4 * (q0 + q));
+        CPUINFER_QUANT_UNROLL
+        for (int r = 0; r < MR; ++r) {
+            CPUINFER_QUANT_UNROLL
+            for (int q = 0; q < NQ; ++q) vec_xst(a[r][q], 0, acc + r * kLanes + 4 * (Q0 + q));
+        }
     }
 
+    // The panel as parts of NQ quads from quad Q0 on.
+    template <int MR, int NQ, int Q0 = 0>
+    static void parts(const QuantRows &x, const QuantPanel &w, float *acc) {
+        part<MR, NQ, Q0>(x, w, acc);
+        if constexpr (Q0 + NQ < 4) parts<MR, NQ, Q0 + NQ>(x, w, acc);
+    }
+
+    // Quads per part for MR rows: the most whose sums and accumulators GCC keeps in the 32 registers
+    // without spilling in the loop (read from the generated code).
     template <int MR>
     static void tile(const QuantRows &x, const QuantPanel &w, float *acc) {
-        if constexpr (MR <= 2) {
-            part<MR, 4>(x, w, acc, 0);
-        } else {
-            part<MR, 2>(x, w, acc, 0);
-            part<MR, 2>(x, w, acc, 2);
-        }
+        parts<MR, MR == 1 ? 4 : MR == 2 ? 2 : 1>(x, w, acc);
     }
 
     static void run(int mr, const QuantRows &x, const QuantPanel &w, float *acc) {
@@ -185,4 +249,6 @@ struct TileSelect<void> {
 };
 
 }  // namespace cpuinfer::quant
+#undef CPUINFER_QUANT_UNROLL
+#undef CPUINFER_QUANT_INLINE
 #endif
