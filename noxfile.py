@@ -107,7 +107,8 @@ def run_cpp_tests(session: nox.Session, target: str) -> None:
     if not any(a.startswith("-DCPUINFER_ISAS=") for a in extra):
         args.append("-DCPUINFER_ISAS=all")
     session.run("cmake", *args, *extra)
-    session.run("cmake", "--build", build, "--parallel", str(os.cpu_count() or 2))
+    # MAX_JOBS (as for the wheel build) caps the build's parallel jobs on a shared machine.
+    session.run("cmake", "--build", build, "--parallel", os.environ.get("MAX_JOBS") or str(os.cpu_count() or 2))
     session.run("ctest", "--test-dir", build, "--output-on-failure", "--no-tests=error", env=env)
 
 

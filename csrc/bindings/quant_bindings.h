@@ -205,7 +205,7 @@ inline void bind_quant(nb::module_ &m) {
     m.def("quant_rows", &py_quant_rows, nb::arg("out"), nb::arg("weight"), nb::arg("ids"),
           "out[i] = dequantized row ids[i] of a quantized weight.");
     m.def("quant_tile_impl", [] { return std::string(quant_tile_impl()); },
-          "The quantized linear's tile on this variant ('avx512vnni', 'avx2', 'portable').");
+          "The quantized linear's tile on this variant ('avx512vnni', 'neon_i8mm', 'vxe', 'portable', ...).");
 }
 
 }  // namespace cpuinfer::bind

@@ -143,7 +143,8 @@ struct LinearWeight {
 void linear_weight(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_stride, const LinearWeight &w,
                    const void *bias, int64_t M, int64_t N, int64_t K);
 
-// Which tile quant_linear runs on this build ("avx512vnni", "avx2", "portable").
+// Which tile quant_linear runs on this build ("avx512vnni", "avx2", "neon_i8mm",
+// "neon_dotprod", "sve_dotprod", "vxe", "portable").
 const char *quant_tile_impl();
 
 // Peak multiply-add rate of one core on this variant's tile instruction

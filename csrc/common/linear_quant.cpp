@@ -9,8 +9,9 @@
 // the chunk's rows go through the tile in even groups of at most kMaxRows.
 //
 // The weight is never dequantized: its integer values meet the int8
-// activations in the variant's integer dot product (VPDPBUSD on AVX512-VNNI),
-// which reads a 4-bit weight as a quarter of the bytes of bf16.
+// activations in the variant's integer dot product (VPDPBUSD on AVX512-VNNI,
+// USDOT / SDOT on Arm; quant_tile.h lists the tiles), which reads a 4-bit
+// weight as a quarter of the bytes of bf16.
 #include <algorithm>
 #include <cmath>
 #include <limits>

@@ -25,10 +25,16 @@
 // (group 16: one such step per half, else one per block).
 //
 // QuantTile<Bits, Min, G16> is the portable tile (plain loops the compiler
-// vectorizes); an ISA folder may specialise it (csrc/x86/quant_tile_x86.h:
-// AMX-INT8 from 5 rows up, VPDPBUSD on AVX512-VNNI, VPMADDUBSW on AVX2).
+// vectorizes); a vector layer's quant hook may bring its own (kName says
+// which): csrc/x86/quant_tile_x86.h (AMX-INT8 from 5 rows up, VPDPBUSD on
+// AVX512-VNNI, VPMADDUBSW on AVX2), csrc/arm/quant_tile_arm.h (NEON USDOT
+// with i8mm, else SDOT), csrc/arm/quant_tile_sve.h (SVE SDOT),
+// csrc/s390x/quant_tile_s390x.h (VXE byte multiply-and-add).
+// tests/cpp/test_quant.cpp holds each to the portable tile's bits.
 // A tile may read up to kTileReadRows rows of x from where its call starts,
-// whatever its row count: the x buffer is padded for that.
+// whatever its row count: the x buffer is padded for that. A tile has
+// begin()/end() (per thread around a run of calls) and kChunkBytes (the
+// driver's x bytes per row chunk).
 #pragma once
 #include <cmath>
 #include <cstdint>
