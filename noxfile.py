@@ -70,8 +70,16 @@ def install_test_models(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """Static checks: ruff over the Python sources, tests, benchmarks and this file."""
     session.install("ruff")
-    session.run("ruff", "check", "src", "tests", "noxfile.py", "ci", "_build_backend",
-                *(["benchmarks"] if os.path.isdir("benchmarks") else []))
+    session.run(
+        "ruff",
+        "check",
+        "src",
+        "tests",
+        "noxfile.py",
+        "ci",
+        "_build_backend",
+        *(["benchmarks"] if os.path.isdir("benchmarks") else []),
+    )
 
 
 @nox.session
@@ -92,8 +100,11 @@ CROSS_TARGETS = {
     # them in its hwcaps, so the vxe2 program is told to run anyway.
     "s390x": ("cmake/toolchains/s390x-linux-gnu.cmake", [], {"CPUINFER_TEST_IGNORE_CPU": "1"}),
     "apple": ("cmake/toolchains/apple-check-clang.cmake", [], {"CPUINFER_TEST_REQUIRE_CPU": "1"}),
-    "avx512": (None, ["-DCPUINFER_SIMDE_EMULATION=ON", "-DCPUINFER_ISAS=generic,avx512,avx512bf16,amx"],
-               {"CPUINFER_TEST_REQUIRE_CPU": "0"}),
+    "avx512": (
+        None,
+        ["-DCPUINFER_SIMDE_EMULATION=ON", "-DCPUINFER_ISAS=generic,avx512,avx512bf16,amx"],
+        {"CPUINFER_TEST_REQUIRE_CPU": "0"},
+    ),
 }
 
 
@@ -194,8 +205,19 @@ def precompiled(session: nox.Session) -> None:
         python = fresh_venv(session, os.path.join(tmp, "venv"))
         # Build deps into the pip cache and runtime deps installed first: the timed install below is
         # what a developer repeats.
-        session.run(python, "-m", "pip", "install", "-q", "scikit-build-core>=0.11", "nanobind>=2.4",
-                    "setuptools-scm>=8", "numpy>=1.24", "py-cpuinfo>=9", external=True)
+        session.run(
+            python,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "scikit-build-core>=0.11",
+            "nanobind>=2.4",
+            "setuptools-scm>=8",
+            "numpy>=1.24",
+            "py-cpuinfo>=9",
+            external=True,
+        )
         # Compilers and build tools that fail loudly: the install must not touch them.
         nobin = os.path.join(tmp, "nobin")
         os.makedirs(nobin)
@@ -204,8 +226,13 @@ def precompiled(session: nox.Session) -> None:
             with open(path, "w") as f:
                 f.write(f"#!/bin/sh\necho 'precompiled install ran {tool}' >&2\nexit 1\n")
             os.chmod(path, 0o755)
-        env = {"CPUINFER_USE_PRECOMPILED": "1", "CPUINFER_PRECOMPILED_WHEEL_LOCATION": wheel_path,
-               "CC": "false", "CXX": "false", "PATH": nobin + os.pathsep + os.environ["PATH"]}
+        env = {
+            "CPUINFER_USE_PRECOMPILED": "1",
+            "CPUINFER_PRECOMPILED_WHEEL_LOCATION": wheel_path,
+            "CC": "false",
+            "CXX": "false",
+            "PATH": nobin + os.pathsep + os.environ["PATH"],
+        }
         import time
 
         t0 = time.monotonic()
@@ -217,9 +244,17 @@ def precompiled(session: nox.Session) -> None:
         session.chdir(tmp)
         session.run(python, os.path.join(root, "ci", "smoke_test.py"), "--editable", external=True)
         session.run(python, "-m", "pip", "install", "-q", "pytest", external=True)
-        session.run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                    os.path.join(root, "tests", "toolchain", "test_precompiled.py"), external=True,
-                    env={"CPUINFER_PRECOMPILED_WHEEL_LOCATION": wheel_path, "CPUINFER_TEST_PRECOMPILED": "1"})
+        session.run(
+            python,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            os.path.join(root, "tests", "toolchain", "test_precompiled.py"),
+            external=True,
+            env={"CPUINFER_PRECOMPILED_WHEEL_LOCATION": wheel_path, "CPUINFER_TEST_PRECOMPILED": "1"},
+        )
 
 
 @nox.session
@@ -229,21 +264,36 @@ def index(session: nox.Session) -> None:
     with tempfile.TemporaryDirectory(prefix="cpuinfer-index-") as tmp:
         site = os.path.join(tmp, "site")
         session.run(sys.executable, "ci/make_index.py", DIST, site, external=True)
-        server = subprocess.Popen([sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1",
-                                   "--directory", site], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        server = subprocess.Popen(
+            [sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1", "--directory", site],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         try:
             port = wait_for_port(server)
             python = fresh_venv(session, os.path.join(tmp, "venv"))
-            session.run(python, "-m", "pip", "install", "-q", "--index-url", f"http://127.0.0.1:{port}/simple",
-                        "--extra-index-url", "https://pypi.org/simple", "cpuinfer", external=True)
+            session.run(
+                python,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--index-url",
+                f"http://127.0.0.1:{port}/simple",
+                "--extra-index-url",
+                "https://pypi.org/simple",
+                "cpuinfer",
+                external=True,
+            )
             session.chdir(tmp)
             session.run(python, os.path.join(session.invoked_from, "ci", "smoke_test.py"), external=True)
             # A precompiled editable install with no wheel location: the wheel comes from the index.
             env = {"CPUINFER_USE_PRECOMPILED": "1", "CPUINFER_WHEEL_INDEX": f"http://127.0.0.1:{port}/simple"}
-            session.run(python, "-m", "pip", "install", "-q", "--no-deps", "-e", session.invoked_from, env=env,
-                        external=True)
-            session.run(python, os.path.join(session.invoked_from, "ci", "smoke_test.py"), "--editable",
-                        external=True)
+            session.run(
+                python, "-m", "pip", "install", "-q", "--no-deps", "-e", session.invoked_from, env=env, external=True
+            )
+            session.run(python, os.path.join(session.invoked_from, "ci", "smoke_test.py"), "--editable", external=True)
         finally:
             server.terminate()
             server.wait(timeout=10)
@@ -273,7 +323,8 @@ def emulated_avx2(session: nox.Session) -> None:
     # Default: the short emulated check. Any test file can run here too, e.g.
     # `nox -s emulated_avx2 -- tests/toolchain/test_dispatch.py` (slow: every child imports torch under qemu).
     tests = [os.path.join(session.invoked_from, t) for t in session.posargs] or [
-        os.path.join(session.invoked_from, "tests", "toolchain", "test_emulated.py")]
+        os.path.join(session.invoked_from, "tests", "toolchain", "test_emulated.py")
+    ]
     session.run(*QEMU_X86, python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests, env=env, external=True)
 
 
@@ -297,10 +348,14 @@ def llama_cpp_build_env() -> dict[str, str]:
     if not (shutil.which("clang") and shutil.which("clang++")):
         return env
     env.update(CC="clang", CXX="clang++")
-    macros = subprocess.run(["clang", "-march=native", "-dM", "-E", "-x", "c", os.devnull],
-                            capture_output=True, text=True).stdout
-    defs = [f"-D__AMX_{name}__" for name in ("TILE", "INT8", "BF16")
-            if f"__AMX{name}__" in macros and f"__AMX_{name}__" not in macros]
+    macros = subprocess.run(
+        ["clang", "-march=native", "-dM", "-E", "-x", "c", os.devnull], capture_output=True, text=True
+    ).stdout
+    defs = [
+        f"-D__AMX_{name}__"
+        for name in ("TILE", "INT8", "BF16")
+        if f"__AMX{name}__" in macros and f"__AMX_{name}__" not in macros
+    ]
     if defs:
         env.update(CFLAGS=" ".join(defs), CXXFLAGS=" ".join(defs))
     return env

@@ -91,6 +91,7 @@ def _write_metadata(dest: Path) -> str:
     else:
         import tomli as tomllib
     from packaging.version import Version
+
     try:  # scikit-build-core vendors it
         from scikit_build_core._vendor.pyproject_metadata import StandardMetadata
     except ImportError:
@@ -188,8 +189,9 @@ def _checkout_version() -> str | None:
 
         version = get_version(root=str(ROOT), fallback_version="0.0.0")
     except Exception as e:  # noqa: BLE001 - no git, no scm metadata: a development checkout
-        print(f"cpuinfer: no release version from git ({type(e).__name__}: {e}); taking the newest wheel",
-              file=sys.stderr)
+        print(
+            f"cpuinfer: no release version from git ({type(e).__name__}: {e}); taking the newest wheel", file=sys.stderr
+        )
         return None
     return None if any(part in version for part in ("dev", "+")) else version
 

@@ -18,7 +18,6 @@ except _metadata.PackageNotFoundError:  # running from a tree that was never ins
     __version__ = "0+unknown"
 
 
-
 def _run_by_cli() -> bool:
     import os
     import sys

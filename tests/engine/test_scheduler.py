@@ -17,11 +17,17 @@ from cpuinfer.sampling_params import SamplingParams
 from .fake_runner import VOCAB, FakeRunner, reference_greedy
 
 
-def make_core(num_blocks=64, block_size=16, batched=4096, seqs=256, max_len=512, caching=True, threshold=0,
-              eos=()):
+def make_core(num_blocks=64, block_size=16, batched=4096, seqs=256, max_len=512, caching=True, threshold=0, eos=()):
     runner = FakeRunner(num_blocks, block_size)
-    core = EngineCore(runner, SchedulerConfig(batched, seqs, max_len, threshold), num_blocks, block_size, caching,
-                      list(eos), RequestLimits(max_model_len=max_len, vocab_size=VOCAB))
+    core = EngineCore(
+        runner,
+        SchedulerConfig(batched, seqs, max_len, threshold),
+        num_blocks,
+        block_size,
+        caching,
+        list(eos),
+        RequestLimits(max_model_len=max_len, vocab_size=VOCAB),
+    )
     return core, runner
 
 
@@ -47,15 +53,18 @@ def prompts_(n, seed=0, shared=0):
     return [prefix + [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 70))] for _ in range(n)]
 
 
-@pytest.mark.parametrize("kw", [
-    dict(),
-    dict(batched=16),  # chunked prefill forced small
-    dict(threshold=5),  # long-prefill threshold
-    dict(caching=False),
-    dict(num_blocks=12, max_len=160),  # tiny pool: preemption by recompute
-    dict(num_blocks=12, max_len=160, batched=16, caching=False),
-    dict(seqs=3),
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(),
+        dict(batched=16),  # chunked prefill forced small
+        dict(threshold=5),  # long-prefill threshold
+        dict(caching=False),
+        dict(num_blocks=12, max_len=160),  # tiny pool: preemption by recompute
+        dict(num_blocks=12, max_len=160, batched=16, caching=False),
+        dict(seqs=3),
+    ],
+)
 def test_greedy_tokens_independent_of_batching(kw):
     ps = prompts_(32, shared=40)
     core, runner = make_core(**kw)
@@ -110,13 +119,13 @@ def test_eos_stop_token_and_min_tokens():
     ref = reference_greedy(p, 10)
     eos = ref[3]
     core, _ = make_core(eos=[eos])
-    assert run(core, [p], 10)[0] == ref[:ref.index(eos) + 1]
+    assert run(core, [p], 10)[0] == ref[: ref.index(eos) + 1]
     core, _ = make_core(eos=[eos])
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
     assert run(core, [p], 10, params)[0] == ref
     core, _ = make_core()
     params = SamplingParams(temperature=0, max_tokens=10, stop_token_ids=[ref[2]])
-    assert run(core, [p], 10, params)[0] == ref[:ref.index(ref[2]) + 1]
+    assert run(core, [p], 10, params)[0] == ref[: ref.index(ref[2]) + 1]
 
 
 def test_abort_frees_blocks():

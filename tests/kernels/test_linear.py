@@ -37,7 +37,7 @@ def test_linear(kernels, dtype, m, n, k, bias):
 def test_linear_strided_rows(kernels, dtype):
     # x rows are a column slice of a wider tensor and out is a slice too: only the last dim is contiguous.
     big = torch.randn(5, 200, dtype=dtype)
-    x = big[:, 7:7 + 131]
+    x = big[:, 7 : 7 + 131]
     w = (torch.randn(70, 131) / 131**0.5).to(dtype)
     out_big = torch.full((5, 90), 7.0, dtype=dtype)
     out = out_big[:, 10:80]
@@ -102,8 +102,6 @@ def test_ops_linear_leading_dims_and_fallback(dtype):
     wt = w.T.contiguous().T
     x = torch.randn(4, 80, dtype=dtype)[:, ::2]
     torch.testing.assert_close(ops.linear(x, wt).float(), x.float() @ w.float().T, **LINEAR_TOL[dtype])
-
-
 
 
 def _layout(kernels, dtype):
@@ -188,13 +186,13 @@ def test_packed_linear_strided_and_misaligned(kernels, dtype):
     cols, pair = _layout(kernels, dtype)
     k, n, m = 6 * cols, 2 * cols + 5, 40
     big = torch.randn(m, k + 9, dtype=dtype)
-    x = big[:, 3:3 + k]
+    x = big[:, 3 : 3 + k]
     w = (torch.randn(n, k) / k**0.5).to(dtype)
     out_big = torch.full((m, n + 11), 7.0, dtype=dtype)
-    out = out_big[:, 5:5 + n]
+    out = out_big[:, 5 : 5 + n]
     kernels.linear(out, x, _pack(kernels, w), None, packed=True)
     _check(out, x, w, None, dtype)
-    assert (out_big[:, :5] == 7).all() and (out_big[:, 5 + n:] == 7).all()
+    assert (out_big[:, :5] == 7).all() and (out_big[:, 5 + n :] == 7).all()
 
 
 def test_packed_weight_bad_input(kernels):
@@ -217,14 +215,25 @@ def test_packed_weight_bad_input(kernels):
         kernels.linear_pack_pair("int8")
     packed = _pack(kernels, w)
     with pytest.raises(ValueError, match="in_features"):
-        kernels.linear(torch.empty(2, 8, dtype=torch.bfloat16), torch.randn(2, cols + 2, dtype=torch.bfloat16), packed,
-                       None, packed=True)
+        kernels.linear(
+            torch.empty(2, 8, dtype=torch.bfloat16),
+            torch.randn(2, cols + 2, dtype=torch.bfloat16),
+            packed,
+            None,
+            packed=True,
+        )
     with pytest.raises(ValueError, match="out must be"):
-        kernels.linear(torch.empty(2, 9, dtype=torch.bfloat16), torch.randn(2, cols, dtype=torch.bfloat16), packed,
-                       None, packed=True)
+        kernels.linear(
+            torch.empty(2, 9, dtype=torch.bfloat16),
+            torch.randn(2, cols, dtype=torch.bfloat16),
+            packed,
+            None,
+            packed=True,
+        )
     with pytest.raises(TypeError, match="input has dtype int32; supported dtypes"):
-        kernels.linear(torch.empty(2, 8, dtype=torch.bfloat16), torch.zeros(2, cols, dtype=torch.int32), packed,
-                       None, packed=True)
+        kernels.linear(
+            torch.empty(2, 8, dtype=torch.bfloat16), torch.zeros(2, cols, dtype=torch.int32), packed, None, packed=True
+        )
 
 
 def test_packed_rows_read_embeddings_back():
@@ -238,8 +247,9 @@ def test_packed_rows_read_embeddings_back():
     assert torch.equal(ops.packed_rows(packed, ids), w[ids])
     assert torch.equal(ops.packed_rows(packed, ids[:4]), w[ids[:4]])
     x = torch.randn(2, w.shape[1], dtype=torch.bfloat16)
-    torch.testing.assert_close(ops.linear(x, packed, packed=True).float(), x.float() @ w.float().T,
-                               **LINEAR_TOL[torch.bfloat16])
+    torch.testing.assert_close(
+        ops.linear(x, packed, packed=True).float(), x.float() @ w.float().T, **LINEAR_TOL[torch.bfloat16]
+    )
     for bad in ([n], [-1]):
         with pytest.raises(IndexError, match="token ids"):
             ops.packed_rows(packed, torch.tensor(bad))

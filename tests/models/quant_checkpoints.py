@@ -66,16 +66,21 @@ def gptq_tensors(q, scales, zeros, g_idx, bits: int, v1: bool = True) -> dict[st
     z = zeros.numpy().T - (1 if v1 else 0)
     z = z & (2**bits - 1)
     qweight = pack_words(np.ascontiguousarray(q.numpy()), bits).T  # [N, K/per] -> [K/per, N]
-    return {"qweight": torch.from_numpy(np.ascontiguousarray(qweight)),
-            "qzeros": torch.from_numpy(pack_words(np.ascontiguousarray(z), bits)),
-            "scales": scales.T.contiguous(), "g_idx": torch.from_numpy(g_idx.astype(np.int32))}
+    return {
+        "qweight": torch.from_numpy(np.ascontiguousarray(qweight)),
+        "qzeros": torch.from_numpy(pack_words(np.ascontiguousarray(z), bits)),
+        "scales": scales.T.contiguous(),
+        "g_idx": torch.from_numpy(g_idx.astype(np.int32)),
+    }
 
 
 def awq_tensors(q, scales, zeros) -> dict[str, torch.Tensor]:
     """Our AWQ packer: qweight [K, N / 8], qzeros [G, N / 8] in AWQ's order, scales [G, N]."""
-    return {"qweight": torch.from_numpy(pack_words(np.ascontiguousarray(q.numpy().T), 4, AWQ_ORDER)),
-            "qzeros": torch.from_numpy(pack_words(np.ascontiguousarray(zeros.numpy().T), 4, AWQ_ORDER)),
-            "scales": scales.T.contiguous()}
+    return {
+        "qweight": torch.from_numpy(pack_words(np.ascontiguousarray(q.numpy().T), 4, AWQ_ORDER)),
+        "qzeros": torch.from_numpy(pack_words(np.ascontiguousarray(zeros.numpy().T), 4, AWQ_ORDER)),
+        "scales": scales.T.contiguous(),
+    }
 
 
 def group_index(k: int, group: int, act_order: bool, seed: int) -> np.ndarray:
@@ -108,8 +113,14 @@ def _awq(w: torch.Tensor, opts: dict, seed: int):
 
 def gptq_config(opts: dict) -> dict:
     """quantization_config as optimum / gptqmodel write it."""
-    return {"quant_method": "gptq", "bits": opts["bits"], "group_size": opts["group"], "sym": opts["sym"],
-            "desc_act": opts["act_order"], "checkpoint_format": "gptq" if opts.get("v1", True) else "gptq_v2"}
+    return {
+        "quant_method": "gptq",
+        "bits": opts["bits"],
+        "group_size": opts["group"],
+        "sym": opts["sym"],
+        "desc_act": opts["act_order"],
+        "checkpoint_format": "gptq" if opts.get("v1", True) else "gptq_v2",
+    }
 
 
 def awq_config(opts: dict) -> dict:
@@ -122,11 +133,17 @@ def ct_scheme(opts: dict):
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
 
     w8a8 = opts["scheme"] == "W8A8"
-    args = QuantizationArgs(num_bits=8 if w8a8 else opts.get("bits", 4), type="int", symmetric=opts.get("sym", True),
-                            strategy="group" if opts.get("group") else "channel", group_size=opts.get("group"))
+    args = QuantizationArgs(
+        num_bits=8 if w8a8 else opts.get("bits", 4),
+        type="int",
+        symmetric=opts.get("sym", True),
+        strategy="group" if opts.get("group") else "channel",
+        group_size=opts.get("group"),
+    )
     acts = QuantizationArgs(num_bits=8, type="int", symmetric=True, strategy="token", dynamic=True) if w8a8 else None
-    return QuantizationScheme(targets=["Linear"], weights=args, input_activations=acts,
-                              format="int-quantized" if w8a8 else "pack-quantized")
+    return QuantizationScheme(
+        targets=["Linear"], weights=args, input_activations=acts, format="int-quantized" if w8a8 else "pack-quantized"
+    )
 
 
 def _ct(w: torch.Tensor, opts: dict, seed: int):
@@ -147,8 +164,9 @@ def ct_config(opts: dict) -> dict:
     from compressed_tensors.quantization import QuantizationConfig
 
     scheme = ct_scheme(opts)
-    cfg = QuantizationConfig(config_groups={"group_0": scheme}, format=scheme.format, ignore=["lm_head"],
-                             quantization_status="compressed")
+    cfg = QuantizationConfig(
+        config_groups={"group_0": scheme}, format=scheme.format, ignore=["lm_head"], quantization_status="compressed"
+    )
     return cfg.model_dump(mode="json")
 
 
@@ -166,8 +184,11 @@ def hf_from_gguf(gguf_path: str, out: str) -> str:
     config = model.config.to_dict()
     config.pop("quantization_config", None)
     config["architectures"] = [type(model).__name__]
-    state = {k: v.contiguous() for k, v in model.state_dict().items()
-             if not (k == "lm_head.weight" and config.get("tie_word_embeddings"))}
+    state = {
+        k: v.contiguous()
+        for k, v in model.state_dict().items()
+        if not (k == "lm_head.weight" and config.get("tie_word_embeddings"))
+    }
     save_file(state, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(config, f)

@@ -19,8 +19,14 @@ transformers = pytest.importorskip("transformers")
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
-                                      num_attention_heads=1, num_key_value_heads=1)
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+    )
     path = tmp_path_factory.mktemp("tiny_llama")
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(path)
     return path
@@ -140,6 +146,9 @@ def test_unsupported_gguf_tensor_type(tmp_path):
     path = tmp_path / "f64.gguf"
     _write_gguf(path, "llama", np.float64)
     spec = load_model_spec(str(path))
-    with pytest.raises(ModelLoadError, match=r"tensor 'token_embd\.weight' has GGUF type F64, which cpuinfer cannot "
-                                             r"read; supported types: F32, F16, BF16, Q4_0"):
+    with pytest.raises(
+        ModelLoadError,
+        match=r"tensor 'token_embd\.weight' has GGUF type F64, which cpuinfer cannot "
+        r"read; supported types: F32, F16, BF16, Q4_0",
+    ):
         ModelRunner(spec, 16, 4, torch.float32)

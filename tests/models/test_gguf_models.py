@@ -39,8 +39,10 @@ MODELS = {
     "smollm2": (smollm2_path, "LlamaForCausalLM"),
     "gemma3": (gemma3_path, "Gemma3ForCausalLM"),
 }
-CHATS = [[{"role": "user", "content": "What is the capital of France?"}],
-         [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name three colours."}]]
+CHATS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name three colours."}],
+]
 TEXTS = ["The quick brown fox", "def fibonacci(n):\n    ", "Once upon a time, in a land far away,"]
 
 
@@ -62,8 +64,9 @@ def gguf(request):
     assert spec.architecture == arch
     runner = ModelRunner(spec, block_size=16, num_blocks=48, cache_dtype=torch.float32)
     directory, name = os.path.split(path)
-    model = transformers.AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32,
-                                                              attn_implementation="eager").eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        directory, gguf_file=name, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
     return request.param, path, spec, runner, model
 
 
@@ -75,8 +78,9 @@ def test_greedy_matches_transformers(gguf):
     for mode in (dict(), dict(chunk=16), dict(batched=True)):
         out, first = greedy(runner, prompts, NEW_TOKENS, **mode)
         for i, toks in enumerate(out):
-            assert toks == ref[i][0], f"{name} {mode} prompt {i}: {spec.tokenizer.decode(toks)!r} vs " \
-                                      f"{spec.tokenizer.decode(ref[i][0])!r}"
+            assert toks == ref[i][0], (
+                f"{name} {mode} prompt {i}: {spec.tokenizer.decode(toks)!r} vs {spec.tokenizer.decode(ref[i][0])!r}"
+            )
             torch.testing.assert_close(first[i], ref[i][1], atol=2e-3, rtol=1e-3)
 
 
@@ -106,8 +110,9 @@ def test_tokenizer_matches_transformers(gguf):
         assert spec.tokenizer.decode(ours, skip_special_tokens=True) == hf_tok.decode(ours, skip_special_tokens=True)
     if spec.chat_template:
         for chat in CHATS:
-            assert spec.apply_chat_template(chat) == hf_tok.apply_chat_template(chat, tokenize=False,
-                                                                                add_generation_prompt=True)
+            assert spec.apply_chat_template(chat) == hf_tok.apply_chat_template(
+                chat, tokenize=False, add_generation_prompt=True
+            )
 
 
 def test_spec(gguf):

@@ -25,8 +25,13 @@ from ..kernels.test_quant_linear import int8_rows
 from . import quant_reference as ref
 from .quant_checkpoints import _ct, awq_tensors, ct_config, gptq_config, gptq_tensors, group_index, rtn
 
-GPTQ_CASES = [(bits, group, sym, act) for bits in (4, 8) for group in (32, 128, -1) for sym in (True, False)
-              for act in (False, True)]
+GPTQ_CASES = [
+    (bits, group, sym, act)
+    for bits in (4, 8)
+    for group in (32, 128, -1)
+    for sym in (True, False)
+    for act in (False, True)
+]
 
 
 def weight(n: int = 96, k: int = 256, seed: int = 0) -> torch.Tensor:
@@ -73,8 +78,9 @@ def test_gptq_layer_matches_reference(kernels, bits, group, sym, act, fmt):
     t = gptq_tensors(q, scales, zeros, g_idx, bits, v1=fmt == "gptq")
     dequant = ref.autogptq_dequantize if fmt == "gptq" else ref.gptqmodel_dequantize_v2
     dense = dequant(t["qweight"], t["qzeros"], t["scales"].float(), t["g_idx"], bits).T.float()
-    s = gptq.scheme({**gptq_config(dict(bits=bits, group=group, sym=sym, act_order=act)), "checkpoint_format": fmt},
-                    "test")
+    s = gptq.scheme(
+        {**gptq_config(dict(bits=bits, group=group, sym=sym, act_order=act)), "checkpoint_format": fmt}, "test"
+    )
     qw = gptq.read(layer(t, "gptq"), s)
     assert (qw.perm is not None) == (act and group != -1)
     assert torch.equal(qw.dequantize(), dense)
@@ -115,15 +121,26 @@ def test_awq_packer_and_layer_match_autoawq(kernels, group):
     from compressed_tensors.entrypoints.convert.converters.autoawq import AutoAWQConverter
 
     conv = AutoAWQConverter(bits=4, group_size=group).process({f"l.{k}": v for k, v in ours.items()})
-    scheme = ct.quantization.QuantizationScheme(targets=["Linear"], weights=ct.quantization.QuantizationArgs(
-        num_bits=4, type="int", symmetric=False, strategy="group", group_size=group))
+    scheme = ct.quantization.QuantizationScheme(
+        targets=["Linear"],
+        weights=ct.quantization.QuantizationArgs(
+            num_bits=4, type="int", symmetric=False, strategy="group", group_size=group
+        ),
+    )
     got = BaseCompressor.load_from_registry("pack-quantized").decompress(
-        {k.removeprefix("l."): v for k, v in conv.items()}, scheme)["weight"]
+        {k.removeprefix("l."): v for k, v in conv.items()}, scheme
+    )["weight"]
     assert got.dtype == torch.float16 and torch.equal(qw.dequantize().half(), got)  # it multiplies in f16
 
 
-CT_CASES = [dict(scheme="W8A8"), dict(scheme="W8A8", sym=False), dict(scheme="W4A16", group=32),
-            dict(scheme="W4A16", group=128, sym=False), dict(scheme="W4A16", sym=False), dict(scheme="W4A16", bits=8)]
+CT_CASES = [
+    dict(scheme="W8A8"),
+    dict(scheme="W8A8", sym=False),
+    dict(scheme="W4A16", group=32),
+    dict(scheme="W4A16", group=128, sym=False),
+    dict(scheme="W4A16", sym=False),
+    dict(scheme="W4A16", bits=8),
+]
 
 
 @pytest.mark.parametrize("opts", CT_CASES, ids=lambda o: "-".join(f"{k}{v}" for k, v in o.items()))

@@ -68,7 +68,7 @@ def check_stream(text: str) -> None:
     """A complete event stream: JSON events, at most one error event (the last before [DONE]), then [DONE]."""
     # SSE lines end at CR or LF only; str.splitlines() would also split inside generated text at U+2028,
     # U+0085 or \x1c (JSON leaves those unescaped).
-    events = [line[len("data: "):] for line in re.split(r"\r\n|\r|\n", text) if line.startswith("data: ")]
+    events = [line[len("data: ") :] for line in re.split(r"\r\n|\r|\n", text) if line.startswith("data: ")]
     assert events and events[-1] == "[DONE]", text[-500:]
     bodies = [json.loads(e) for e in events[:-1]]
     errors = [i for i, b in enumerate(bodies) if "error" in b]
@@ -103,8 +103,14 @@ def test_no_server_errors_no_hangs_streams_complete_and_health_stays_fast(operat
                 # Half the generating cases as streams, read to the end here: schemathesis' own transport
                 # stops reading an event stream after a few events.
                 case.body["stream"] = True
-                response = Reply(health.post(server.url + path, json=case.body,  # noqa: B023 - as above
-                                             headers=server.headers(), timeout=60))
+                response = Reply(
+                    health.post(
+                        server.url + path,  # noqa: B023 - as above
+                        json=case.body,
+                        headers=server.headers(),
+                        timeout=60,
+                    )
+                )
             else:
                 response = case.call(base_url=server.url, headers=server.headers(), timeout=60)
             if response.status_code >= 500:

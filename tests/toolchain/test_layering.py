@@ -10,9 +10,19 @@ import re
 
 import cpuinfer
 
-LAYERS = {"cli": 0, "entrypoints": 0, "engine": 1, "worker": 2, "quantization": 3,
-          "models": 3, "model_loader": 3, "attention": 3, "ops": 3, "sampling": 3,
-          "structured": 3}
+LAYERS = {
+    "cli": 0,
+    "entrypoints": 0,
+    "engine": 1,
+    "worker": 2,
+    "quantization": 3,
+    "models": 3,
+    "model_loader": 3,
+    "attention": 3,
+    "ops": 3,
+    "sampling": 3,
+    "structured": 3,
+}
 ROOT = pathlib.Path(cpuinfer.__file__).parent
 
 
@@ -47,8 +57,10 @@ def test_no_layer_imports_a_layer_above_it():
     assert not upward, "imports against the layer direction (see CONTRIBUTING.md):\n" + "\n".join(upward)
 
 
-ARCH_CONDITION = re.compile(r"__x86_64__|__aarch64__|__s390x__|__AVX|__AMX|__ARM_"
-                            r"|CPUINFER_VEC_[A-Z0-9]+\b(?<!HEADER)|CPUINFER_ATTN_(AMX|DPBF16|IMPL)|CPUINFER_SIMDE")
+ARCH_CONDITION = re.compile(
+    r"__x86_64__|__aarch64__|__s390x__|__AVX|__AMX|__ARM_"
+    r"|CPUINFER_VEC_[A-Z0-9]+\b(?<!HEADER)|CPUINFER_ATTN_(AMX|DPBF16|IMPL)|CPUINFER_SIMDE"
+)
 
 
 def test_common_kernels_have_no_architecture_conditions():

@@ -19,8 +19,10 @@ spec.loader.exec_module(make_index)
 def fake_wheel(folder: Path, name: str, version: str, requires_python: str = ">=3.10") -> Path:
     path = folder / f"{name}-{version}-py3-none-any.whl"
     with zipfile.ZipFile(path, "w") as zf:
-        zf.writestr(f"{name}-{version}.dist-info/METADATA",
-                    f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\nRequires-Python: {requires_python}\n")
+        zf.writestr(
+            f"{name}-{version}.dist-info/METADATA",
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\nRequires-Python: {requires_python}\n",
+        )
     return path
 
 

@@ -104,8 +104,7 @@ class Scheduler:
                 budget -= n
 
         # New requests only when nothing had to be preempted (the pool is tight otherwise).
-        while (not preempted_now and self.waiting and budget > 0
-               and len(self.running) < cfg.max_num_seqs):
+        while not preempted_now and self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
             req = self.waiting[0]
             hit_blocks: list[int] = []
             fresh = not req.block_ids and req.num_computed_tokens == 0
@@ -140,7 +139,7 @@ class Scheduler:
             sample = start + n == req.num_tokens
             out.requests.append(req)
             out.num_tokens.append(n)
-            out.seqs.append(ScheduledSeq(req.all_token_ids[start:start + n], start, req.block_ids, sample))
+            out.seqs.append(ScheduledSeq(req.all_token_ids[start : start + n], start, req.block_ids, sample))
             if sample:
                 out.sampled.append(req)
         return out
@@ -191,8 +190,9 @@ class Scheduler:
                 while req.num_cached_blocks < full:
                     i = req.num_cached_blocks
                     parent = req.block_hashes[i - 1] if i else None
-                    self.pool.cache_block(req.block_ids[i], req.block_hashes[i], parent,
-                                          req.all_token_ids[i * bs:(i + 1) * bs])
+                    self.pool.cache_block(
+                        req.block_ids[i], req.block_hashes[i], parent, req.all_token_ids[i * bs : (i + 1) * bs]
+                    )
                     req.num_cached_blocks += 1
             if seq.sample and req.check_stop(self.config.max_model_len):
                 self.running.remove(req)

@@ -61,8 +61,9 @@ class EngineAdapter:
         """Why the engine is not healthy (or 'ready')."""
         raise NotImplementedError
 
-    def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
-               ) -> AsyncIterator[list[ChoiceDelta]]:
+    def submit(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> AsyncIterator[list[ChoiceDelta]]:
         """Start one request (all n choices) now and return its deltas; leaving the iterator early aborts it.
 
         Raises at once, before anything is sent to the client: InvalidRequestError (a limit),

@@ -221,8 +221,15 @@ class _CompletionFormat(_Format):
         self.req = req
 
     def _body(self, choices: list[CompletionChoice], usage: UsageInfo | None) -> dict:
-        return dump(CompletionResponse(id=self.job.request_id, created=self.created, model=self.serving.model_name,
-                                       choices=choices, usage=usage))
+        return dump(
+            CompletionResponse(
+                id=self.job.request_id,
+                created=self.created,
+                model=self.serving.model_name,
+                choices=choices,
+                usage=usage,
+            )
+        )
 
     def _echo(self, i: int) -> str:
         return (self.job.prompts[i // self.job.n].text or "") if self.req.echo else ""
@@ -237,8 +244,14 @@ class _CompletionFormat(_Format):
         lp = self.serving.completion_logprobs(d.logprobs or [], k, len(state.text)) if k is not None else None
         if not (d.text or d.finish_reason is not None or (lp and lp.tokens)):
             return None
-        return self._body([CompletionChoice(index=d.index, text=d.text, logprobs=lp, finish_reason=d.finish_reason,
-                                            stop_reason=d.stop_reason)], None)
+        return self._body(
+            [
+                CompletionChoice(
+                    index=d.index, text=d.text, logprobs=lp, finish_reason=d.finish_reason, stop_reason=d.stop_reason
+                )
+            ],
+            None,
+        )
 
     def usage_chunk(self, usage: UsageInfo) -> dict:
         return self._body([], usage)
@@ -249,10 +262,14 @@ class _CompletionFormat(_Format):
         for i, s in enumerate(self.job.states):
             prefix = self._echo(i)
             lp = self.serving.completion_logprobs(s.logprobs, k, len(prefix)) if k is not None else None
-            choices.append(CompletionChoice(index=i, text=prefix + s.text, logprobs=lp, finish_reason=s.finish_reason,
-                                            stop_reason=s.stop_reason))
-        return CompletionResponse(id=self.job.request_id, model=self.serving.model_name, choices=choices,
-                                  usage=self.job.usage())
+            choices.append(
+                CompletionChoice(
+                    index=i, text=prefix + s.text, logprobs=lp, finish_reason=s.finish_reason, stop_reason=s.stop_reason
+                )
+            )
+        return CompletionResponse(
+            id=self.job.request_id, model=self.serving.model_name, choices=choices, usage=self.job.usage()
+        )
 
 
 class _ChatFormat(_Format):
@@ -264,13 +281,22 @@ class _ChatFormat(_Format):
         self.streams = [ToolCallStream(parser) for _ in job.states] if parser else []
 
     def _body(self, choices: list[ChatStreamChoice], usage: UsageInfo | None) -> dict:
-        return chat_chunk_json(ChatCompletionChunk(id=self.job.request_id, created=self.created,
-                                                   model=self.serving.model_name, choices=choices, usage=usage))
+        return chat_chunk_json(
+            ChatCompletionChunk(
+                id=self.job.request_id,
+                created=self.created,
+                model=self.serving.model_name,
+                choices=choices,
+                usage=usage,
+            )
+        )
 
     def opening(self) -> list[dict]:
         usage = self.job.usage() if _continuous(self.req) else None
-        return [self._body([ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))], usage)
-                for i in range(len(self.job.states))]
+        return [
+            self._body([ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))], usage)
+            for i in range(len(self.job.states))
+        ]
 
     def chunk(self, d: ChoiceDelta, state: ChoiceState) -> dict | None:
         lp = self.serving.chat_logprobs(d.logprobs or [], self.k) if self.k is not None else None
@@ -282,8 +308,14 @@ class _ChatFormat(_Format):
         if not (text or calls or finish is not None or (lp and lp.content)):
             return None
         delta = DeltaMessage(content=text or None, tool_calls=calls or None)
-        return self._body([ChatStreamChoice(index=d.index, delta=delta, logprobs=lp, finish_reason=finish,
-                                            stop_reason=d.stop_reason)], None)
+        return self._body(
+            [
+                ChatStreamChoice(
+                    index=d.index, delta=delta, logprobs=lp, finish_reason=finish, stop_reason=d.stop_reason
+                )
+            ],
+            None,
+        )
 
     def usage_chunk(self, usage: UsageInfo) -> dict:
         return self._body([], usage)
@@ -293,18 +325,27 @@ class _ChatFormat(_Format):
             return ChatResponseMessage(content=s.text), s.finish_reason
         stream = ToolCallStream(self.parser, s.text)
         content, calls = stream.final_calls()
-        return (ChatResponseMessage(content=content or None, tool_calls=calls),
-                _finish_reason(s.finish_reason, bool(calls)))
+        return (
+            ChatResponseMessage(content=content or None, tool_calls=calls),
+            _finish_reason(s.finish_reason, bool(calls)),
+        )
 
     def response(self) -> ChatCompletionResponse:
         choices = []
         for i, s in enumerate(self.job.states):
             message, finish = self._message(s)
-            choices.append(ChatChoice(index=i, message=message, finish_reason=finish, stop_reason=s.stop_reason,
-                                      logprobs=self.serving.chat_logprobs(s.logprobs, self.k)
-                                      if self.k is not None else None))
-        return ChatCompletionResponse(id=self.job.request_id, model=self.serving.model_name, choices=choices,
-                                      usage=self.job.usage())
+            choices.append(
+                ChatChoice(
+                    index=i,
+                    message=message,
+                    finish_reason=finish,
+                    stop_reason=s.stop_reason,
+                    logprobs=self.serving.chat_logprobs(s.logprobs, self.k) if self.k is not None else None,
+                )
+            )
+        return ChatCompletionResponse(
+            id=self.job.request_id, model=self.serving.model_name, choices=choices, usage=self.job.usage()
+        )
 
 
 def _finish_reason(reason: str | None, called: bool) -> str | None:
@@ -319,8 +360,15 @@ def _continuous(req: SamplingFields) -> bool:
 class OpenAIServing:
     """Handlers of every OpenAI route, bound to one engine and one served model name."""
 
-    def __init__(self, engine: EngineAdapter, served_model_names: list[str], metrics: ServerMetrics | None,
-                 log_requests: bool = True, tool_call_parser: str | None = None, chat_template: str | None = None):
+    def __init__(
+        self,
+        engine: EngineAdapter,
+        served_model_names: list[str],
+        metrics: ServerMetrics | None,
+        log_requests: bool = True,
+        tool_call_parser: str | None = None,
+        chat_template: str | None = None,
+    ):
         self.engine = engine
         self.tool_call_parser = tool_call_parser  # tool_choice "auto" works only with one
         self.chat_template = chat_template
@@ -338,8 +386,9 @@ class OpenAIServing:
     def check_model(self, model: str | None) -> None:
         """404 unless `model` is one of ours (an omitted model means the default)."""
         if model is not None and model not in self.model_names:
-            raise APIError(f"The model `{model}` does not exist. Available: {', '.join(self.model_names)}.",
-                           404, "model")
+            raise APIError(
+                f"The model `{model}` does not exist. Available: {', '.join(self.model_names)}.", 404, "model"
+            )
 
     def check_ready(self) -> None:
         """503 when the engine is not serving."""
@@ -353,8 +402,13 @@ class OpenAIServing:
             return tok.encode(text, add_special_tokens)
         return await anyio.to_thread.run_sync(tok.encode, text, add_special_tokens)
 
-    def sampling_params(self, req: SamplingFields, max_tokens: int | None, logprobs: int | None,
-                        constraint: StructuredOutputsParams | None = None) -> SamplingParams:
+    def sampling_params(
+        self,
+        req: SamplingFields,
+        max_tokens: int | None,
+        logprobs: int | None,
+        constraint: StructuredOutputsParams | None = None,
+    ) -> SamplingParams:
         """The request's SamplingParams (model defaults fill unset fields); a bad field is a 400 naming it."""
         defaults = self.engine.generation_defaults
         kw: dict[str, Any] = {
@@ -374,8 +428,13 @@ class OpenAIServing:
             "include_stop_str_in_output": req.include_stop_str_in_output,
             "output_kind": RequestOutputKind.DELTA,
         }
-        for name, fallback in (("temperature", 1.0), ("top_p", 1.0), ("top_k", 0), ("min_p", 0.0),
-                               ("repetition_penalty", 1.0)):
+        for name, fallback in (
+            ("temperature", 1.0),
+            ("top_p", 1.0),
+            ("top_k", 0),
+            ("min_p", 0.0),
+            ("repetition_penalty", 1.0),
+        ):
             value = getattr(req, name)
             kw[name] = value if value is not None else defaults.get(name, fallback)
         if kw["top_k"] is None or kw["top_k"] == -1:
@@ -385,8 +444,15 @@ class OpenAIServing:
         except (ValueError, TypeError) as e:
             raise to_api_error(e) from e
 
-    def start(self, request_id: str, prompts: list[Prompt], params: SamplingParams, timer: RequestTimer,
-              max_tokens_name: str = "max_tokens", constraint_source: str | None = None) -> Job:
+    def start(
+        self,
+        request_id: str,
+        prompts: list[Prompt],
+        params: SamplingParams,
+        timer: RequestTimer,
+        max_tokens_name: str = "max_tokens",
+        constraint_source: str | None = None,
+    ) -> Job:
         """Start every prompt on the engine, all or none (each is validated as it starts)."""
         streams: list[tuple[str, AsyncIterator[list[ChoiceDelta]]]] = []
         try:
@@ -460,8 +526,15 @@ class OpenAIServing:
                 m.aborted.inc()
         if self.log_requests:
             ttft = f"{job.timer.ttft * 1000:.1f}ms" if job.timer.ttft is not None else "-"
-            logger.info("request %s %s: prompt_tokens=%d completion_tokens=%d ttft=%s total=%.1fms", job.request_id,
-                        outcome, job.prompt_tokens, completion, ttft, job.timer.elapsed() * 1000)
+            logger.info(
+                "request %s %s: prompt_tokens=%d completion_tokens=%d ttft=%s total=%.1fms",
+                job.request_id,
+                outcome,
+                job.prompt_tokens,
+                completion,
+                ttft,
+                job.timer.elapsed() * 1000,
+            )
 
     async def _collect(self, job: Job) -> bool:
         """Run to completion (the non-streaming responder's work); True when done."""
@@ -537,10 +610,19 @@ class OpenAIServing:
         content = []
         for e in entries:
             text = tok.token_text(e.token_id)
-            content.append(ChatTokenLogprob(
-                token=text, logprob=_lp(e.logprob), bytes=list(text.encode("utf-8")),
-                top_logprobs=[TopLogprob(token=(t_text := tok.token_text(t)), logprob=_lp(lp),
-                                         bytes=list(t_text.encode("utf-8"))) for t, lp in e.top[:k]]))
+            content.append(
+                ChatTokenLogprob(
+                    token=text,
+                    logprob=_lp(e.logprob),
+                    bytes=list(text.encode("utf-8")),
+                    top_logprobs=[
+                        TopLogprob(
+                            token=(t_text := tok.token_text(t)), logprob=_lp(lp), bytes=list(t_text.encode("utf-8"))
+                        )
+                        for t, lp in e.top[:k]
+                    ],
+                )
+            )
         return ChatLogProbs(content=content)
 
     # ---- /v1/completions -----------------------------------------------------------------------
@@ -582,15 +664,23 @@ class OpenAIServing:
 
     # ---- /v1/chat/completions ------------------------------------------------------------------
 
-    async def _chat_prompt(self, req: ChatCompletionRequest | TokenizeChatRequest, add_special_tokens: bool,
-                           continue_final: bool = False) -> Prompt:
+    async def _chat_prompt(
+        self, req: ChatCompletionRequest | TokenizeChatRequest, add_special_tokens: bool, continue_final: bool = False
+    ) -> Prompt:
         messages = [m.template_dict() for m in req.messages]
         tools = None
         if isinstance(req, ChatCompletionRequest) and req.tools and req.tool_choice != "none":
             tools = [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in req.tools]
         template = getattr(req, "chat_template", None) or self.chat_template
-        args = (messages, req.add_generation_prompt, continue_final, add_special_tokens, tools, template,
-                getattr(req, "chat_template_kwargs", None))
+        args = (
+            messages,
+            req.add_generation_prompt,
+            continue_final,
+            add_special_tokens,
+            tools,
+            template,
+            getattr(req, "chat_template_kwargs", None),
+        )
         encode_chat = self.engine.tokenization.encode_chat
         try:
             if sum(len(m["content"]) for m in messages) <= INLINE_TEXT_CHARS:
@@ -624,8 +714,9 @@ class OpenAIServing:
     def models(self) -> ModelList:
         """GET /v1/models."""
         root = self.engine.model_path
-        return ModelList(data=[ModelCard(id=name, root=root, max_model_len=self.engine.max_model_len)
-                               for name in self.model_names])
+        return ModelList(
+            data=[ModelCard(id=name, root=root, max_model_len=self.engine.max_model_len) for name in self.model_names]
+        )
 
     async def tokenize(self, req: TokenizeCompletionRequest | TokenizeChatRequest) -> TokenizeResponse:
         """POST /tokenize."""
