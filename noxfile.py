@@ -44,6 +44,9 @@ nox.options.reuse_existing_virtualenvs = True
 nox.options.sessions = ["lint", "wheel", "tests", "precompiled", "index", "emulated_avx2", "cross"]
 
 TORCH = shlex.split(os.environ.get("CPUINFER_TORCH_SPEC", "torch==2.13.0"))
+# One ruff for nox, pre-commit (.pre-commit-config.yaml's rev) and CI: a new release's formatter style or rules
+# would otherwise fail a tree nobody changed.
+RUFF = "ruff==0.17.6"
 
 
 def install_torch(session: nox.Session) -> None:
@@ -78,18 +81,18 @@ def install_test_models(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """Static checks: ruff over the Python sources, tests, benchmarks and this file."""
-    session.install("ruff")
-    session.run(
-        "ruff",
-        "check",
+    """Static checks: ruff's rules and its formatter over every Python file (the same as .pre-commit-config.yaml)."""
+    session.install(RUFF)
+    paths = [
         "src",
         "tests",
         "noxfile.py",
         "ci",
         "_build_backend",
         *(["benchmarks"] if os.path.isdir("benchmarks") else []),
-    )
+    ]
+    session.run("ruff", "check", *paths)
+    session.run("ruff", "format", "--check", "--diff", *paths)
 
 
 @nox.session

@@ -35,7 +35,7 @@ import zipfile
 from pathlib import Path
 
 from scikit_build_core import build as _skbuild
-from scikit_build_core.build import (  # noqa: F401  (re-exported hooks)
+from scikit_build_core.build import (  # re-exported hooks
     build_sdist,
     build_wheel,
     get_requires_for_build_sdist,
@@ -123,7 +123,7 @@ def build_editable(wheel_directory, config_settings=None, metadata_directory=Non
     if not _use_precompiled():
         return _skbuild.build_editable(wheel_directory, config_settings, metadata_directory)
     try:
-        return _build_precompiled_editable(Path(wheel_directory), config_settings)
+        return _build_precompiled_editable(Path(wheel_directory))
     except PrecompiledError as exc:
         # One clear paragraph instead of a traceback from inside pip.
         sys.stderr.write(f"\ncpuinfer precompiled install failed: {exc}\n\n")
@@ -292,7 +292,7 @@ def _was_extracted(rel: str) -> bool:
 # --- the editable wheel ---------------------------------------------------------
 
 
-def _build_precompiled_editable(wheel_directory: Path, config_settings) -> str:
+def _build_precompiled_editable(wheel_directory: Path) -> str:
     envs = _envs()
     location = envs.PRECOMPILED_WHEEL_LOCATION.get()
     with tempfile.TemporaryDirectory(prefix="cpuinfer-precompiled-") as tmp:

@@ -50,7 +50,7 @@ def bench_engine(model: str, args) -> dict:
     vocab = eng.config.spec.vocab_size
     sp = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
 
-    def run(ps, record_first=False):
+    def run(ps):
         for p in ps:
             eng.add_request(eng.next_request_id(), p, sp)
         t = time.perf_counter()

@@ -67,4 +67,4 @@ def info() -> dict[str, Any]:
     return collect(_selection)
 
 
-__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "IsaError", "EnvError", "info", "__version__"]
+__all__ = ["LLM", "EnvError", "IsaError", "SamplingParams", "StructuredOutputsParams", "__version__", "info"]

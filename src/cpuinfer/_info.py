@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import sys
+from pathlib import Path
 from typing import Any
 
 from ._dispatch import Selection
@@ -49,9 +50,7 @@ def sysfs_cache_sizes(cpu_dir: str = "/sys/devices/system/cpu/cpu0/cache") -> di
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     for entry in entries:
         try:
-            level, kind, size = (
-                open(os.path.join(cpu_dir, entry, name)).read().strip() for name in ("level", "type", "size")
-            )
+            level, kind, size = (Path(cpu_dir, entry, name).read_text().strip() for name in ("level", "type", "size"))
         except OSError:
             continue
         key = _CACHE_KEYS.get(level)

@@ -229,10 +229,7 @@ class EngineArgs:
         spec = _load_spec(model, self.dtype, self.quantization, os.path.getmtime(model))
         cache_dtype = spec.dtype if self.kv_cache_dtype == "auto" else CACHE_DTYPES[self.kv_cache_dtype]
         per_token = spec.kv_bytes_per_token(cache_dtype)
-        if self.num_gpu_blocks_override:
-            num_blocks = self.num_gpu_blocks_override
-        else:
-            num_blocks = int(space_gib * 2**30) // (per_token * self.block_size)
+        num_blocks = self.num_gpu_blocks_override or int(space_gib * 2**30) // (per_token * self.block_size)
         max_model_len = self.max_model_len or spec.max_model_len
         if max_model_len > spec.max_model_len:
             raise ValueError(f"--max-model-len={max_model_len} exceeds the model's context length {spec.max_model_len}")
@@ -264,7 +261,7 @@ class EngineArgs:
 
 
 @functools.lru_cache(maxsize=4)
-def _load_spec(path: str, dtype: str, quantization: str | None, mtime: float):
+def _load_spec(path: str, dtype: str, quantization: str | None, mtime: float):  # noqa: ARG001 - mtime: cache key
     """load_model_spec, remembered per file version (building a GGUF tokenizer takes seconds)."""
     from cpuinfer.model_loader import load_model_spec
 

@@ -86,7 +86,7 @@ def parse_positive_int(name: str, value: str) -> int:
     return x
 
 
-def parse_str(name: str, value: str) -> str:
+def parse_str(name: str, value: str) -> str:  # noqa: ARG001 - every parser takes (name, value)
     """Any non-empty string."""
     return value
 

@@ -41,7 +41,7 @@ def rotary_embedding(
 
 def _act(fn, x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     if out is None:
-        out = torch.empty(x.shape[:-1] + (x.shape[-1] // 2,), dtype=x.dtype)
+        out = torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=x.dtype)
     fn(out, x)
     return out
 
@@ -216,6 +216,6 @@ def packed_rows(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def DecoderLayer(**weights_and_config):  # noqa: N802 - constructs the kernel module's class
+def DecoderLayer(**weights_and_config):  # named for the kernel class it constructs
     """One pre-norm decoder layer as a single kernel call; see cpuinfer.models.layers.fused_layer."""
     return _C.DecoderLayer(**weights_and_config)

@@ -67,7 +67,7 @@ def test_delta_outputs_add_up(engine):
     outs = drain(engine)
     cum = outs["c"][-1].outputs[0]
     assert "".join(o.outputs[0].text for o in outs["d"]) == cum.text
-    assert sum((o.outputs[0].token_ids for o in outs["d"]), []) == cum.token_ids
+    assert [t for o in outs["d"] for t in o.outputs[0].token_ids] == cum.token_ids
     assert len(outs["f"]) == 1 and outs["f"][0].outputs[0].text == cum.text
 
 
@@ -95,7 +95,7 @@ def test_bad_request_rejected_others_finish(engine):
     engine.step()
     with pytest.raises(ValueError, match="maximum context length is 256"):
         engine.add_request("bad", [1] * 300, SamplingParams())
-    with pytest.raises(ValueError, match="too large: 250.*256"):
+    with pytest.raises(ValueError, match=r"too large: 250.*256"):
         engine.add_request("bad2", [1] * 10, SamplingParams(max_tokens=250))
     outs = drain(engine)
     assert outs["ok"][-1].finished and "bad" not in outs

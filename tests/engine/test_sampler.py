@@ -102,7 +102,7 @@ def test_seeded_sampling_independent_of_batch():
             logits = (
                 torch.cat([rows[target : target + 1], rows[batch_rows]]) if batch_rows else rows[target : target + 1]
             )
-            tokens.append(s(logits, [r] + others[: len(batch_rows)]).token_ids[0])
+            tokens.append(s(logits, [r, *others[: len(batch_rows)]]).token_ids[0])
             r.append_token(tokens[-1])
         return tokens
 

@@ -94,11 +94,11 @@ def test_decodes_not_stalled_by_long_prefill():
 def test_prefix_cache_hits_and_verifies():
     core, _ = make_core(num_blocks=64)
     shared = list(range(50))  # 3 full blocks of 16
-    run(core, [shared + [60, 61]], 3)
+    run(core, [[*shared, 60, 61]], 3)
     s0 = core.stats()
     assert s0.prefix_cache_hits == 0
-    got = run(core, [shared + [70]], 5)
-    assert got[0] == reference_greedy(shared + [70], 5)
+    got = run(core, [[*shared, 70]], 5)
+    assert got[0] == reference_greedy([*shared, 70], 5)
     s = core.stats()
     assert s.prefix_cache_hits == 48
     assert s.prefix_cache_queries == 52 + 51
@@ -140,9 +140,9 @@ def test_abort_frees_blocks():
 
 def test_request_limits_raise_before_work():
     core, runner = make_core(max_len=64)
-    with pytest.raises(ValueError, match="maximum context length is 64 tokens.*65 input tokens"):
+    with pytest.raises(ValueError, match=r"maximum context length is 64 tokens.*65 input tokens"):
         core.add_request(AddRequest("a", [1] * 65, SamplingParams()))
-    with pytest.raises(ValueError, match="'max_tokens' is too large: 20.*64"):
+    with pytest.raises(ValueError, match=r"'max_tokens' is too large: 20.*64"):
         core.add_request(AddRequest("b", [1] * 50, SamplingParams(max_tokens=20)))
     with pytest.raises(ValueError, match="outside the vocabulary"):
         core.add_request(AddRequest("c", [VOCAB], SamplingParams()))

@@ -158,7 +158,7 @@ def test_abort_and_another_requests_grammar_failure_leave_the_others_valid(smol_
     prompt = chat_ids(smol_spec, "JSON please.")
     for rid in ("keep", "abort", "broken"):
         core.add_request(AddRequest(rid, prompt, params(StructuredOutputsParams(json=PERSON))))
-    core.requests["broken"].grammar.accept = lambda token: False  # as if the grammar refused a sampled token
+    core.requests["broken"].grammar.accept = lambda _token: False  # as if the grammar refused a sampled token
 
     def abort_after_three(core, tokens):
         if len(tokens.get("abort", [])) == 3 and "abort" in core.requests:
@@ -205,7 +205,7 @@ def test_a_constraint_that_does_not_compile_is_refused_before_anything_starts(
     assert not core.has_unfinished() and not core.requests
 
 
-def test_compiled_grammars_are_cached_by_their_text(smol_spec, grammars):
+def test_compiled_grammars_are_cached_by_their_text(grammars):
     a = grammars.compile(StructuredOutputsParams(json=PERSON))
     b = grammars.compile(StructuredOutputsParams(json=json.dumps(PERSON, indent=2)))
     assert a is b

@@ -68,7 +68,7 @@ def make_batch(
     key_cache = torch.randn(shape).to(cache_dtype)
     value_cache = torch.randn(shape).to(cache_dtype)
     q_lens = [q for q, _ in seqs]
-    qsl = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0).to(torch.int32)
+    qsl = torch.tensor([0, *q_lens], dtype=torch.int32).cumsum(0).to(torch.int32)
     query = torch.randn(sum(q_lens), num_q_heads, head_size).to(dtype)
     lens = torch.tensor([c for _, c in seqs], dtype=torch.int32)
     return PagedBatch(query, key_cache, value_cache, qsl, lens, tables, head_size**-0.5)

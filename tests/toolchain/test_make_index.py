@@ -49,5 +49,5 @@ def test_index_pages_links_and_hashes(tmp_path):
 
 
 def test_empty_folder_is_an_error(tmp_path):
-    with pytest.raises(SystemExit, match="no .whl files"):
+    with pytest.raises(SystemExit, match=r"no \.whl files"):
         make_index.build_index(tmp_path, tmp_path / "site")

@@ -75,7 +75,7 @@ def test_complete_wheel_yields_only_the_compiled_files(backend, tmp_path):
 def test_wheel_for_another_architecture_is_refused(backend, tmp_path):
     other = "aarch64" if platform.machine() != "aarch64" else "x86_64"
     wheel = make_wheel(tmp_path, COMPLETE, tag=f"cp311-cp311-manylinux_2_28_{other}")
-    with pytest.raises(backend.PrecompiledError, match="which this interpreter .* cannot load"):
+    with pytest.raises(backend.PrecompiledError, match=r"which this interpreter .* cannot load"):
         backend._check_wheel(wheel)
 
 

@@ -68,7 +68,7 @@ def paged_attention(
     soft_cap: float = 0.0,
 ) -> None:
     """out[T, q_heads, hs] = causal attention of query over the cached keys/values, computed in float32."""
-    num_kv_heads, block_size, head_size = key_cache.shape[1:]
+    num_kv_heads, _block_size, head_size = key_cache.shape[1:]
     q_heads = query.shape[1]
     group = q_heads // num_kv_heads
     start = 0

@@ -127,7 +127,7 @@ class OutputProcessor:
                 continue
             try:
                 self._apply(state, s, o, to_abort)
-            except Exception as exc:  # noqa: BLE001 - this request fails; the others go on
+            except Exception as exc:  # logged below: this request fails; the others go on
                 error_id = new_error_id()
                 logger.error(
                     "request %s failed in the output processor (error id %s)", state.request_id, error_id, exc_info=exc

@@ -13,6 +13,7 @@ for a newer one, so every request finishes.
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -65,10 +66,8 @@ class Scheduler:
         if req in self.running:
             self.running.remove(req)
         else:
-            try:
+            with contextlib.suppress(ValueError):  # not queued either: it already finished
                 self.waiting.remove(req)
-            except ValueError:
-                pass
         self._finish(req, "abort")
 
     def has_unfinished(self) -> bool:
@@ -121,10 +120,9 @@ class Scheduler:
                     self.pool.free(hit_blocks[::-1])
                     req.block_ids, req.num_computed_tokens, req.num_cached_blocks = [], 0, 0
                 break
-            if fresh:
-                if req.num_preemptions == 0:
-                    self.pool.record_lookup(req.num_tokens, len(hit_blocks) * self.block_size)
-                    req.num_prefix_hit_tokens = len(hit_blocks) * self.block_size
+            if fresh and req.num_preemptions == 0:
+                self.pool.record_lookup(req.num_tokens, len(hit_blocks) * self.block_size)
+                req.num_prefix_hit_tokens = len(hit_blocks) * self.block_size
             self.waiting.popleft()
             req.status = Status.RUNNING
             self.running.append(req)

@@ -40,10 +40,7 @@ def load_model_spec(path: str, dtype: str | torch.dtype = "auto", quantization: 
     path = os.fspath(path)
     if not os.path.exists(path):
         raise ModelLoadError(f"model path {path!r} does not exist; pass a Hugging Face model directory or a .gguf file")
-    if os.path.isdir(path):
-        spec_kwargs = _hf_spec(path, dtype)
-    else:
-        spec_kwargs = _gguf_spec(path, dtype)
+    spec_kwargs = _hf_spec(path, dtype) if os.path.isdir(path) else _gguf_spec(path, dtype)
     config = spec_kwargs["hf_config"]
     found = "gguf" if spec_kwargs["format"] == "gguf" else checkpoint.declared(config, f"{path}/config.json")
     spec_kwargs["quantization"] = checkpoint.resolve(quantization, found, path)

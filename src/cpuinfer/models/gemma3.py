@@ -25,7 +25,7 @@ from .rotary import cos_sin_cache, rope_parameters
 class Gemma3ForCausalLM:
     """Gemma 3 text decoder."""
 
-    def __init__(self, config: dict, bag: WeightBag, max_positions: int, rope_freq_factors=None):
+    def __init__(self, config: dict, bag: WeightBag, max_positions: int, rope_freq_factors=None):  # noqa: ARG002 - the registry's one signature
         n_layers = config["num_hidden_layers"]
         self.eps = float(config.get("rms_norm_eps", 1e-6))
         heads = config["num_attention_heads"]

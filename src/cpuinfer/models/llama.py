@@ -92,7 +92,7 @@ class LlamaForCausalLM:
 
 
 class _Layer:
-    __slots__ = ("in_norm", "post_norm", "attn", "mlp", "pre_ff_norm", "post_ff_norm", "fused")
+    __slots__ = ("attn", "fused", "in_norm", "mlp", "post_ff_norm", "post_norm", "pre_ff_norm")
 
 
 class MistralForCausalLM(LlamaForCausalLM):

@@ -17,7 +17,7 @@ POSITION_OFFSET = 2  # OPT's learned position table starts at index 2 (a fairseq
 class OPTForCausalLM:
     """OPT decoder (pre- or post-LayerNorm variants, optional project_in/out)."""
 
-    def __init__(self, config: dict, bag: WeightBag, max_positions: int, rope_freq_factors=None):
+    def __init__(self, config: dict, bag: WeightBag, max_positions: int, rope_freq_factors=None):  # noqa: ARG002 - the registry's one signature
         # Some checkpoints (facebook/opt-*) name tensors "decoder.*" instead of "model.decoder.*".
         for name in [n for n in bag.tensors if n.startswith("decoder.")]:
             bag.tensors["model." + name] = bag.tensors.pop(name)
@@ -102,4 +102,4 @@ class OPTForCausalLM:
 
 
 class _OPTLayer:
-    __slots__ = ("attn_ln", "ff_ln", "attn", "fc1_w", "fc1_b", "fc2_w", "fc2_b")
+    __slots__ = ("attn", "attn_ln", "fc1_b", "fc1_w", "fc2_b", "fc2_w", "ff_ln")

@@ -132,10 +132,7 @@ class Sampler:
                 )
 
         greedy = [p.greedy for p in params]
-        if all(greedy):
-            tokens = logits.argmax(-1).tolist()
-        else:
-            tokens = self._sample(logits, reqs, params, greedy)
+        tokens = logits.argmax(-1).tolist() if all(greedy) else self._sample(logits, reqs, params, greedy)
         lps: list = [None] * len(reqs)
         if any(want_lp):
             lps = self._logprobs(raw, tokens, params, want_lp)

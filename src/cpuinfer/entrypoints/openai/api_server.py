@@ -147,7 +147,7 @@ def build_app(state: ServerState, start_engine: Callable[[], Awaitable[EngineAda
     """The app; `start_engine` runs in the background after startup and returns the ready engine."""
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(_app: FastAPI):
         if start_engine is not None:
             state.background.append(asyncio.create_task(_load(state, start_engine)))
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -151,10 +152,8 @@ def pin_front_end() -> None:
     if not front:
         return  # no reserved cores: share them (the OS schedules the light HTTP work in between)
     for tid in os.listdir("/proc/self/task"):
-        try:
+        with contextlib.suppress(OSError):  # the thread ended since listdir
             os.sched_setaffinity(int(tid), front)
-        except OSError:
-            pass
     logger.info("front end pinned to CPUs %s (inference cores: %s)", sorted(front), binding.cpus)
 
 

@@ -167,7 +167,7 @@ class ServerMetrics:
         self._success = Counter(
             "vllm:request_success",
             "Count of successfully processed requests.",
-            labels + ["finished_reason"],
+            [*labels, "finished_reason"],
             registry=r,
         )
         self.ttft = Histogram(

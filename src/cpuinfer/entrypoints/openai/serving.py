@@ -101,7 +101,7 @@ class DisconnectAwareStream(StreamingResponse):
     engine request aborted, KV blocks freed) at once.
     """
 
-    async def __call__(self, scope, receive, send) -> None:  # noqa: D401 - ASGI entry
+    async def __call__(self, scope, receive, send) -> None:  # noqa: ARG002 - the ASGI signature
         async with anyio.create_task_group() as tg:
 
             async def stream_then_stop():
@@ -202,8 +202,8 @@ class _Format:
         """Chunks sent before the first delta."""
         return []
 
-    def chunk(self, d: ChoiceDelta, state: ChoiceState) -> dict | None:
-        """The chunk for one delta (state is before the delta), or None when it carries nothing."""
+    def chunk(self, d: ChoiceDelta) -> dict | None:
+        """The chunk for one delta (called before the delta is absorbed), or None when it carries nothing."""
         raise NotImplementedError
 
     def usage_chunk(self, usage: UsageInfo) -> dict:
@@ -239,9 +239,10 @@ class _CompletionFormat(_Format):
             return []
         return [self._body([CompletionChoice(index=i, text=self._echo(i))], None) for i in range(len(self.job.states))]
 
-    def chunk(self, d: ChoiceDelta, state: ChoiceState) -> dict | None:
+    def chunk(self, d: ChoiceDelta) -> dict | None:
         k = self.req.logprobs
-        lp = self.serving.completion_logprobs(d.logprobs or [], k, len(state.text)) if k is not None else None
+        offset = len(self.job.states[d.index].text)
+        lp = self.serving.completion_logprobs(d.logprobs or [], k, offset) if k is not None else None
         if not (d.text or d.finish_reason is not None or (lp and lp.tokens)):
             return None
         return self._body(
@@ -298,7 +299,7 @@ class _ChatFormat(_Format):
             for i in range(len(self.job.states))
         ]
 
-    def chunk(self, d: ChoiceDelta, state: ChoiceState) -> dict | None:
+    def chunk(self, d: ChoiceDelta) -> dict | None:
         lp = self.serving.chat_logprobs(d.logprobs or [], self.k) if self.k is not None else None
         text, calls, finish = d.text, None, d.finish_reason
         if self.parser is not None:
@@ -561,9 +562,8 @@ class OpenAIServing:
             for chunk in fmt.opening():
                 yield sse(chunk)
             async for d in self._deltas(job):
-                state = job.states[d.index]
-                body = fmt.chunk(d, state)
-                state.absorb(d)
+                body = fmt.chunk(d)
+                job.states[d.index].absorb(d)
                 if body is not None:
                     if continuous:
                         body["usage"] = dump(job.usage())
@@ -687,7 +687,7 @@ class OpenAIServing:
                 text, ids = encode_chat(*args)
             else:
                 text, ids = await anyio.to_thread.run_sync(encode_chat, *args)
-        except Exception as e:  # noqa: BLE001 - template errors are about the conversation the client sent
+        except Exception as e:  # template errors are about the conversation the client sent
             raise APIError(f"The chat template cannot format these messages: {e}", 400, "messages") from e
         return Prompt(ids, text)
 
