@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from . import _C
-from .quantization import is_quantized
+from .quantization.weight import is_quantized
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
