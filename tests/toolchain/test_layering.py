@@ -148,3 +148,25 @@ def test_common_kernels_have_no_architecture_conditions():
             if directive.startswith("#include") and re.search(r'"\.\./(x86|arm|s390x|apple)/', directive):
                 found.append(f"{path.name}:{n}: {directive}")
     assert not found, "architecture conditions in csrc/common (use a hook instead):\n" + "\n".join(found)
+
+
+# One contract per concept (CONTRIBUTING.md): each defined once in src/cpuinfer, the rest import it.
+ONE_DEFINITION = ["EngineStats", "EngineDeadError", "CACHE_DTYPES", "ModelLoadError", "IsaError", "EnvError"]
+
+
+def test_each_concept_is_defined_once():
+    defined: dict[str, list[str]] = {name: [] for name in ONE_DEFINITION}
+    for path in sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                names = [node.name]
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names = [t.id for t in targets if isinstance(t, ast.Name)]
+            else:
+                continue
+            for name in names:
+                if name in defined:
+                    defined[name].append(str(path.relative_to(ROOT)))
+    wrong = {name: where for name, where in defined.items() if len(where) != 1}
+    assert not wrong, f"defined more than once (or never): {wrong}"

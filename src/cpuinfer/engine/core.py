@@ -314,6 +314,7 @@ class EngineCore:
         s.num_running = len(self.scheduler.running)
         s.num_waiting = len(self.scheduler.waiting)
         s.kv_cache_usage = self.pool.usage()
+        s.num_free_kv_blocks = self.pool.num_free
         s.prefix_cache_hit_rate = self.pool.hit_rate()
         s.prefix_cache_queries = self.pool.query_tokens
         s.prefix_cache_hits = self.pool.hit_tokens

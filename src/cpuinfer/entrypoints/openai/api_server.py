@@ -31,9 +31,10 @@ import uvicorn
 from fastapi import Body, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from cpuinfer.engine.messages import EngineStats
 from cpuinfer.entrypoints.openai.engine_adapter import EngineAdapter
 from cpuinfer.entrypoints.openai.errors import APIError, error_body, error_response, install_error_handlers
-from cpuinfer.entrypoints.openai.metrics import CONTENT_TYPE, EngineStats, ServerMetrics
+from cpuinfer.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
 from cpuinfer.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -312,7 +313,7 @@ async def _log_stats(state: ServerState, interval: float) -> None:
                 (gen - last_gen) / dt,
                 s.num_running,
                 s.num_waiting,
-                100 * s.kv_usage,
+                100 * s.kv_cache_usage,
                 100 * s.prefix_cache_hit_rate,
                 s.num_preemptions,
             )

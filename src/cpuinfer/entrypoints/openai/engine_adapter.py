@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from cpuinfer.entrypoints.openai.metrics import EngineStats
+from cpuinfer.engine.messages import EngineStats
 from cpuinfer.errors import EngineDeadError  # noqa: F401 - re-exported: what the streams raise
 from cpuinfer.sampling_params import SamplingParams
 

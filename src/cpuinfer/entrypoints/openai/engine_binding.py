@@ -15,8 +15,8 @@ import logging
 import os
 from collections.abc import AsyncIterator
 
+from cpuinfer.engine.messages import EngineStats
 from cpuinfer.entrypoints.openai.engine_adapter import ChoiceDelta, EngineAdapter, TokenLogprob
-from cpuinfer.entrypoints.openai.metrics import EngineStats
 from cpuinfer.entrypoints.openai.tokenization import Tokenization
 from cpuinfer.errors import EngineDeadError
 from cpuinfer.sampling_params import SamplingParams
@@ -52,7 +52,6 @@ class AsyncLLMAdapter(EngineAdapter):
         self.max_model_len = engine.max_model_len
         self.tokenization = Tokenization(spec)
         self.generation_defaults = dict(getattr(spec, "generation_defaults", None) or {})
-        self.num_blocks = getattr(engine, "num_blocks", 0)
         self._shut = False
 
     @property
@@ -114,22 +113,8 @@ class AsyncLLMAdapter(EngineAdapter):
         self.engine.abort_nowait(request_id)
 
     async def stats(self) -> EngineStats:
-        """The engine core's counters, in the server's terms."""
-        s = await self.engine.get_stats()
-        total = s.num_kv_blocks or self.num_blocks
-        used = round(s.kv_cache_usage * total)
-        return EngineStats(
-            num_running=s.num_running,
-            num_waiting=s.num_waiting,
-            kv_usage=s.kv_cache_usage,
-            num_blocks_total=total,
-            num_blocks_free=total - int(used),
-            prefix_cache_queries=s.prefix_cache_queries,
-            prefix_cache_hits=s.prefix_cache_hits,
-            num_preemptions=s.num_preemptions,
-            prompt_tokens=s.prompt_tokens,
-            generation_tokens=s.generation_tokens,
-        )
+        """The engine core's counters."""
+        return await self.engine.get_stats()
 
     async def shutdown(self) -> None:
         """Abort what is left and stop the core process."""

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from cpuinfer.engine.messages import EngineStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -89,27 +90,6 @@ E2E_BUCKETS = (
 )
 
 
-@dataclass
-class EngineStats:
-    """A snapshot of the engine's state, as the engine client reports it."""
-
-    num_running: int = 0
-    num_waiting: int = 0
-    kv_usage: float = 0.0  # fraction of KV blocks in use, 0..1
-    num_blocks_total: int = 0
-    num_blocks_free: int = 0
-    prefix_cache_queries: int = 0  # tokens looked up in the prefix cache (cumulative)
-    prefix_cache_hits: int = 0  # of those, tokens found (cumulative)
-    num_preemptions: int = 0  # cumulative
-    prompt_tokens: int = 0  # cumulative, engine side
-    generation_tokens: int = 0  # cumulative, engine side
-
-    @property
-    def prefix_cache_hit_rate(self) -> float:
-        """Hits over queries since start (0 when nothing was looked up)."""
-        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
-
-
 class _EngineCollector(Collector):
     """Exports the latest engine snapshot as gauges and (cumulative) counters."""
 
@@ -131,9 +111,9 @@ class _EngineCollector(Collector):
         s = self.snapshot()
         yield self._gauge("vllm:num_requests_running", "Number of requests in model execution batches.", s.num_running)
         yield self._gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", s.num_waiting)
-        yield self._gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", s.kv_usage)
+        yield self._gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", s.kv_cache_usage)
         # vLLM < 0.10 spelling, still read by many dashboards.
-        yield self._gauge("vllm:gpu_cache_usage_perc", "KV-cache usage (legacy name).", s.kv_usage)
+        yield self._gauge("vllm:gpu_cache_usage_perc", "KV-cache usage (legacy name).", s.kv_cache_usage)
         yield self._gauge(
             "vllm:gpu_prefix_cache_hit_rate",
             "Prefix-cache hit rate since start (legacy name).",
@@ -142,9 +122,9 @@ class _EngineCollector(Collector):
         yield self._gauge(
             "cpuinfer:prefix_cache_hit_rate", "Prefix-cache token hit rate since start.", s.prefix_cache_hit_rate
         )
-        yield self._gauge("cpuinfer:kv_cache_blocks_total", "KV-cache blocks in the pool.", s.num_blocks_total)
+        yield self._gauge("cpuinfer:kv_cache_blocks_total", "KV-cache blocks in the pool.", s.num_kv_blocks)
         yield self._gauge(
-            "cpuinfer:kv_cache_blocks_free", "KV-cache blocks not held by any request.", s.num_blocks_free
+            "cpuinfer:kv_cache_blocks_free", "KV-cache blocks not held by any request.", s.num_free_kv_blocks
         )
         yield self._counter("vllm:prefix_cache_queries", "Prefix-cache queries, in tokens.", s.prefix_cache_queries)
         yield self._counter("vllm:prefix_cache_hits", "Prefix-cache hits, in tokens.", s.prefix_cache_hits)
