@@ -156,7 +156,7 @@ def make_engine_starter(args: argparse.Namespace):
         logger.info(
             "engine core process pid %s: %d KV blocks of %d tokens",
             adapter.pid,
-            adapter.num_blocks,
+            engine.num_blocks,
             engine.config.block_size,
         )
         pin_front_end()
