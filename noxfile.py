@@ -131,7 +131,8 @@ def run_cpp_tests(session: nox.Session, target: str) -> None:
     if not any(a.startswith("-DCPUINFER_ISAS=") for a in extra):
         args.append("-DCPUINFER_ISAS=all")
     session.run("cmake", *args, *extra)
-    session.run("cmake", "--build", build, "--parallel", str(os.cpu_count() or 2))
+    jobs = os.environ.get("MAX_JOBS") or str(os.cpu_count() or 2)  # MAX_JOBS caps compile jobs, as for the wheel
+    session.run("cmake", "--build", build, "--parallel", jobs)
     session.run("ctest", "--test-dir", build, "--output-on-failure", "--no-tests=error", env=env)
 
 

@@ -170,3 +170,29 @@ def test_each_concept_is_defined_once():
                     defined[name].append(str(path.relative_to(ROOT)))
     wrong = {name: where for name, where in defined.items() if len(where) != 1}
     assert not wrong, f"defined more than once (or never): {wrong}"
+
+
+WIDE_STRUCTS = re.compile(r"\b(PagedAttentionArgs|DecoderBatch|DecoderLayerWeights)\s+\w+\s*\{\s*[^}\s]")
+
+
+def test_wide_structs_are_filled_by_field_name():
+    """kernels.h's wide argument structs are value-initialised (`{}`) and filled field by field, never by position."""
+    root = ROOT.parents[1]
+    found = [
+        f"{path.relative_to(root)}:{n}: {line.strip()}"
+        for path in sorted([*root.glob("csrc/**/*.h"), *root.glob("csrc/**/*.cpp"), *root.glob("tests/cpp/*.cpp")])
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if WIDE_STRUCTS.search(line)
+    ]
+    assert not found, "positional initialisation of a wide struct:\n" + "\n".join(found)
+
+
+def test_emulation_headers_live_in_their_own_folder():
+    """SIMDe and the AMX software model are test-only: csrc/x86/emulation/, nowhere else."""
+    root = ROOT.parents[1] / "csrc"
+    emulation = {p.name for p in (root / "x86" / "emulation").glob("*.h")}
+    assert {"amx_emulation.h", "simde_avx512_shim.h"} <= emulation
+    stray = [
+        str(p.relative_to(root)) for p in root.rglob("*.h") if "emulation" in p.name and p.parent.name != "emulation"
+    ]
+    assert not stray, stray
