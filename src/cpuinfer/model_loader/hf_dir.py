@@ -101,7 +101,7 @@ def safetensors_tensors(directory: str, dtype: torch.dtype | None) -> Iterator[t
     for path in safetensors_files(directory):
         try:
             with safe_open(path, framework="pt") as f:
-                for name in f:
+                for name in f.keys():  # noqa: SIM118 - safe_open has keys() but is not iterable
                     t = f.get_tensor(name)
                     yield name, (t.to(dtype) if dtype is not None and t.dim() >= 2 else t)
         except (SafetensorError, OSError, RuntimeError, ValueError) as e:
