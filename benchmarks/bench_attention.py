@@ -117,8 +117,10 @@ def main() -> None:
     best = cpuinfer._C
     generic = importlib.import_module("cpuinfer._C_generic")
     threads = torch.get_num_threads()
-    print(f"variant {best.VARIANT} (attention loops: {best.ATTENTION_IMPL}), {threads} threads; "
-          f"ratios are medians of {rounds} alternating rounds")
+    print(
+        f"variant {best.VARIANT} (attention loops: {best.ATTENTION_IMPL}), {threads} threads; "
+        f"ratios are medians of {rounds} alternating rounds"
+    )
     stream = stream_read_fn()
 
     # 1. Decode, 32 seqs x 1024 context, 32 q / 8 kv heads, head 128, bf16 cache; block tables in random
@@ -128,27 +130,36 @@ def main() -> None:
     for bs in (16, 128):
         case = make_decode(32, 1024, 32, 8, 128, bs, torch.bfloat16)
         q, kc, vc, qsl, lens, tables = case
-        m = paired({"best": kernel_fn(best, *case), "stream": stream,
-                    "cached": kernel_fn(best, *cached(case))}, rounds, reps)
+        m = paired(
+            {"best": kernel_fn(best, *case), "stream": stream, "cached": kernel_fn(best, *cached(case))}, rounds, reps
+        )
         t_best, t_stream, t_hot = m["best"][0], m["stream"][0], m["cached"][0]
         share = ratio(m["stream"][1], m["best"][1]) * kv_bytes / (STREAM_BUF * 4)
         t_gen = bench(kernel_fn(generic, *case), max(3, reps // 3))
         t_torch = bench(torch_decode_fn(q, kc, vc, tables, 1024), max(3, reps // 3))
         print(f"\ndecode bf16 cache, 32 seqs x 1024 ctx, 32q/8kv heads, D=128, block size {bs}:")
-        print(f"  {best.VARIANT}: {t_best * 1e3:.2f} ms   generic: {t_gen * 1e3:.2f} ms   "
-              f"torch gather+SDPA: {t_torch * 1e3:.2f} ms")
+        print(
+            f"  {best.VARIANT}: {t_best * 1e3:.2f} ms   generic: {t_gen * 1e3:.2f} ms   "
+            f"torch gather+SDPA: {t_torch * 1e3:.2f} ms"
+        )
         print(f"  vs generic: {t_gen / t_best:.2f}x (target >= 3)   vs torch: {t_torch / t_best:.2f}x (target >= 2)")
-        print(f"  KV read rate {kv_bytes / t_best / 1e9:.1f} GB/s, streaming read "
-              f"{STREAM_BUF * 4 / t_stream / 1e9:.1f} GB/s: {share:.0%} of streaming read (target >= 70%)")
-        print(f"  with the KV in cache: {t_hot * 1e3:.2f} ms (the arithmetic alone; streaming the KV takes "
-              f"{kv_bytes / (STREAM_BUF * 4) * t_stream * 1e3:.2f} ms)")
+        print(
+            f"  KV read rate {kv_bytes / t_best / 1e9:.1f} GB/s, streaming read "
+            f"{STREAM_BUF * 4 / t_stream / 1e9:.1f} GB/s: {share:.0%} of streaming read (target >= 70%)"
+        )
+        print(
+            f"  with the KV in cache: {t_hot * 1e3:.2f} ms (the arithmetic alone; streaming the KV takes "
+            f"{kv_bytes / (STREAM_BUF * 4) * t_stream * 1e3:.2f} ms)"
+        )
 
     # 2. Batch-1 decode at 4096 context: 2 threads vs 1 thread.
     case = make_decode(1, 4096, 32, 8, 128, 16, torch.bfloat16)
     fn = kernel_fn(best, *case)
     m = paired({"n": fn, "1": fn}, rounds, reps * 4, threads={"1": 1})
-    print(f"\nbatch-1 decode, 4096 ctx: 1 thread {m['1'][0] * 1e3:.3f} ms, {threads} threads {m['n'][0] * 1e3:.3f} ms: "
-          f"{ratio(m['1'][1], m['n'][1]):.2f}x (target >= 1.7x on 2 threads)")
+    print(
+        f"\nbatch-1 decode, 4096 ctx: 1 thread {m['1'][0] * 1e3:.3f} ms, {threads} threads {m['n'][0] * 1e3:.3f} ms: "
+        f"{ratio(m['1'][1], m['n'][1]):.2f}x (target >= 1.7x on 2 threads)"
+    )
 
     # 3. fp8_e5m2 cache vs bf16 cache, decode at 4096 context.
     fns = {}
@@ -156,10 +167,14 @@ def main() -> None:
         case = make_decode(8, 4096, 32, 8, 128, 16, cd)
         fns[name], fns[name + " cached"] = kernel_fn(best, *case), kernel_fn(best, *cached(case))
     m = paired(fns, rounds, reps)
-    print(f"\ndecode 8 seqs x 4096 ctx: bf16 cache {m['bf16'][0] * 1e3:.2f} ms, fp8_e5m2 cache "
-          f"{m['fp8'][0] * 1e3:.2f} ms: fp8 {ratio(m['bf16'][1], m['fp8'][1]):.2f}x (target >= 1.3x)")
-    print(f"  with the KV in cache: bf16 {m['bf16 cached'][0] * 1e3:.2f} ms, fp8 {m['fp8 cached'][0] * 1e3:.2f} ms "
-          f"(fp8 can only gain where the bf16 time is above its arithmetic alone)")
+    print(
+        f"\ndecode 8 seqs x 4096 ctx: bf16 cache {m['bf16'][0] * 1e3:.2f} ms, fp8_e5m2 cache "
+        f"{m['fp8'][0] * 1e3:.2f} ms: fp8 {ratio(m['bf16'][1], m['fp8'][1]):.2f}x (target >= 1.3x)"
+    )
+    print(
+        f"  with the KV in cache: bf16 {m['bf16 cached'][0] * 1e3:.2f} ms, fp8 {m['fp8 cached'][0] * 1e3:.2f} ms "
+        f"(fp8 can only gain where the bf16 time is above its arithmetic alone)"
+    )
 
     # 4. Prefill chunk of 512 tokens over a 512-token prefix.
     nb = 1024 // 16
@@ -176,14 +191,19 @@ def main() -> None:
         dp = importlib.import_module("cpuinfer._C_avx512bf16")
         m = paired({"amx": kernel_fn(best, *case), "avx512bf16": kernel_fn(dp, *case)}, rounds, max(3, reps // 3))
         t_amx, t_dp = m["amx"][0], m["avx512bf16"][0]
-        print(f"\nprefill chunk 512 over 512 prefix, bf16: amx {t_amx * 1e3:.1f} ms "
-              f"({flops / t_amx / 1e9:.1f} GFLOP/s), avx512bf16 {t_dp * 1e3:.1f} ms ({flops / t_dp / 1e9:.1f} GFLOP/s)")
+        print(
+            f"\nprefill chunk 512 over 512 prefix, bf16: amx {t_amx * 1e3:.1f} ms "
+            f"({flops / t_amx / 1e9:.1f} GFLOP/s), avx512bf16 {t_dp * 1e3:.1f} ms ({flops / t_dp / 1e9:.1f} GFLOP/s)"
+        )
         print(f"  amx vs avx512bf16: {ratio(m['avx512bf16'][1], m['amx'][1]):.2f}x (target >= 1.5x)")
     else:
         t_pre = bench(kernel_fn(best, *case), max(3, reps // 3))
-        print(f"\nprefill chunk 512 over 512 prefix, bf16: {best.VARIANT} {t_pre * 1e3:.1f} ms "
-              f"({flops / t_pre / 1e9:.1f} GFLOP/s)")
+        print(
+            f"\nprefill chunk 512 over 512 prefix, bf16: {best.VARIANT} {t_pre * 1e3:.1f} ms "
+            f"({flops / t_pre / 1e9:.1f} GFLOP/s)"
+        )
         print("  amx vs avx512bf16 (target >= 1.5x): not measurable here, this CPU has no AMX")
+
 
 if __name__ == "__main__":
     main()

@@ -43,13 +43,14 @@ def bench_engine(model: str, args) -> dict:
     eng = LLMEngine.from_engine_args(EngineArgs(model=model, dtype="bfloat16", enable_prefix_caching=False))
     load = time.perf_counter() - t0
     runner = eng.core.runner
-    weights = sum(t.numel() * t.element_size() if isinstance(t, torch.Tensor) else t.nbytes
-                  for t in _tensors(runner.model))
+    weights = sum(
+        t.numel() * t.element_size() if isinstance(t, torch.Tensor) else t.nbytes for t in _tensors(runner.model)
+    )
     kv = sum(k.numel() * k.element_size() * 2 for k, _ in runner.kv_caches)
     vocab = eng.config.spec.vocab_size
     sp = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
 
-    def run(ps, record_first=False):
+    def run(ps):
         for p in ps:
             eng.add_request(eng.next_request_id(), p, sp)
         t = time.perf_counter()
@@ -70,9 +71,17 @@ def bench_engine(model: str, args) -> dict:
         eng.step()
     long_prefill = time.perf_counter() - t
     ttotal, _ = run(prompts(args.batch, args.input_len, vocab))
-    return dict(load=load, latency=total, prefill=prefill, long_prefill=long_prefill, decode_tps=decode_tps,
-                throughput=args.batch * args.output_len / ttotal, weights_mb=weights / 2**20, kv_mb=kv / 2**20,
-                peak_rss_mb=rss_mb())
+    return dict(
+        load=load,
+        latency=total,
+        prefill=prefill,
+        long_prefill=long_prefill,
+        decode_tps=decode_tps,
+        throughput=args.batch * args.output_len / ttotal,
+        weights_mb=weights / 2**20,
+        kv_mb=kv / 2**20,
+        peak_rss_mb=rss_mb(),
+    )
 
 
 def _tensors(model):
@@ -118,8 +127,14 @@ def bench_transformers(model: str, args) -> dict:
         ids = torch.tensor(ps)
         t = time.perf_counter()
         with torch.inference_mode():
-            m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                       do_sample=False, pad_token_id=0)
+            m.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                pad_token_id=0,
+            )
         return time.perf_counter() - t
 
     gen(prompts(1, 16, vocab), 2)  # warm-up
@@ -128,9 +143,13 @@ def bench_transformers(model: str, args) -> dict:
     total = gen(p1, args.output_len)
     long_prefill = gen(prompts(1, args.long_input_len, vocab), 1)
     ttotal = gen(prompts(args.batch, args.input_len, vocab), args.output_len)
-    return dict(latency=total, prefill=prefill, long_prefill=long_prefill,
-                decode_tps=(args.output_len - 1) / (total - prefill),
-                throughput=args.batch * args.output_len / ttotal)
+    return dict(
+        latency=total,
+        prefill=prefill,
+        long_prefill=long_prefill,
+        decode_tps=(args.output_len - 1) / (total - prefill),
+        throughput=args.batch * args.output_len / ttotal,
+    )
 
 
 def main() -> int:
@@ -149,26 +168,39 @@ def main() -> int:
     from cpuinfer.config import default_model_path
 
     model = args.model or default_model_path()
-    print(f"model {os.path.basename(model)}, bfloat16, {torch.get_num_threads()} threads, "
-          f"input {args.input_len}, output {args.output_len}, batch {args.batch}")
+    print(
+        f"model {os.path.basename(model)}, bfloat16, {torch.get_num_threads()} threads, "
+        f"input {args.input_len}, output {args.output_len}, batch {args.batch}"
+    )
     ours = bench_engine(model, args)
     budget = ours["weights_mb"] + ours["kv_mb"] + 600
-    print(f"cpuinfer:     load {ours['load']:.1f}s  prefill {ours['prefill']:.3f}s  decode {ours['decode_tps']:.1f} "
-          f"tok/s  throughput {ours['throughput']:.1f} tok/s  peak RSS {ours['peak_rss_mb']:.0f} MB "
-          f"(budget {budget:.0f} = weights {ours['weights_mb']:.0f} + KV {ours['kv_mb']:.0f} + 600)")
+    print(
+        f"cpuinfer:     load {ours['load']:.1f}s  prefill {ours['prefill']:.3f}s  decode {ours['decode_tps']:.1f} "
+        f"tok/s  throughput {ours['throughput']:.1f} tok/s  peak RSS {ours['peak_rss_mb']:.0f} MB "
+        f"(budget {budget:.0f} = weights {ours['weights_mb']:.0f} + KV {ours['kv_mb']:.0f} + 600)"
+    )
     ref = bench_transformers(model, args)
-    print(f"transformers: prefill {ref['prefill']:.3f}s  decode {ref['decode_tps']:.1f} tok/s  "
-          f"throughput {ref['throughput']:.1f} tok/s")
+    print(
+        f"transformers: prefill {ref['prefill']:.3f}s  decode {ref['decode_tps']:.1f} tok/s  "
+        f"throughput {ref['throughput']:.1f} tok/s"
+    )
     print(f"ratio decode (batch 1):   {ours['decode_tps'] / ref['decode_tps']:.2f}x  (target >= 3)")
     print(f"ratio throughput:         {ours['throughput'] / ref['throughput']:.2f}x  (target >= 3)")
     print(f"ratio end-to-end latency: {ref['latency'] / ours['latency']:.2f}x")
-    print(f"TTFT {args.input_len} tokens:  ours {ours['prefill'] * 1000:.0f} ms, transformers "
-          f"{ref['prefill'] * 1000:.0f} ms = {ours['prefill'] / ref['prefill']:.2f}x  (target <= 0.75)")
-    print(f"TTFT {args.long_input_len} tokens: ours {ours['long_prefill'] * 1000:.0f} ms, transformers "
-          f"{ref['long_prefill'] * 1000:.0f} ms = {ours['long_prefill'] / ref['long_prefill']:.2f}x  (target <= 0.6)")
+    print(
+        f"TTFT {args.input_len} tokens:  ours {ours['prefill'] * 1000:.0f} ms, transformers "
+        f"{ref['prefill'] * 1000:.0f} ms = {ours['prefill'] / ref['prefill']:.2f}x  (target <= 0.75)"
+    )
+    print(
+        f"TTFT {args.long_input_len} tokens: ours {ours['long_prefill'] * 1000:.0f} ms, transformers "
+        f"{ref['long_prefill'] * 1000:.0f} ms = {ours['long_prefill'] / ref['long_prefill']:.2f}x  (target <= 0.6)"
+    )
     print(f"peak RSS within budget:   {ours['peak_rss_mb'] <= budget}")
-    met = (ours["decode_tps"] >= 3 * ref["decode_tps"] and ours["throughput"] >= 3 * ref["throughput"]
-           and ours["peak_rss_mb"] <= budget)
+    met = (
+        ours["decode_tps"] >= 3 * ref["decode_tps"]
+        and ours["throughput"] >= 3 * ref["throughput"]
+        and ours["peak_rss_mb"] <= budget
+    )
     return 0 if met else 1
 
 

@@ -83,23 +83,31 @@ def cases(dtype):
     inv = 1.0 / (10000 ** (torch.arange(0, HEAD_SIZE, 2).float() / HEAD_SIZE))
     freqs = torch.outer(torch.arange(4096).float(), inv)
     cache = torch.cat([freqs.cos(), freqs.sin()], -1)
-    yield "rms_norm", lambda m: (lambda: m.rms_norm(out, x, w, 1e-6)), lambda: torch_rms_norm(x, w)
-    yield ("fused_add_rms_norm", lambda m: (lambda: m.fused_add_rms_norm(x, res, w, 1e-6)),
-           lambda: torch_fused_add_rms_norm(x, res, w))
-    yield ("rotary", lambda m: (lambda: m.rotary_embedding(positions, q, k, HEAD_SIZE, cache, True)),
-           lambda: torch_rotary(positions, q, k, cache))
-    yield ("silu_and_mul", lambda m: (lambda: m.silu_and_mul(gout, g)),
-           lambda: F.silu(g[:, :HIDDEN]) * g[:, HIDDEN:])
-    yield ("gelu_and_mul", lambda m: (lambda: m.gelu_and_mul(gout, g)),
-           lambda: F.gelu(g[:, :HIDDEN]) * g[:, HIDDEN:])
+    yield "rms_norm", lambda m: lambda: m.rms_norm(out, x, w, 1e-6), lambda: torch_rms_norm(x, w)
+    yield (
+        "fused_add_rms_norm",
+        lambda m: lambda: m.fused_add_rms_norm(x, res, w, 1e-6),
+        lambda: torch_fused_add_rms_norm(x, res, w),
+    )
+    yield (
+        "rotary",
+        lambda m: lambda: m.rotary_embedding(positions, q, k, HEAD_SIZE, cache, True),
+        lambda: torch_rotary(positions, q, k, cache),
+    )
+    yield ("silu_and_mul", lambda m: lambda: m.silu_and_mul(gout, g), lambda: F.silu(g[:, :HIDDEN]) * g[:, HIDDEN:])
+    yield ("gelu_and_mul", lambda m: lambda: m.gelu_and_mul(gout, g), lambda: F.gelu(g[:, :HIDDEN]) * g[:, HIDDEN:])
 
 
 def setup_run(argv, description: str) -> tuple[float, list[str], dict]:
     """Shared command line (--quick, --threads): returns min_time, runnable variants, their modules."""
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--quick", action="store_true", help="shorter timing (noisier)")
-    ap.add_argument("--threads", type=int, default=0,
-                    help="torch/kernel threads (default: torch's); 1 gives stable numbers on a busy machine")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch/kernel threads (default: torch's); 1 gives stable numbers on a busy machine",
+    )
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -120,8 +128,10 @@ def variant_modules(names: list[str]) -> dict:
 def main(argv=None) -> int:
     """Run every case and print a table; nonzero exit if a target is missed."""
     min_time, variants, modules = setup_run(argv, __doc__.splitlines()[0])
-    print(f"cpuinfer {cpuinfer.__version__}; torch {torch.__version__}, {torch.get_num_threads()} threads; "
-          f"[{TOKENS}, {HIDDEN}] inputs; variants: {', '.join(variants)}")
+    print(
+        f"cpuinfer {cpuinfer.__version__}; torch {torch.__version__}, {torch.get_num_threads()} threads; "
+        f"[{TOKENS}, {HIDDEN}] inputs; variants: {', '.join(variants)}"
+    )
     header = f"{'op':<20}{'dtype':<10}" + "".join(f"{v:>12}" for v in [*variants, "torch"])
     print(header + f"{'best/generic':>14}{'best/torch':>12}")
     failed = []
@@ -133,12 +143,15 @@ def main(argv=None) -> int:
             vs_generic = times["generic"] / times[best] if "generic" in times else float("nan")
             vs_torch = times["torch"] / times[best]
             row = f"{name:<20}{str(dtype).split('.')[-1]:<10}" + "".join(
-                f"{times[v] * 1e6:>10.1f}us" for v in [*variants, "torch"])
+                f"{times[v] * 1e6:>10.1f}us" for v in [*variants, "torch"]
+            )
             print(row + f"{vs_generic:>13.2f}x{vs_torch:>11.2f}x  (best: {best})")
             target = TARGETS.get((name, dtype))
             if target and (vs_generic < target[0] or vs_torch < target[1]):
-                failed.append(f"{name} {dtype}: {vs_generic:.2f}x generic (want {target[0]}x), "
-                              f"{vs_torch:.2f}x torch (want {target[1]}x)")
+                failed.append(
+                    f"{name} {dtype}: {vs_generic:.2f}x generic (want {target[0]}x), "
+                    f"{vs_torch:.2f}x torch (want {target[1]}x)"
+                )
     for f in failed:
         print(f"TARGET MISSED: {f}")
     return 1 if failed else 0

@@ -106,15 +106,21 @@ def main(argv=None) -> int:
     rows = [int(r) for r in args.rows.split(",")] if args.rows else (QUICK_ROWS if args.quick else ROWS)
     seconds, rounds = (0.02, 3) if args.quick else (0.05, 5)
     modules = variant_modules(variants)
-    print(f"cpuinfer {cpuinfer.__version__}; torch {torch.__version__}, {threads} threads; "
-          f"bf16 out = x[M, K] @ W[N, K]^T, packed weights; medians of {rounds} alternating rounds")
+    print(
+        f"cpuinfer {cpuinfer.__version__}; torch {torch.__version__}, {threads} threads; "
+        f"bf16 out = x[M, K] @ W[N, K]^T, packed weights; medians of {rounds} alternating rounds"
+    )
     failed, notes = [], []
     for v, mod in modules.items():
         peak = peak_flops(mod, threads, 0.3)
-        print(f"\n[{v}] tile {mod.linear_tile_impl('bfloat16')}; measured peak {peak / 1e9:.0f} GFLOP/s "
-              f"({threads} threads, in-register loop; %peak below is against the peak of each round)")
-        print(f"{'model':<9}{'proj':<9}{'N':>6}{'K':>6}{'M':>6}{'ours':>10}{'torch':>10}"
-              f"{'GFLOP/s':>9}{'%peak':>7}{'vs torch':>10}")
+        print(
+            f"\n[{v}] tile {mod.linear_tile_impl('bfloat16')}; measured peak {peak / 1e9:.0f} GFLOP/s "
+            f"({threads} threads, in-register loop; %peak below is against the peak of each round)"
+        )
+        print(
+            f"{'model':<9}{'proj':<9}{'N':>6}{'K':>6}{'M':>6}{'ours':>10}{'torch':>10}"
+            f"{'GFLOP/s':>9}{'%peak':>7}{'vs torch':>10}"
+        )
         for (model, proj), (n, k) in SHAPES.items():
             if args.models and model not in args.models.split(","):
                 continue
@@ -126,25 +132,33 @@ def main(argv=None) -> int:
                     continue
                 x = torch.randn(m, k, dtype=torch.bfloat16)
                 out = torch.empty(m, n, dtype=torch.bfloat16)
-                fns = {"ours": lambda mod=mod, out=out, x=x, wp=wp: mod.linear(out, x, wp, None, True),
-                       "torch": lambda x=x, w=w: F.linear(x, w)}
+                fns = {
+                    "ours": lambda mod=mod, out=out, x=x, wp=wp: mod.linear(out, x, wp, None, True),
+                    "torch": lambda x=x, w=w: F.linear(x, w),
+                }
                 t = rounds_of(fns, rounds, seconds, lambda mod=mod: peak_flops(mod, threads, seconds / 2))
                 peaks = t["peak"]
                 ours, ref = statistics.median(t["ours"]), statistics.median(t["torch"])
                 vs_torch = statistics.median(b / a for a, b in zip(t["ours"], t["torch"], strict=True))
                 gflops = 2 * m * n * k / ours / 1e9
                 share = statistics.median(2 * m * n * k / a / p for a, p in zip(t["ours"], peaks, strict=True))
-                print(f"{model:<9}{proj:<9}{n:>6}{k:>6}{m:>6}{ours * 1e6:>8.1f}us{ref * 1e6:>8.1f}us"
-                      f"{gflops:>9.1f}{share * 100:>6.1f}%{vs_torch:>9.2f}x")
+                print(
+                    f"{model:<9}{proj:<9}{n:>6}{k:>6}{m:>6}{ours * 1e6:>8.1f}us{ref * 1e6:>8.1f}us"
+                    f"{gflops:>9.1f}{share * 100:>6.1f}%{vs_torch:>9.2f}x"
+                )
                 if (m, n, k) == DECODE_TARGET[:3] and vs_torch < DECODE_TARGET[3]:
                     failed.append(f"[{v}] decode M={m} N={n} K={k}: {vs_torch:.2f}x torch (want {DECODE_TARGET[3]}x)")
                 if m >= PREFILL_TARGET[0] and (share < PREFILL_TARGET[1] or vs_torch < PREFILL_TARGET[2]):
-                    failed.append(f"[{v}] {model} {proj} M={m}: {share * 100:.0f}% of peak "
-                                  f"(want {PREFILL_TARGET[1] * 100:.0f}%), {vs_torch:.2f}x torch "
-                                  f"(want {PREFILL_TARGET[2]}x)")
+                    failed.append(
+                        f"[{v}] {model} {proj} M={m}: {share * 100:.0f}% of peak "
+                        f"(want {PREFILL_TARGET[1] * 100:.0f}%), {vs_torch:.2f}x torch "
+                        f"(want {PREFILL_TARGET[2]}x)"
+                    )
                 elif m >= PREFILL_TARGET[0] and vs_torch < PREFILL_TARGET[3]:
-                    notes.append(f"[{v}] {model} {proj} M={m}: {vs_torch:.2f}x torch (aim {PREFILL_TARGET[3]}x) "
-                                 f"at {share * 100:.0f}% of peak")
+                    notes.append(
+                        f"[{v}] {model} {proj} M={m}: {vs_torch:.2f}x torch (aim {PREFILL_TARGET[3]}x) "
+                        f"at {share * 100:.0f}% of peak"
+                    )
     for note in notes:
         print(f"note: {note}")
     for f in failed:

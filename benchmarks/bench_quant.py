@@ -65,8 +65,10 @@ import subprocess
 import sys
 import time
 
-HF_FORMATS = {"gptq4": ("gptq", dict(bits=4, group=128, sym=True, act_order=True)),
-              "w8a8": ("compressed-tensors", dict(scheme="W8A8"))}
+HF_FORMATS = {
+    "gptq4": ("gptq", dict(bits=4, group=128, sym=True, act_order=True)),
+    "w8a8": ("compressed-tensors", dict(scheme="W8A8")),
+}
 # GGUF files made from the --model file: config -> (GGUF file type, how it is made).
 GGUF_MADE = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k_m": "Q4_K_M"}
 GGUF_CONFIGS = ("quant", *GGUF_MADE)  # the configurations that run from a GGUF file kept quantized
@@ -93,6 +95,7 @@ def rss_mb() -> float:
 
 
 # --- model files, made once into --work-dir -------------------------------------------------------------
+
 
 def _stem(path: str) -> str:
     return os.path.basename(path).removesuffix(".gguf")
@@ -161,10 +164,12 @@ def gguf_file(config: str, src: str, work_dir: str, llama_python: str | None) ->
             write_gguf(src, f32 + ".part", None)
             os.replace(f32 + ".part", f32)
         if llama_python is None:
-            raise RuntimeError(f"{config} is made by llama.cpp's quantizer, which needs llama-cpp-python: "
-                               f"install it with {LLAMA_PIP}")
-        r = subprocess.run([llama_python, __file__, "--llama-quantize", f32, tmp, qtype], capture_output=True,
-                           text=True)
+            raise RuntimeError(
+                f"{config} is made by llama.cpp's quantizer, which needs llama-cpp-python: install it with {LLAMA_PIP}"
+            )
+        r = subprocess.run(
+            [llama_python, __file__, "--llama-quantize", f32, tmp, qtype], capture_output=True, text=True
+        )
         if r.returncode != 0:
             raise RuntimeError(f"llama.cpp's quantizer failed (exit {r.returncode}):\n{r.stderr[-3000:]}")
     else:
@@ -175,6 +180,7 @@ def gguf_file(config: str, src: str, work_dir: str, llama_python: str | None) ->
 
 
 # --- one row, in its own process --------------------------------------------------------------------------
+
 
 def one(config: str, model: str, args) -> dict:
     """Measure one cpuinfer configuration in this process."""
@@ -188,8 +194,9 @@ def one(config: str, model: str, args) -> dict:
     from bench_engine import prompts as engine_prompts
 
     assert engine_prompts(2, 8, 49152) == prompts(2, 8, 49152), "bench_engine.prompts changed: update prompts()"
-    a = argparse.Namespace(input_len=args.input_len, output_len=args.output_len, long_input_len=args.long_input_len,
-                           batch=args.batch)
+    a = argparse.Namespace(
+        input_len=args.input_len, output_len=args.output_len, long_input_len=args.long_input_len, batch=args.batch
+    )
     # peak_rss_mb as rss_mb() measures it (bench_engine's ru_maxrss may be the parent's peak, see rss_mb)
     return dict(bench_engine(model, a), threads=torch.get_num_threads(), peak_rss_mb=rss_mb())
 
@@ -231,8 +238,9 @@ def one_llama(model_path: str, args) -> dict:
 
     def make_batch(n_max: int, n_seq: int):
         batch = L.llama_batch_init(n_max, 0, n_seq)
-        view = {f: np.ctypeslib.as_array(getattr(batch, f), shape=(n_max,))
-                for f in ("token", "pos", "n_seq_id", "logits")}
+        view = {
+            f: np.ctypeslib.as_array(getattr(batch, f), shape=(n_max,)) for f in ("token", "pos", "n_seq_id", "logits")
+        }
         return batch, view
 
     def fill(batch, view, seqs: list[tuple[int, list[int], int]]) -> None:
@@ -240,10 +248,10 @@ def one_llama(model_path: str, args) -> dict:
         i = 0
         for s, toks, p0 in seqs:
             n = len(toks)
-            view["token"][i:i + n] = toks
-            view["pos"][i:i + n] = np.arange(p0, p0 + n)
-            view["n_seq_id"][i:i + n] = 1
-            view["logits"][i:i + n] = 0
+            view["token"][i : i + n] = toks
+            view["pos"][i : i + n] = np.arange(p0, p0 + n)
+            view["n_seq_id"][i : i + n] = 1
+            view["logits"][i : i + n] = 0
             view["logits"][i + n - 1] = 1
             for j in range(i, i + n):
                 batch.seq_id[j][0] = s
@@ -287,11 +295,19 @@ def one_llama(model_path: str, args) -> dict:
     L.llama_free(ctx)
     weights = L.llama_model_size(model)
     L.llama_model_free(model)
-    return dict(load=load, latency=total, prefill=prefill, long_prefill=long_prefill,
-                decode_tps=(args.output_len - 1) / (total - prefill),
-                throughput=args.batch * args.output_len / ttotal, weights_mb=weights / 2**20,
-                kv_mb=float("nan"), peak_rss_mb=rss_mb(), threads=threads,
-                system_info=L.llama_print_system_info().decode().strip())
+    return dict(
+        load=load,
+        latency=total,
+        prefill=prefill,
+        long_prefill=long_prefill,
+        decode_tps=(args.output_len - 1) / (total - prefill),
+        throughput=args.batch * args.output_len / ttotal,
+        weights_mb=weights / 2**20,
+        kv_mb=float("nan"),
+        peak_rss_mb=rss_mb(),
+        threads=threads,
+        system_info=L.llama_print_system_info().decode().strip(),
+    )
 
 
 def gguf_type(path: str) -> str:
@@ -304,6 +320,7 @@ def gguf_type(path: str) -> str:
 
 # --- the run ----------------------------------------------------------------------------------------------
 
+
 def find_llama_python(arg: str | None) -> tuple[str | None, str]:
     """The interpreter that imports llama_cpp, or None and why not."""
     py = arg or os.environ.get("CPUINFER_LLAMA_PYTHON") or sys.executable
@@ -315,13 +332,30 @@ def find_llama_python(arg: str | None) -> tuple[str | None, str]:
 
 def run_row(python: str, row: str, path: str, args, env: dict) -> dict:
     """One row in a child process; its last stdout line is the JSON result."""
-    cmd = [python, os.path.abspath(__file__), "--one", row, "--model", path, "--threads", str(args.threads),
-           "--input-len", str(args.input_len), "--output-len", str(args.output_len),
-           "--long-input-len", str(args.long_input_len), "--batch", str(args.batch)]
+    cmd = [
+        python,
+        os.path.abspath(__file__),
+        "--one",
+        row,
+        "--model",
+        path,
+        "--threads",
+        str(args.threads),
+        "--input-len",
+        str(args.input_len),
+        "--output-len",
+        str(args.output_len),
+        "--long-input-len",
+        str(args.long_input_len),
+        "--batch",
+        str(args.batch),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode == -11 and row.startswith("llama:") and "amx" in r.stderr:
-        raise RuntimeError(f"row {row}: llama.cpp segfaulted (with AMX buffers; GCC 12 builds of ggml's AMX code do): "
-                           f"rebuild it with clang: {LLAMA_PIP}")
+        raise RuntimeError(
+            f"row {row}: llama.cpp segfaulted (with AMX buffers; GCC 12 builds of ggml's AMX code do): "
+            f"rebuild it with clang: {LLAMA_PIP}"
+        )
     if r.returncode != 0:
         raise RuntimeError(f"row {row} failed (exit {r.returncode}):\n{r.stderr[-3000:]}")
     res = json.loads(r.stdout.strip().splitlines()[-1])
@@ -338,20 +372,33 @@ def main() -> int:
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--llama-quantize", nargs=3, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--kv-space", default="0.5", help="VLLM_CPU_KVCACHE_SPACE for each run (GiB)")
-    ap.add_argument("--configs", default="bf16,quant,q8_0,q4_0,q4_k_m,gptq4,w8a8",
-                    help="comma-separated rows; each GGUF one (quant, q8_0, q4_0, q4_k_m) also gets a llama.cpp "
-                         "row with --llama; `llama:<config>` names a llama.cpp row alone")
-    ap.add_argument("--llama", action=argparse.BooleanOptionalAction, default=True,
-                    help="llama.cpp rows on the same GGUF files (default: on)")
-    ap.add_argument("--llama-python", default=None,
-                    help="interpreter with llama-cpp-python (default: $CPUINFER_LLAMA_PYTHON, else this one)")
+    ap.add_argument(
+        "--configs",
+        default="bf16,quant,q8_0,q4_0,q4_k_m,gptq4,w8a8",
+        help="comma-separated rows; each GGUF one (quant, q8_0, q4_0, q4_k_m) also gets a llama.cpp "
+        "row with --llama; `llama:<config>` names a llama.cpp row alone",
+    )
+    ap.add_argument(
+        "--llama",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="llama.cpp rows on the same GGUF files (default: on)",
+    )
+    ap.add_argument(
+        "--llama-python",
+        default=None,
+        help="interpreter with llama-cpp-python (default: $CPUINFER_LLAMA_PYTHON, else this one)",
+    )
     ap.add_argument("--threads", type=int, default=2, help="threads for both engines (default 2)")
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--long-input-len", type=int, default=512, help="prompt length of the TTFT row")
     ap.add_argument("--batch", type=int, default=32, help="prompts at once in W2")
-    ap.add_argument("--work-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "cpuinfer-bench"),
-                    help="where the GGUF files and the gptq4 / w8a8 checkpoints are made (once)")
+    ap.add_argument(
+        "--work-dir",
+        default=os.path.join(os.path.expanduser("~"), ".cache", "cpuinfer-bench"),
+        help="where the GGUF files and the gptq4 / w8a8 checkpoints are made (once)",
+    )
     args, _ = ap.parse_known_args()  # nox passes its posargs to every benchmark
     if args.llama_quantize:
         llama_quantize(*args.llama_quantize)
@@ -362,7 +409,7 @@ def main() -> int:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", args.kv_space)
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) != args.threads:  # else our default binding (one thread per physical core) is already right
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cpus[:args.threads])))
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cpus[: args.threads])))
     if args.one:
         print(json.dumps(one(args.one, args.model, args)))
         return 0
@@ -374,8 +421,10 @@ def main() -> int:
         src = default_model_path()
     load = os.getloadavg()[0]
     if load > 0.5:  # llama.cpp's spinning thread pool loses up to 6x on a busy 2-core machine (cpuinfer less)
-        print(f"warning: load average {load:.1f} before the run; the numbers (llama.cpp's most) need a quiet machine",
-              file=sys.stderr)
+        print(
+            f"warning: load average {load:.1f} before the run; the numbers (llama.cpp's most) need a quiet machine",
+            file=sys.stderr,
+        )
     rows = []
     for config in args.configs.split(","):
         rows.append(config)
@@ -389,8 +438,13 @@ def main() -> int:
         config = row.removeprefix("llama:")
         try:
             if config not in paths:
-                paths[config] = (hf_checkpoint(config, src, args.work_dir) if config in HF_FORMATS else
-                                 gguf_file(config, src, args.work_dir, llama_python) if config in GGUF_MADE else src)
+                paths[config] = (
+                    hf_checkpoint(config, src, args.work_dir)
+                    if config in HF_FORMATS
+                    else gguf_file(config, src, args.work_dir, llama_python)
+                    if config in GGUF_MADE
+                    else src
+                )
         except Exception as e:  # noqa: BLE001 - a file that cannot be made fails its rows, not the run
             failed[row] = f"{type(e).__name__}: {e}"
     results = {}
@@ -412,18 +466,24 @@ def main() -> int:
     types = {c: gguf_type(p) if p.endswith(".gguf") else c for c, p in paths.items()}
     types["bf16"] = "BF16"
     print(f"load average before the run {load:.2f}; {os.cpu_count()} CPUs")
-    print(f"model {os.path.basename(src)} ({size_mb.get('quant', os.path.getsize(src) / 2**20):.0f} MB); "
-          f"W1 = 1 x {args.input_len} in, {args.output_len} out; TTFT of {args.long_input_len} tokens; "
-          f"W2 = {args.batch} x {args.input_len} in, {args.output_len} out")
+    print(
+        f"model {os.path.basename(src)} ({size_mb.get('quant', os.path.getsize(src) / 2**20):.0f} MB); "
+        f"W1 = 1 x {args.input_len} in, {args.output_len} out; TTFT of {args.long_input_len} tokens; "
+        f"W2 = {args.batch} x {args.input_len} in, {args.output_len} out"
+    )
     ttft = f"TTFT {args.long_input_len} ms"
-    print(f"{'row':<14}{'file':>8}{'file MB':>9}{'threads':>8}{'W1 tok/s':>10}{ttft:>13}{'W2 tok/s':>10}"
-          f"{'weights MB':>12}{'RSS MB':>9}")
+    print(
+        f"{'row':<14}{'file':>8}{'file MB':>9}{'threads':>8}{'W1 tok/s':>10}{ttft:>13}{'W2 tok/s':>10}"
+        f"{'weights MB':>12}{'RSS MB':>9}"
+    )
     for row, r in results.items():
         config = row.removeprefix("llama:")
         mb = f"{size_mb[config]:.0f}" if config in size_mb else ""
-        print(f"{row:<14}{types.get(config, ''):>8}{mb:>9}{r['threads']:>8}{r['decode_tps']:>10.1f}"
-              f"{r['long_prefill'] * 1000:>13.0f}{r['throughput']:>10.1f}{r['weights_mb']:>12.0f}"
-              f"{r['peak_rss_mb']:>9.0f}")
+        print(
+            f"{row:<14}{types.get(config, ''):>8}{mb:>9}{r['threads']:>8}{r['decode_tps']:>10.1f}"
+            f"{r['long_prefill'] * 1000:>13.0f}{r['throughput']:>10.1f}{r['weights_mb']:>12.0f}"
+            f"{r['peak_rss_mb']:>9.0f}"
+        )
     for row, why_failed in failed.items():
         print(f"{row:<14}not measured: {why_failed}")
     info = next((r["system_info"] for r in results.values() if "system_info" in r), None)
@@ -447,26 +507,41 @@ def main() -> int:
         # Q4 targets for the Q4_0 / Q4_1 files: the made q4_0, and `quant` when it is the bundled Q4_1.
         is_q4 = types[config] in ("Q4_0", "Q4_1")
         if ref and config == "q4_k_m":
-            print(f"{config} / llama.cpp (no target): W1 decode {ours['decode_tps'] / ref['decode_tps']:.2f}x, "
-                  f"TTFT {ours['long_prefill'] / ref['long_prefill']:.2f}x, "
-                  f"W2 {ours['throughput'] / ref['throughput']:.2f}x")
+            print(
+                f"{config} / llama.cpp (no target): W1 decode {ours['decode_tps'] / ref['decode_tps']:.2f}x, "
+                f"TTFT {ours['long_prefill'] / ref['long_prefill']:.2f}x, "
+                f"W2 {ours['throughput'] / ref['throughput']:.2f}x"
+            )
         elif ref:
             ratio(f"{config} W1 decode / llama.cpp", ours["decode_tps"], ref["decode_tps"], 1.2, True)
         if ref and is_q4:
             ratio(f"{config} W2 / llama.cpp batched", ours["throughput"], ref["throughput"], 1.5, True)
-            ratio(f"{config} TTFT {args.long_input_len} / llama.cpp", ours["long_prefill"], ref["long_prefill"],
-                  1.0, False)
+            ratio(
+                f"{config} TTFT {args.long_input_len} / llama.cpp",
+                ours["long_prefill"],
+                ref["long_prefill"],
+                1.0,
+                False,
+            )
         if b and is_q4:
             ratio(f"{config} W1 decode / our bf16", ours["decode_tps"], b["decode_tps"], 2.5, True)
         budget = 1.3 * size_mb[config] + ours["kv_mb"] + 300
-        checks.append((f"{config} peak RSS MB (1.3 x file + KV {ours['kv_mb']:.0f} + 300)",
-                       ours["peak_rss_mb"], budget, ours["peak_rss_mb"] <= budget))
+        checks.append(
+            (
+                f"{config} peak RSS MB (1.3 x file + KV {ours['kv_mb']:.0f} + 300)",
+                ours["peak_rss_mb"],
+                budget,
+                ours["peak_rss_mb"] <= budget,
+            )
+        )
     if b:
         for config in ("quant", "q8_0", "q4_0", "q4_k_m", *HF_FORMATS):
             r = results.get(config)
             if r:
-                print(f"{config} / bf16 (no target): W1 decode {r['decode_tps'] / b['decode_tps']:.2f}x, "
-                      f"TTFT {r['long_prefill'] / b['long_prefill']:.2f}x, W2 {r['throughput'] / b['throughput']:.2f}x")
+                print(
+                    f"{config} / bf16 (no target): W1 decode {r['decode_tps'] / b['decode_tps']:.2f}x, "
+                    f"TTFT {r['long_prefill'] / b['long_prefill']:.2f}x, W2 {r['throughput'] / b['throughput']:.2f}x"
+                )
     for label, x, target, met in checks:
         rel = "<=" if "TTFT" in label or "RSS" in label else ">="
         value = f"{x:.0f}" if "RSS" in label else f"{x:.2f}x"

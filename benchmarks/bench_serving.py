@@ -42,11 +42,19 @@ class RequestResult:
     error: str = ""
 
 
-async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: list[int], output_len: int,
-                      api_key: str | None) -> RequestResult:
+async def one_request(
+    client: httpx.AsyncClient, url: str, model: str, prompt: list[int], output_len: int, api_key: str | None
+) -> RequestResult:
     """Send one streaming completion and time every chunk."""
-    body = {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": output_len,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     res = RequestResult(prompt_len=len(prompt))
     start = last = time.perf_counter()
@@ -79,8 +87,16 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: l
     return res
 
 
-async def run_rate(base_url: str, model: str, prompts: list[list[int]], output_len: int, rate: float,
-                   max_concurrency: int | None, api_key: str | None, seed: int) -> tuple[list[RequestResult], float]:
+async def run_rate(
+    base_url: str,
+    model: str,
+    prompts: list[list[int]],
+    output_len: int,
+    rate: float,
+    max_concurrency: int | None,
+    api_key: str | None,
+    seed: int,
+) -> tuple[list[RequestResult], float]:
     """Send every prompt with Poisson arrivals at `rate` req/s (inf = all at once)."""
     rng = np.random.default_rng(seed)
     sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
@@ -116,16 +132,26 @@ def summarize(results: list[RequestResult], duration: float, rate: float, percen
 
     def stats(name: str, xs: list[float]) -> dict:
         arr = np.asarray(xs or [0.0]) * 1000
-        d = {f"mean_{name}_ms": float(arr.mean()), f"median_{name}_ms": float(np.median(arr)),
-             f"std_{name}_ms": float(arr.std())}
+        d = {
+            f"mean_{name}_ms": float(arr.mean()),
+            f"median_{name}_ms": float(np.median(arr)),
+            f"std_{name}_ms": float(arr.std()),
+        }
         for p in percentiles:
             d[f"p{p:g}_{name}_ms"] = float(np.percentile(arr, p))
         return d
 
-    summary = {"request_rate": rate, "duration": duration, "completed": len(ok), "failed": len(results) - len(ok),
-               "total_input_tokens": in_tokens, "total_output_tokens": out_tokens,
-               "request_throughput": len(ok) / duration, "output_throughput": out_tokens / duration,
-               "total_token_throughput": (in_tokens + out_tokens) / duration}
+    summary = {
+        "request_rate": rate,
+        "duration": duration,
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "total_input_tokens": in_tokens,
+        "total_output_tokens": out_tokens,
+        "request_throughput": len(ok) / duration,
+        "output_throughput": out_tokens / duration,
+        "total_token_throughput": (in_tokens + out_tokens) / duration,
+    }
     for name, xs in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2el", e2e)):
         summary.update(stats(name, xs))
     errors = [r.error for r in results if not r.ok]
@@ -138,16 +164,24 @@ def print_report(s: dict, percentiles: list[float]) -> None:
     """The same layout as vLLM's benchmark_serving."""
     rate = "inf" if s["request_rate"] == float("inf") else f"{s['request_rate']:g}"
     print("{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="="))
-    rows = [("Request rate (req/s):", rate), ("Successful requests:", s["completed"]),
-            ("Failed requests:", s["failed"]), ("Benchmark duration (s):", f"{s['duration']:.2f}"),
-            ("Total input tokens:", s["total_input_tokens"]), ("Total generated tokens:", s["total_output_tokens"]),
-            ("Request throughput (req/s):", f"{s['request_throughput']:.2f}"),
-            ("Output token throughput (tok/s):", f"{s['output_throughput']:.2f}"),
-            ("Total Token throughput (tok/s):", f"{s['total_token_throughput']:.2f}")]
+    rows = [
+        ("Request rate (req/s):", rate),
+        ("Successful requests:", s["completed"]),
+        ("Failed requests:", s["failed"]),
+        ("Benchmark duration (s):", f"{s['duration']:.2f}"),
+        ("Total input tokens:", s["total_input_tokens"]),
+        ("Total generated tokens:", s["total_output_tokens"]),
+        ("Request throughput (req/s):", f"{s['request_throughput']:.2f}"),
+        ("Output token throughput (tok/s):", f"{s['output_throughput']:.2f}"),
+        ("Total Token throughput (tok/s):", f"{s['total_token_throughput']:.2f}"),
+    ]
     for k, v in rows:
         print(f"{k:<40} {v:<10}")
-    for name, title in (("ttft", "Time to First Token"), ("tpot", "Time per Output Token (excl. 1st token)"),
-                        ("itl", "Inter-token Latency")):
+    for name, title in (
+        ("ttft", "Time to First Token"),
+        ("tpot", "Time per Output Token (excl. 1st token)"),
+        ("itl", "Inter-token Latency"),
+    ):
         print("{s:{c}^{n}}".format(s=title, n=50, c="-"))
         print(f"{'Mean ' + name.upper() + ' (ms):':<40} {s[f'mean_{name}_ms']:<10.2f}")
         print(f"{'Median ' + name.upper() + ' (ms):':<40} {s[f'median_{name}_ms']:<10.2f}")
@@ -161,8 +195,18 @@ def launch_server(extra: list[str]) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "cpuinfer", "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--disable-log-requests", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "cpuinfer",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--disable-log-requests",
+        *extra,
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
@@ -182,15 +226,23 @@ def launch_server(extra: list[str]) -> tuple[subprocess.Popen, str]:
 def main(argv: list[str] | None = None) -> int:
     """Run the sweep and print one report per request rate."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--base-url", default=None,
-                    help="URL of a running server; without it, `cpuinfer serve` is started on a free loopback port")
+    ap.add_argument(
+        "--base-url",
+        default=None,
+        help="URL of a running server; without it, `cpuinfer serve` is started on a free loopback port",
+    )
     ap.add_argument("--server-args", default="", help="extra flags for the launched server (one string)")
     ap.add_argument("--model", default=None, help="model name to send (default: the server's first model)")
     ap.add_argument("--num-prompts", type=int, default=16)
     ap.add_argument("--random-input-len", type=int, default=64)
     ap.add_argument("--random-output-len", type=int, default=16)
-    ap.add_argument("--request-rate", type=float, nargs="+", default=[float("inf")],
-                    help="request rates to sweep, req/s (inf = all at once)")
+    ap.add_argument(
+        "--request-rate",
+        type=float,
+        nargs="+",
+        default=[float("inf")],
+        help="request rates to sweep, req/s (inf = all at once)",
+    )
     ap.add_argument("--max-concurrency", type=int, default=None)
     ap.add_argument("--percentiles", type=float, nargs="+", default=[99], help="as vLLM's --metric-percentiles")
     ap.add_argument("--seed", type=int, default=0)
@@ -207,20 +259,38 @@ def main(argv: list[str] | None = None) -> int:
         model = args.model or httpx.get(base_url + "/v1/models", headers=headers, timeout=30).json()["data"][0]["id"]
         rng = random.Random(args.seed)
         # Random token ids (as vLLM's random dataset), sent as ids so the input length is exact.
-        prompts = [[rng.randrange(1000, 20000) for _ in range(args.random_input_len)]
-                   for _ in range(args.num_prompts)]
+        prompts = [[rng.randrange(1000, 20000) for _ in range(args.random_input_len)] for _ in range(args.num_prompts)]
         asyncio.run(run_rate(base_url, model, prompts[:2], 4, float("inf"), None, args.api_key, 0))  # warm-up
         summaries = []
         for rate in args.request_rate:
-            results, duration = asyncio.run(run_rate(base_url, model, prompts, args.random_output_len, rate,
-                                                     args.max_concurrency, args.api_key, args.seed))
+            results, duration = asyncio.run(
+                run_rate(
+                    base_url,
+                    model,
+                    prompts,
+                    args.random_output_len,
+                    rate,
+                    args.max_concurrency,
+                    args.api_key,
+                    args.seed,
+                )
+            )
             s = summarize(results, duration, rate, args.percentiles)
             print_report(s, args.percentiles)
             summaries.append(s)
         if args.result_file:
             with open(args.result_file, "w") as f:
-                json.dump({"model": model, "base_url": base_url, "args": vars(args) | {"api_key": None},
-                           "results": summaries}, f, indent=2, default=str)
+                json.dump(
+                    {
+                        "model": model,
+                        "base_url": base_url,
+                        "args": vars(args) | {"api_key": None},
+                        "results": summaries,
+                    },
+                    f,
+                    indent=2,
+                    default=str,
+                )
         return 0 if all(s["failed"] == 0 for s in summaries) else 1
     finally:
         if proc is not None:

@@ -16,12 +16,17 @@ import argparse
 import json
 import time
 
-SCHEMA = {"type": "object",
-          "properties": {"title": {"type": "string", "maxLength": 40},
-                         "year": {"type": "integer", "minimum": 1900, "maximum": 2100},
-                         "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3},
-                         "story": {"type": "string", "minLength": 2000}},
-          "required": ["title", "year", "tags", "story"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string", "maxLength": 40},
+        "year": {"type": "integer", "minimum": 1900, "maximum": 2100},
+        "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3},
+        "story": {"type": "string", "minLength": 2000},
+    },
+    "required": ["title", "year", "tags", "story"],
+    "additionalProperties": False,
+}
 
 
 def decode_rate(engine, batch: int, output_len: int, constrained: bool) -> float:
@@ -29,8 +34,9 @@ def decode_rate(engine, batch: int, output_len: int, constrained: bool) -> float
     from cpuinfer.sampling_params import SamplingParams, StructuredOutputsParams
 
     so = StructuredOutputsParams(json=SCHEMA) if constrained else None
-    params = SamplingParams(temperature=1.0, seed=0, max_tokens=output_len, ignore_eos=not constrained,
-                            structured_outputs=so)
+    params = SamplingParams(
+        temperature=1.0, seed=0, max_tokens=output_len, ignore_eos=not constrained, structured_outputs=so
+    )
     prompt = engine.config.spec.encode_chat([{"role": "user", "content": "Write a long story as JSON."}])[1]
     for i in range(batch):
         engine.add_request(f"{constrained}-{batch}-{i}", prompt, params)
@@ -74,11 +80,14 @@ def main() -> None:
     from cpuinfer.config import EngineArgs
     from cpuinfer.engine.llm_engine import LLMEngine
 
-    engine = LLMEngine.from_engine_args(EngineArgs(model=args.model, max_model_len=1024, seed=0,
-                                                   structured_outputs_backend=args.backend))
+    engine = LLMEngine.from_engine_args(
+        EngineArgs(model=args.model, max_model_len=1024, seed=0, structured_outputs_backend=args.backend)
+    )
     build, cold, cached = compile_times(engine)
-    print(f"backend {args.backend}: built in {build * 1e3:.0f} ms (once per process); schema compile cold "
-          f"{cold * 1e3:.1f} ms, cached {cached * 1e3:.3f} ms")
+    print(
+        f"backend {args.backend}: built in {build * 1e3:.0f} ms (once per process); schema compile cold "
+        f"{cold * 1e3:.1f} ms, cached {cached * 1e3:.3f} ms"
+    )
     for batch in args.batch:
         decode_rate(engine, batch, 8, False)  # warm-up
         free = constrained = serial = 0.0
@@ -88,8 +97,10 @@ def main() -> None:
             engine.core.grammars.overlap = False
             serial = max(serial, decode_rate(engine, batch, args.output_len, True))
             engine.core.grammars.overlap = True
-        print(f"batch {batch:3d}: decode {free:7.1f} tok/s free, {constrained:7.1f} tok/s with the schema "
-              f"({constrained / free:.2f}x; {serial / free:.2f}x with the mask filled after the forward pass)")
+        print(
+            f"batch {batch:3d}: decode {free:7.1f} tok/s free, {constrained:7.1f} tok/s with the schema "
+            f"({constrained / free:.2f}x; {serial / free:.2f}x with the mask filled after the forward pass)"
+        )
 
 
 if __name__ == "__main__":

@@ -41,8 +41,10 @@ def sha256(path: Path) -> str:
 def page(title: str, links: list[str]) -> str:
     """A PEP 503 HTML page."""
     body = "\n".join(f"    {link}<br/>" for link in links)
-    return (f"<!DOCTYPE html>\n<html>\n  <head><meta name=\"pypi:repository-version\" content=\"1.0\">"
-            f"<title>{html.escape(title)}</title></head>\n  <body>\n{body}\n  </body>\n</html>\n")
+    return (
+        f'<!DOCTYPE html>\n<html>\n  <head><meta name="pypi:repository-version" content="1.0">'
+        f"<title>{html.escape(title)}</title></head>\n  <body>\n{body}\n  </body>\n</html>\n"
+    )
 
 
 def build_index(wheel_dir: Path, out: Path) -> dict[str, list[str]]:

@@ -77,7 +77,7 @@ function(cpuinfer_add_kernels variant)
       target_compile_definitions(${lib} PUBLIC CPUINFER_SIMDE_AVX512BF16)
     endif()
     if("-mamx-bf16" IN_LIST CPUINFER_FLAGS_${variant})
-      target_compile_definitions(${lib} PUBLIC CPUINFER_SIMDE_AMX)  # csrc/x86/amx_emulation.h
+      target_compile_definitions(${lib} PUBLIC CPUINFER_SIMDE_AMX)  # csrc/x86/emulation/amx_emulation.h
     endif()
   else()
     target_compile_options(${lib} PUBLIC ${CPUINFER_FLAGS_${variant}})

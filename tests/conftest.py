@@ -13,7 +13,7 @@ RUNNABLE = [c.name for c in cpuinfer._selection.candidates if c.installed and c.
 NOT_RUNNABLE = {c.name: c.missing for c in cpuinfer._selection.candidates if c.installed and not c.runnable}
 
 
-def pytest_report_header(config):
+def pytest_report_header():
     sel = cpuinfer._selection
     lines = [f"cpuinfer: platform {sel.platform}, selected {sel.name}; testing variants: {', '.join(RUNNABLE)}"]
     for name, missing in NOT_RUNNABLE.items():

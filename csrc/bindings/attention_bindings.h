@@ -223,9 +223,29 @@ inline void py_paged_attention(Out out, In query, Out key_cache, Out value_cache
     }
 
     const SeqMeta m = check_seq_meta(query_start_loc, seq_lens, block_tables, q.tokens, c, sliding_window);
-    PagedAttentionArgs a{dt, c.dt, out.data(), o.token_stride, o.head_stride, query.data(), q.token_stride,
-                         q.head_stride, key_cache.data(), value_cache.data(), q.heads, c.heads, D, c.block_size,
-                         m.qsl, m.lens, m.tables, m.num_seqs, m.table_stride, scale, sliding_window, soft_cap};
+    PagedAttentionArgs a{};  // by field name (kernels.h): a reordered field cannot silently take another's value
+    a.dt = dt;
+    a.cache_dt = c.dt;
+    a.out = out.data();
+    a.out_token_stride = o.token_stride;
+    a.out_head_stride = o.head_stride;
+    a.query = query.data();
+    a.q_token_stride = q.token_stride;
+    a.q_head_stride = q.head_stride;
+    a.key_cache = key_cache.data();
+    a.value_cache = value_cache.data();
+    a.num_q_heads = q.heads;
+    a.num_kv_heads = c.heads;
+    a.head_size = D;
+    a.block_size = c.block_size;
+    a.query_start_loc = m.qsl;
+    a.seq_lens = m.lens;
+    a.block_tables = m.tables;
+    a.num_seqs = m.num_seqs;
+    a.block_table_stride = m.table_stride;
+    a.scale = scale;
+    a.sliding_window = sliding_window;
+    a.soft_cap = soft_cap;
     nb::gil_scoped_release nogil;
     paged_attention(a);
 }

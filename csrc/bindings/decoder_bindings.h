@@ -218,8 +218,19 @@ class DecoderLayer {
         if (w_.cos_sin) pos = check_positions(positions, T, cos_sin_.rows);
         const int64_t *slots = check_slots(slot_mapping, T, c);
         const SeqMeta m = check_seq_meta(query_start_loc, seq_lens, block_tables, T, c, w_.sliding_window);
-        DecoderBatch b{T, pos, slots, m.qsl, m.lens, m.tables, m.num_seqs, m.table_stride, c.dt,
-                       key_cache.data(), value_cache.data(), c.block_size};
+        DecoderBatch b{};  // by field name (kernels.h)
+        b.tokens = T;
+        b.positions = pos;
+        b.slot_mapping = slots;
+        b.query_start_loc = m.qsl;
+        b.seq_lens = m.lens;
+        b.block_tables = m.tables;
+        b.num_seqs = m.num_seqs;
+        b.block_table_stride = m.table_stride;
+        b.cache_dt = c.dt;
+        b.key_cache = key_cache.data();
+        b.value_cache = value_cache.data();
+        b.block_size = c.block_size;
         void *scratch = scratch_for(size_t(decoder_layer_scratch_bytes(w_, T)));
         nb::gil_scoped_release nogil;
         decoder_layer(w_, b, h.data(), residual.data(), first, scratch);

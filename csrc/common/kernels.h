@@ -47,7 +47,7 @@ void reshape_and_cache(DType dt, DType cache_dt, const void *key, int64_t key_to
 // grouped-query attention (num_q_heads a multiple of num_kv_heads), optional
 // sliding window (> 0) and logit soft-cap (> 0). Everything is validated by
 // the caller: block ids in range, q_len <= seq_len, head_size a multiple of 16.
-struct PagedAttentionArgs {
+struct PagedAttentionArgs {  // filled field by field, never by position
     DType dt;        // query and out
     DType cache_dt;  // key_cache and value_cache
     void *out;
@@ -182,7 +182,7 @@ struct DecoderLayerWeights {  // filled field by field (the binding names each)
 };
 
 // One step's flat batch, shared by every layer (validated by the binding).
-struct DecoderBatch {
+struct DecoderBatch {  // filled field by field, never by position
     int64_t tokens;
     const int64_t *positions, *slot_mapping;
     const int32_t *query_start_loc, *seq_lens, *block_tables;

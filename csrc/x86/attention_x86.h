@@ -7,7 +7,7 @@
 //               rounds the softmax weights to bf16, as flash-attention kernels do
 // Under CPUINFER_SIMDE_EMULATION (the C++ test program on CPUs without
 // AVX-512) the same code runs on SIMDe and on a software model of the AMX
-// tiles (amx_emulation.h).
+// tiles (emulation/amx_emulation.h).
 #pragma once
 #include <algorithm>
 #include <cstdint>

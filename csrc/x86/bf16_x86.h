@@ -1,7 +1,7 @@
 // What the x86 bf16 fast paths share (paged attention's tiles and the packed
 // linear's): the __m512bh view of a register, and loading an AMX tile
 // configuration. Under CPUINFER_SIMDE_EMULATION the same code runs on SIMDe
-// and on the software model of the AMX tiles (amx_emulation.h).
+// and on the software model of the AMX tiles (emulation/amx_emulation.h).
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -9,7 +9,7 @@
 #include "../common/vec.h"
 #if defined(__AMX_BF16__) || defined(CPUINFER_SIMDE_AMX)
 #if defined(CPUINFER_SIMDE_EMULATION)
-#include "amx_emulation.h"
+#include "emulation/amx_emulation.h"
 #else
 #include <immintrin.h>
 #include <sys/syscall.h>

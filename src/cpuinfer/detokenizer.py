@@ -21,8 +21,14 @@ _PROMPT_CONTEXT = 5  # prompt tokens decoded with the first outputs, for correct
 class IncrementalDetokenizer:
     """Text of one sequence's generated tokens, grown one token at a time."""
 
-    def __init__(self, tokenizer, prompt_token_ids: list[int], skip_special_tokens: bool = True,
-                 stop: list[str] | None = None, include_stop_str_in_output: bool = False):
+    def __init__(
+        self,
+        tokenizer,
+        prompt_token_ids: list[int],
+        skip_special_tokens: bool = True,
+        stop: list[str] | None = None,
+        include_stop_str_in_output: bool = False,
+    ):
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.ids = list(prompt_token_ids[-_PROMPT_CONTEXT:])
@@ -40,10 +46,10 @@ class IncrementalDetokenizer:
     def add_token(self, token_id: int) -> str:
         """Append one token; returns the text it completes ('' while a character is incomplete)."""
         self.ids.append(token_id)
-        prefix = self._decode(self.ids[self.prefix_offset:self.read_offset])
-        full = self._decode(self.ids[self.prefix_offset:])
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self._decode(self.ids[self.prefix_offset :])
         if len(full) > len(prefix) and not full.endswith("\ufffd"):
-            new = full[len(prefix):]
+            new = full[len(prefix) :]
             self.prefix_offset = self.read_offset
             self.read_offset = len(self.ids)
             self.text += new
@@ -64,7 +70,7 @@ class IncrementalDetokenizer:
         if best is None:
             return None
         i, s = best
-        self.text = self.text[:i + len(s)] if self.include_stop else self.text[:i]
+        self.text = self.text[: i + len(s)] if self.include_stop else self.text[:i]
         return s
 
     def streamable(self, finished: bool) -> str:
@@ -75,6 +81,6 @@ class IncrementalDetokenizer:
     def take_delta(self, finished: bool) -> str:
         """Text shown since the previous call."""
         visible = self.streamable(finished)
-        delta = visible[self._streamed:]
+        delta = visible[self._streamed :]
         self._streamed = len(visible)
         return delta

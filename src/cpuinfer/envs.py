@@ -86,7 +86,7 @@ def parse_positive_int(name: str, value: str) -> int:
     return x
 
 
-def parse_str(name: str, value: str) -> str:
+def parse_str(name: str, value: str) -> str:  # noqa: ARG001 - every parser takes (name, value)
     """Any non-empty string."""
     return value
 
@@ -101,32 +101,82 @@ def _isa_name(name: str, value: str) -> str:
 # Kernel selection and build.
 ISA = EnvVar(("CPUINFER_ISA",), _isa_name, "", "Force a kernel variant (e.g. avx2); unset = best for this CPU.")
 ISAS = EnvVar(("CPUINFER_ISAS",), parse_str, "native", "Variants a build compiles: native, all, or a comma list.")
-AVX512BF16 = EnvVar(("CPUINFER_CPU_AVX512BF16", "VLLM_CPU_AVX512BF16"), parse_bool, False,
-                    "Build the avx512bf16 variant even if the build host lacks it.")
+AVX512BF16 = EnvVar(
+    ("CPUINFER_CPU_AVX512BF16", "VLLM_CPU_AVX512BF16"),
+    parse_bool,
+    False,
+    "Build the avx512bf16 variant even if the build host lacks it.",
+)
 MAX_JOBS = EnvVar(("MAX_JOBS",), parse_positive_int, 0, "Parallel compile jobs of a source build.")
-USE_PRECOMPILED = EnvVar(("CPUINFER_USE_PRECOMPILED", "VLLM_USE_PRECOMPILED"), parse_bool, False,
-                         "Editable install that takes compiled kernels from a prebuilt wheel.")
-PRECOMPILED_WHEEL_LOCATION = EnvVar(("CPUINFER_PRECOMPILED_WHEEL_LOCATION", "VLLM_PRECOMPILED_WHEEL_LOCATION"),
-                                    parse_str, "", "Path or URL of the prebuilt wheel for precompiled installs.")
-WHEEL_INDEX = EnvVar(("CPUINFER_WHEEL_INDEX",), parse_str, "",
-                     "Index URL a precompiled install downloads the wheel from (default: pip's index).")
+USE_PRECOMPILED = EnvVar(
+    ("CPUINFER_USE_PRECOMPILED", "VLLM_USE_PRECOMPILED"),
+    parse_bool,
+    False,
+    "Editable install that takes compiled kernels from a prebuilt wheel.",
+)
+PRECOMPILED_WHEEL_LOCATION = EnvVar(
+    ("CPUINFER_PRECOMPILED_WHEEL_LOCATION", "VLLM_PRECOMPILED_WHEEL_LOCATION"),
+    parse_str,
+    "",
+    "Path or URL of the prebuilt wheel for precompiled installs.",
+)
+WHEEL_INDEX = EnvVar(
+    ("CPUINFER_WHEEL_INDEX",),
+    parse_str,
+    "",
+    "Index URL a precompiled install downloads the wheel from (default: pip's index).",
+)
 
 # Engine.
-KVCACHE_SPACE = EnvVar(("CPUINFER_KVCACHE_SPACE", "VLLM_CPU_KVCACHE_SPACE"), parse_positive_float, 4.0,
-                       "KV cache size in GiB.")
-OMP_THREADS_BIND = EnvVar(("CPUINFER_OMP_THREADS_BIND", "VLLM_CPU_OMP_THREADS_BIND"), parse_str, "auto",
-                          "Cores for inference threads: auto, nobind, a list like 0-31, or a|b per TP rank.")
-NUM_OF_RESERVED_CPU = EnvVar(("CPUINFER_NUM_OF_RESERVED_CPU", "VLLM_CPU_NUM_OF_RESERVED_CPU"), parse_nonneg_int, 0,
-                             "CPUs per rank kept free of inference threads (for the HTTP front end).")
-VISIBLE_MEMORY_NODES = EnvVar(("CPUINFER_VISIBLE_MEMORY_NODES", "CPU_VISIBLE_MEMORY_NODES"), parse_str, "",
-                              "NUMA nodes cpuinfer may use, e.g. 0,1.")
-FUSED_LAYERS = EnvVar(("CPUINFER_FUSED_LAYERS",), parse_bool, True,
-                      "Run each bf16/f16 decoder layer as one kernel call (0 = the per-op Python path, for debugging).")
-GGUF_DEQUANTIZE = EnvVar(("CPUINFER_GGUF_DEQUANTIZE",), parse_bool, False,
-                         "Load GGUF block quants dequantized to the run dtype (bf16 accuracy, ~3.5x the memory and "
-                         "bytes per token) instead of running them on the integer kernels.")
+KVCACHE_SPACE = EnvVar(
+    ("CPUINFER_KVCACHE_SPACE", "VLLM_CPU_KVCACHE_SPACE"), parse_positive_float, 4.0, "KV cache size in GiB."
+)
+OMP_THREADS_BIND = EnvVar(
+    ("CPUINFER_OMP_THREADS_BIND", "VLLM_CPU_OMP_THREADS_BIND"),
+    parse_str,
+    "auto",
+    "Cores for inference threads: auto, nobind, a list like 0-31, or a|b per TP rank.",
+)
+NUM_OF_RESERVED_CPU = EnvVar(
+    ("CPUINFER_NUM_OF_RESERVED_CPU", "VLLM_CPU_NUM_OF_RESERVED_CPU"),
+    parse_nonneg_int,
+    0,
+    "CPUs per rank kept free of inference threads (for the HTTP front end).",
+)
+VISIBLE_MEMORY_NODES = EnvVar(
+    ("CPUINFER_VISIBLE_MEMORY_NODES", "CPU_VISIBLE_MEMORY_NODES"),
+    parse_str,
+    "",
+    "NUMA nodes cpuinfer may use, e.g. 0,1.",
+)
+FUSED_LAYERS = EnvVar(
+    ("CPUINFER_FUSED_LAYERS",),
+    parse_bool,
+    True,
+    "Run each bf16/f16 decoder layer as one kernel call (0 = the per-op Python path, for debugging).",
+)
+GGUF_DEQUANTIZE = EnvVar(
+    ("CPUINFER_GGUF_DEQUANTIZE",),
+    parse_bool,
+    False,
+    "Load GGUF block quants dequantized to the run dtype (bf16 accuracy, ~3.5x the memory and "
+    "bytes per token) instead of running them on the integer kernels.",
+)
 API_KEY = EnvVar(("CPUINFER_API_KEY", "VLLM_API_KEY"), parse_str, "", "Bearer token the server requires.")
 
-ALL: tuple[EnvVar, ...] = (ISA, ISAS, AVX512BF16, MAX_JOBS, USE_PRECOMPILED, PRECOMPILED_WHEEL_LOCATION, WHEEL_INDEX,
-                           KVCACHE_SPACE, OMP_THREADS_BIND, NUM_OF_RESERVED_CPU, VISIBLE_MEMORY_NODES, FUSED_LAYERS,
-                           GGUF_DEQUANTIZE, API_KEY)
+ALL: tuple[EnvVar, ...] = (
+    ISA,
+    ISAS,
+    AVX512BF16,
+    MAX_JOBS,
+    USE_PRECOMPILED,
+    PRECOMPILED_WHEEL_LOCATION,
+    WHEEL_INDEX,
+    KVCACHE_SPACE,
+    OMP_THREADS_BIND,
+    NUM_OF_RESERVED_CPU,
+    VISIBLE_MEMORY_NODES,
+    FUSED_LAYERS,
+    GGUF_DEQUANTIZE,
+    API_KEY,
+)

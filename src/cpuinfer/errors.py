@@ -54,8 +54,10 @@ class RequestFailedError(CpuinferError, RuntimeError):
     """
 
     def __init__(self, request_id: str, error_id: str, reason: str | None = None, param: str | None = None):
-        super().__init__(reason or f"request {request_id} failed inside the engine (error id {error_id}); "
-                                   "the server log has the details")
+        super().__init__(
+            reason
+            or f"request {request_id} failed inside the engine (error id {error_id}); the server log has the details"
+        )
         self.request_id = request_id
         self.error_id = error_id
         # Set when the request itself is what cannot be served (its constraint cannot be followed by this

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from . import _C
-from .quantization import is_quantized
+from .quantization.weight import is_quantized
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -27,15 +27,21 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     _C.fused_add_rms_norm(x, residual, weight, eps)
 
 
-def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None, head_size: int,
-                     cos_sin_cache: torch.Tensor, is_neox: bool) -> None:
+def rotary_embedding(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor | None,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool,
+) -> None:
     """Rotate query (and key) in place by their positions (vLLM's signature)."""
     _C.rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
 
 
 def _act(fn, x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     if out is None:
-        out = torch.empty(x.shape[:-1] + (x.shape[-1] // 2,), dtype=x.dtype)
+        out = torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=x.dtype)
     fn(out, x)
     return out
 
@@ -65,19 +71,42 @@ def cache_view(cache: torch.Tensor) -> torch.Tensor:
     return cache
 
 
-def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                      slot_mapping: torch.Tensor) -> None:
+def reshape_and_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
     """Write key/value [T, kv_heads, head_size] into the paged caches at slot_mapping (negative = skip)."""
     _C.reshape_and_cache(key, value, cache_view(key_cache), cache_view(value_cache), slot_mapping)
 
 
-def paged_attention(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                    query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
-                    sliding_window: int = 0, soft_cap: float = 0.0) -> None:
+def paged_attention(
+    out: torch.Tensor,
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    sliding_window: int = 0,
+    soft_cap: float = 0.0,
+) -> None:
     """Causal GQA attention of a mixed decode/prefill batch over the paged KV cache, written into out."""
-    _C.paged_attention(out, query, cache_view(key_cache), cache_view(value_cache), query_start_loc, seq_lens,
-                       block_tables, float(scale), int(sliding_window), float(soft_cap))
-
+    _C.paged_attention(
+        out,
+        query,
+        cache_view(key_cache),
+        cache_view(value_cache),
+        query_start_loc,
+        seq_lens,
+        block_tables,
+        float(scale),
+        int(sliding_window),
+        float(soft_cap),
+    )
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -111,15 +140,23 @@ def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None, packed: bo
     # outputs rely on that; tests/kernels/test_linear.py checks it across the
     # GEMV/GEMM boundary). f32 stays on torch (its f32 GEMM is fast and
     # bandwidth is the same).
-    if (x.dtype in (torch.bfloat16, torch.float16) and x.ndim >= 1 and weight.dtype == x.dtype
-            and weight.ndim == 2 and weight.is_contiguous() and (bias is None or bias.dtype == x.dtype)):
+    if (
+        x.dtype in (torch.bfloat16, torch.float16)
+        and x.ndim >= 1
+        and weight.dtype == x.dtype
+        and weight.ndim == 2
+        and weight.is_contiguous()
+        and (bias is None or bias.dtype == x.dtype)
+    ):
         x2 = _rows(x)
         out = torch.empty(x2.shape[0], weight.shape[0], dtype=x.dtype)
         _C.linear(out, x2, weight, bias, packed)
         return out.view(*x.shape[:-1], weight.shape[0])
     if packed:
-        raise ValueError(f"a packed weight needs bfloat16/float16 input, weight and bias of one dtype; got input "
-                         f"{x.dtype}, weight {weight.dtype}")
+        raise ValueError(
+            f"a packed weight needs bfloat16/float16 input, weight and bias of one dtype; got input "
+            f"{x.dtype}, weight {weight.dtype}"
+        )
     return torch.nn.functional.linear(x, weight, bias)
 
 
@@ -179,6 +216,6 @@ def packed_rows(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def DecoderLayer(**weights_and_config):  # noqa: N802 - constructs the kernel module's class
+def DecoderLayer(**weights_and_config):  # named for the kernel class it constructs
     """One pre-norm decoder layer as a single kernel call; see cpuinfer.models.layers.fused_layer."""
     return _C.DecoderLayer(**weights_and_config)

@@ -43,8 +43,10 @@ class StructuredOutputsParams:
         given = [name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None]
         given += ["json_object"] if self.json_object else []
         if len(given) != 1:
-            raise ValueError("StructuredOutputsParams needs exactly one of json, regex, choice, grammar, "
-                             f"json_object; got {', '.join(given) or 'none'}")
+            raise ValueError(
+                "StructuredOutputsParams needs exactly one of json, regex, choice, grammar, "
+                f"json_object; got {', '.join(given) or 'none'}"
+            )
         if self.json is not None and not isinstance(self.json, (str, dict)):
             raise ValueError("StructuredOutputsParams.json must be a JSON schema (a str or a dict)")
         for name in ("regex", "grammar"):
@@ -52,16 +54,22 @@ class StructuredOutputsParams:
             if v is not None and not isinstance(v, str):
                 raise ValueError(f"StructuredOutputsParams.{name} must be a str")
         if self.choice is not None:
-            if (not isinstance(self.choice, (list, tuple)) or not self.choice
-                    or not all(isinstance(c, str) for c in self.choice)):
+            if (
+                not isinstance(self.choice, (list, tuple))
+                or not self.choice
+                or not all(isinstance(c, str) for c in self.choice)
+            ):
                 raise ValueError("StructuredOutputsParams.choice must be a non-empty list of strings")
             self.choice = list(self.choice)
 
     @property
     def kind(self) -> str:
         """Which constraint this is: json, regex, choice, grammar or json_object."""
-        return next(n for n in ("json", "regex", "choice", "grammar") if getattr(self, n) is not None) \
-            if not self.json_object else "json_object"
+        return (
+            next(n for n in ("json", "regex", "choice", "grammar") if getattr(self, n) is not None)
+            if not self.json_object
+            else "json_object"
+        )
 
 
 class RequestOutputKind(enum.Enum):

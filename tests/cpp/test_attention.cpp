@@ -158,8 +158,29 @@ void check_attention(DType dt, DType cdt, int64_t D, int64_t hkv, int64_t group,
     Buffer q(dt, T * hq * D), out(dt, T * hq * D);
     q.fill_normal();
     const float scale = 1.f / std::sqrt(float(D));
-    PagedAttentionArgs a{dt, cdt, out.data(), hq * D, D, q.data(), hq * D, D, kc.data(), vc.data(), hq, hkv, D, bs,
-                         qsl.data(), lens.data(), tables.data(), S, max_blocks, scale, window, cap};
+    PagedAttentionArgs a{};
+    a.dt = dt;
+    a.cache_dt = cdt;
+    a.out = out.data();
+    a.out_token_stride = hq * D;
+    a.out_head_stride = D;
+    a.query = q.data();
+    a.q_token_stride = hq * D;
+    a.q_head_stride = D;
+    a.key_cache = kc.data();
+    a.value_cache = vc.data();
+    a.num_q_heads = hq;
+    a.num_kv_heads = hkv;
+    a.head_size = D;
+    a.block_size = bs;
+    a.query_start_loc = qsl.data();
+    a.seq_lens = lens.data();
+    a.block_tables = tables.data();
+    a.num_seqs = S;
+    a.block_table_stride = max_blocks;
+    a.scale = scale;
+    a.sliding_window = window;
+    a.soft_cap = cap;
     paged_attention(a);
 
     std::vector<double> want(size_t(T * hq * D));

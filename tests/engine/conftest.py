@@ -50,6 +50,8 @@ def smol_runner_fp8(smol_runner):
     r = copy.copy(smol_runner)
     shape = smol_runner.kv_caches[0][0].shape
     r.cache_dtype = torch.float8_e5m2
-    r.kv_caches = [(torch.zeros(shape, dtype=torch.float8_e5m2), torch.zeros(shape, dtype=torch.float8_e5m2))
-                   for _ in smol_runner.kv_caches]
+    r.kv_caches = [
+        (torch.zeros(shape, dtype=torch.float8_e5m2), torch.zeros(shape, dtype=torch.float8_e5m2))
+        for _ in smol_runner.kv_caches
+    ]
     return r

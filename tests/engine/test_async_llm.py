@@ -33,8 +33,9 @@ def test_streams_abort_stats_and_errors(engine, smol_tokenizer):
         ids = smol_tokenizer.encode("The capital of France is").ids
         s1 = engine.add_request("a", ids, greedy)
         s2 = engine.add_request("b", ids, delta)
-        s3 = engine.add_request("c", smol_tokenizer.encode("Count: 1, 2, 3,").ids,
-                                SamplingParams(max_tokens=200, ignore_eos=True))
+        s3 = engine.add_request(
+            "c", smol_tokenizer.encode("Count: 1, 2, 3,").ids, SamplingParams(max_tokens=200, ignore_eos=True)
+        )
         with pytest.raises(InvalidRequestError, match="maximum context length is 512"):
             engine.add_request("bad", [1] * 600, greedy)
         with pytest.raises(ValueError, match="already in use"):

@@ -20,7 +20,7 @@ def reference(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> t
 def test_bits_map_to_tokens_for_all_rows_and_for_some_rows():
     g = torch.Generator().manual_seed(0)
     vocab = 100  # not a multiple of 32: the last word is partly padding
-    bitmask = torch.randint(-2**31, 2**31 - 1, (3, 4), dtype=torch.int32, generator=g)
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (3, 4), dtype=torch.int32, generator=g)
     bitmask[0, 0] = -1  # all of the first 32 allowed, bit 31 (the sign bit) included
     logits = torch.randn(3, vocab, generator=g)
     whole = logits.clone()

@@ -16,12 +16,36 @@ def parse(*argv):
 
 
 def test_cli_flags_like_vllm():
-    a = parse("--dtype", "bfloat16", "--max-model-len", "512", "--block-size", "32", "--kv-cache-dtype", "fp8_e5m2",
-              "--max-num-seqs", "4", "--max-num-batched-tokens", "64", "--no-enable-prefix-caching", "--seed", "3",
-              "-tp", "1")
-    assert (a.dtype, a.max_model_len, a.block_size, a.kv_cache_dtype, a.max_num_seqs, a.max_num_batched_tokens,
-            a.enable_prefix_caching, a.seed, a.tensor_parallel_size) == ("bfloat16", 512, 32, "fp8_e5m2", 4, 64,
-                                                                         False, 3, 1)
+    a = parse(
+        "--dtype",
+        "bfloat16",
+        "--max-model-len",
+        "512",
+        "--block-size",
+        "32",
+        "--kv-cache-dtype",
+        "fp8_e5m2",
+        "--max-num-seqs",
+        "4",
+        "--max-num-batched-tokens",
+        "64",
+        "--no-enable-prefix-caching",
+        "--seed",
+        "3",
+        "-tp",
+        "1",
+    )
+    assert (
+        a.dtype,
+        a.max_model_len,
+        a.block_size,
+        a.kv_cache_dtype,
+        a.max_num_seqs,
+        a.max_num_batched_tokens,
+        a.enable_prefix_caching,
+        a.seed,
+        a.tensor_parallel_size,
+    ) == ("bfloat16", 512, 32, "fp8_e5m2", 4, 64, False, 3, 1)
     assert parse().enable_prefix_caching is True and parse().block_size == 128
 
 
@@ -38,14 +62,17 @@ def test_defaults_by_use(smol_path, monkeypatch):
     assert fp8.num_blocks == 2 * offline.num_blocks or fp8.num_blocks == 2 * offline.num_blocks + 1
 
 
-@pytest.mark.parametrize("kw, match", [
-    (dict(tensor_parallel_size=2), "tensor-parallel-size=2"),
-    (dict(block_size=20), "block-size=20.*multiple of 16"),
-    (dict(max_num_seqs=0), "max-num-seqs=0"),
-    (dict(max_model_len=10**6), "max-model-len=1000000 exceeds.*8192"),
-    (dict(kv_cache_dtype="fp8_e4m3"), "kv-cache-dtype='fp8_e4m3'"),
-    (dict(model="/nonexistent/model.gguf"), "no such file"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(tensor_parallel_size=2), "tensor-parallel-size=2"),
+        (dict(block_size=20), "block-size=20.*multiple of 16"),
+        (dict(max_num_seqs=0), "max-num-seqs=0"),
+        (dict(max_model_len=10**6), "max-model-len=1000000 exceeds.*8192"),
+        (dict(kv_cache_dtype="fp8_e4m3"), "kv-cache-dtype='fp8_e4m3'"),
+        (dict(model="/nonexistent/model.gguf"), "no such file"),
+    ],
+)
 def test_bad_args(smol_path, kw, match):
     with pytest.raises(ValueError, match=match):
         EngineArgs(**{"model": smol_path, **kw}).create_engine_config()

@@ -10,7 +10,7 @@ from cpuinfer.detokenizer import IncrementalDetokenizer
 
 TEXTS = [
     "Hello, world! This is a test of incremental decoding.",
-    "Ünïcödé: 你好，世界。 Emoji 🎉🚀 and  double  spaces\nnew line\ttab",
+    "Ünïcödé: 你好，世界。 Emoji 🎉🚀 and  double  spaces\nnew line\ttab",  # noqa: RUF001 - CJK punctuation on purpose
     "日本語のテキストと한국어 텍스트, mixed with English words.",
     "<|im_start|>user\nhi<|im_end|> special tokens",
 ]
@@ -58,7 +58,7 @@ def test_random_tokens_never_broken_utf8(smol_tokenizer):
 def test_stop_string_spanning_tokens(smol_tokenizer, include):
     tok = smol_tokenizer
     ids = tok.encode("The quick brown fox jumps over the lazy dog").ids
-    text, d, hit = stream(tok, [], ids, stop=["own fox ju"], include=include)
+    _text, d, hit = stream(tok, [], ids, stop=["own fox ju"], include=include)
     assert hit == "own fox ju"
     assert d.text == ("The quick brown fox ju" if include else "The quick br")
     # Streaming never showed the partly generated stop string.

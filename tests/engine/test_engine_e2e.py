@@ -23,8 +23,15 @@ NEW = 6
 
 
 def engine_on(runner, spec, num_blocks=NUM_BLOCKS, batched=4096, seqs=256, caching=True, threshold=0):
-    core = EngineCore(runner, SchedulerConfig(batched, seqs, 1024, threshold), num_blocks, BLOCK, caching,
-                      spec.eos_token_ids, RequestLimits(max_model_len=1024, vocab_size=spec.vocab_size))
+    core = EngineCore(
+        runner,
+        SchedulerConfig(batched, seqs, 1024, threshold),
+        num_blocks,
+        BLOCK,
+        caching,
+        spec.eos_token_ids,
+        RequestLimits(max_model_len=1024, vocab_size=spec.vocab_size),
+    )
     return LLMEngine(None, core, spec.tokenizer)
 
 
@@ -56,14 +63,17 @@ def long_prompt(i):
 def test_batch_of_32_mixed(smol_runner, smol_spec, alone):
     others = [long_prompt(i) for i in range(32 - len(PROMPTS))]
     got = run(engine_on(smol_runner, smol_spec), PROMPTS + others)
-    assert got[:len(PROMPTS)] == alone
+    assert got[: len(PROMPTS)] == alone
 
 
-@pytest.mark.parametrize("kw", [
-    dict(batched=16),  # chunked prefill in tiny chunks
-    dict(threshold=5),  # long-prefill threshold
-    dict(caching=False),
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(batched=16),  # chunked prefill in tiny chunks
+        dict(threshold=5),  # long-prefill threshold
+        dict(caching=False),
+    ],
+)
 def test_same_greedy_tokens(smol_runner, smol_spec, alone, kw):
     eng = engine_on(smol_runner, smol_spec, **kw)
     got = run(eng, PROMPTS)

@@ -25,9 +25,15 @@ def transformers_greedy(spec, prompt_ids):
     with torch.inference_mode():
         for ids in prompt_ids:
             x = torch.tensor([ids])
-            y = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=NEW, min_new_tokens=NEW,
-                               do_sample=False, pad_token_id=0)
-            outs.append(y[0, len(ids):].tolist())
+            y = model.generate(
+                x,
+                attention_mask=torch.ones_like(x),
+                max_new_tokens=NEW,
+                min_new_tokens=NEW,
+                do_sample=False,
+                pad_token_id=0,
+            )
+            outs.append(y[0, len(ids) :].tolist())
     return outs
 
 

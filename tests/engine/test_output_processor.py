@@ -15,8 +15,15 @@ from .fake_runner import VOCAB, FakeRunner, reference_greedy
 
 @pytest.fixture
 def engine(smol_tokenizer):
-    core = EngineCore(FakeRunner(64, 16), SchedulerConfig(64, 8, 256), 64, 16, True, [],
-                      RequestLimits(max_model_len=256, vocab_size=VOCAB))
+    core = EngineCore(
+        FakeRunner(64, 16),
+        SchedulerConfig(64, 8, 256),
+        64,
+        16,
+        True,
+        [],
+        RequestLimits(max_model_len=256, vocab_size=VOCAB),
+    )
     return LLMEngine(None, core, smol_tokenizer)
 
 
@@ -47,7 +54,7 @@ def test_stop_string_truncates_and_frees(engine, smol_tokenizer):
     engine.add_request("a", p, SamplingParams(temperature=0, max_tokens=30, stop=[stop]))
     final = drain(engine)["a"][-1].outputs[0]
     assert final.finish_reason == "stop" and final.stop_reason == stop
-    assert final.text == full[:full.index(stop)]
+    assert final.text == full[: full.index(stop)]
     assert len(final.token_ids) < 30
     assert engine.core.pool.num_free == engine.core.pool.num_blocks and not engine.core.requests
 
@@ -56,12 +63,11 @@ def test_delta_outputs_add_up(engine):
     p = [7, 8, 9]
     engine.add_request("c", p, SamplingParams(temperature=0, max_tokens=15))
     engine.add_request("d", p, SamplingParams(temperature=0, max_tokens=15, output_kind=RequestOutputKind.DELTA))
-    engine.add_request("f", p, SamplingParams(temperature=0, max_tokens=15,
-                                              output_kind=RequestOutputKind.FINAL_ONLY))
+    engine.add_request("f", p, SamplingParams(temperature=0, max_tokens=15, output_kind=RequestOutputKind.FINAL_ONLY))
     outs = drain(engine)
     cum = outs["c"][-1].outputs[0]
     assert "".join(o.outputs[0].text for o in outs["d"]) == cum.text
-    assert sum((o.outputs[0].token_ids for o in outs["d"]), []) == cum.token_ids
+    assert [t for o in outs["d"] for t in o.outputs[0].token_ids] == cum.token_ids
     assert len(outs["f"]) == 1 and outs["f"][0].outputs[0].text == cum.text
 
 
@@ -79,8 +85,9 @@ def test_n_samples_seeded(engine):
         assert len(o.logprobs) == len(o.token_ids)
         for tok, lp in zip(o.token_ids, o.logprobs, strict=True):
             assert tok in lp and len(lp) <= 3
-        assert o.cumulative_logprob == pytest.approx(sum(lp[t].logprob for t, lp in zip(o.token_ids, o.logprobs,
-                                                                                        strict=True)))
+        assert o.cumulative_logprob == pytest.approx(
+            sum(lp[t].logprob for t, lp in zip(o.token_ids, o.logprobs, strict=True))
+        )
 
 
 def test_bad_request_rejected_others_finish(engine):
@@ -88,7 +95,7 @@ def test_bad_request_rejected_others_finish(engine):
     engine.step()
     with pytest.raises(ValueError, match="maximum context length is 256"):
         engine.add_request("bad", [1] * 300, SamplingParams())
-    with pytest.raises(ValueError, match="too large: 250.*256"):
+    with pytest.raises(ValueError, match=r"too large: 250.*256"):
         engine.add_request("bad2", [1] * 10, SamplingParams(max_tokens=250))
     outs = drain(engine)
     assert outs["ok"][-1].finished and "bad" not in outs

@@ -38,8 +38,15 @@ class BatchOnlyFailure(FakeRunner):
 
 
 def make_core(runner, num_blocks=64):
-    core = EngineCore(runner, SchedulerConfig(4096, 16, 256), num_blocks, 16, True, [],
-                      RequestLimits(max_model_len=256, vocab_size=VOCAB))
+    core = EngineCore(
+        runner,
+        SchedulerConfig(4096, 16, 256),
+        num_blocks,
+        16,
+        True,
+        [],
+        RequestLimits(max_model_len=256, vocab_size=VOCAB),
+    )
     return core
 
 

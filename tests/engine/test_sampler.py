@@ -52,7 +52,8 @@ def test_min_p_reference():
     filter_min_p(y, torch.tensor([0.2, 0.0]))
     probs = x[0].softmax(-1)
     assert set(torch.nonzero(y[0] > float("-inf")).flatten().tolist()) == set(
-        torch.nonzero(probs >= 0.2 * probs.max()).flatten().tolist())
+        torch.nonzero(probs >= 0.2 * probs.max()).flatten().tolist()
+    )
     assert torch.equal(y[1], x[1])
 
 
@@ -71,8 +72,11 @@ def test_penalties_reference():
 
 def test_greedy_and_logprobs_equal_log_softmax():
     logits = torch.randn(3, V)
-    reqs = [req(SamplingParams(temperature=0, logprobs=5)), req(SamplingParams(temperature=0)),
-            req(SamplingParams(temperature=0, logprobs=0))]
+    reqs = [
+        req(SamplingParams(temperature=0, logprobs=5)),
+        req(SamplingParams(temperature=0)),
+        req(SamplingParams(temperature=0, logprobs=0)),
+    ]
     res = Sampler()(logits, reqs)
     assert res.token_ids == logits.argmax(-1).tolist()
     lsm = logits.log_softmax(-1)
@@ -95,8 +99,10 @@ def test_seeded_sampling_independent_of_batch():
         s = Sampler(seed=7)
         tokens = []
         for _step in range(20):
-            logits = torch.cat([rows[target:target + 1], rows[batch_rows]]) if batch_rows else rows[target:target + 1]
-            tokens.append(s(logits, [r] + others[:len(batch_rows)]).token_ids[0])
+            logits = (
+                torch.cat([rows[target : target + 1], rows[batch_rows]]) if batch_rows else rows[target : target + 1]
+            )
+            tokens.append(s(logits, [r, *others[: len(batch_rows)]]).token_ids[0])
             r.append_token(tokens[-1])
         return tokens
 
@@ -128,26 +134,29 @@ def test_min_tokens_masks_stop_tokens():
     assert Sampler()(logits, [r]).token_ids[0] == 0
 
 
-@pytest.mark.parametrize("kw, match", [
-    (dict(temperature=-1), r"temperature=-1.*\[0, 1e\+06\]"),
-    (dict(temperature=2e6), r"temperature=2000000.0.*\[0, 1e\+06\]"),
-    (dict(top_p=0), r"top_p=0.*\(0, 1\]"),
-    (dict(top_p=1.5), r"top_p=1.5.*\(0, 1\]"),
-    (dict(n=0), r"n=0.*\[1, 128\]"),
-    (dict(n=129), r"n=129.*\[1, 128\]"),
-    (dict(seed=2**64), "seed"),
-    (dict(top_k=2**31), "top_k"),
-    (dict(top_k=-2), "top_k=-2"),
-    (dict(min_p=2), r"min_p=2.*\[0, 1\]"),
-    (dict(max_tokens=0), r"max_tokens=0.*\[1, "),
-    (dict(min_tokens=5, max_tokens=2), "min_tokens=5.*max_tokens=2"),
-    (dict(presence_penalty=3), r"presence_penalty=3.*\[-2, 2\]"),
-    (dict(repetition_penalty=0), r"repetition_penalty=0.*\(0, 10000\]"),
-    (dict(repetition_penalty=50000), r"repetition_penalty=50000.*\(0, 10000\]"),
-    (dict(stop_token_ids=[2**31]), "stop_token_ids"),
-    (dict(logprobs=-1), "logprobs=-1"),
-    (dict(stop=[""]), "stop"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(temperature=-1), r"temperature=-1.*\[0, 1e\+06\]"),
+        (dict(temperature=2e6), r"temperature=2000000.0.*\[0, 1e\+06\]"),
+        (dict(top_p=0), r"top_p=0.*\(0, 1\]"),
+        (dict(top_p=1.5), r"top_p=1.5.*\(0, 1\]"),
+        (dict(n=0), r"n=0.*\[1, 128\]"),
+        (dict(n=129), r"n=129.*\[1, 128\]"),
+        (dict(seed=2**64), "seed"),
+        (dict(top_k=2**31), "top_k"),
+        (dict(top_k=-2), "top_k=-2"),
+        (dict(min_p=2), r"min_p=2.*\[0, 1\]"),
+        (dict(max_tokens=0), r"max_tokens=0.*\[1, "),
+        (dict(min_tokens=5, max_tokens=2), "min_tokens=5.*max_tokens=2"),
+        (dict(presence_penalty=3), r"presence_penalty=3.*\[-2, 2\]"),
+        (dict(repetition_penalty=0), r"repetition_penalty=0.*\(0, 10000\]"),
+        (dict(repetition_penalty=50000), r"repetition_penalty=50000.*\(0, 10000\]"),
+        (dict(stop_token_ids=[2**31]), "stop_token_ids"),
+        (dict(logprobs=-1), "logprobs=-1"),
+        (dict(stop=[""]), "stop"),
+    ],
+)
 def test_invalid_sampling_params(kw, match):
     with pytest.raises(ValueError, match=match):
         SamplingParams(**kw)

@@ -17,11 +17,17 @@ from cpuinfer.sampling_params import SamplingParams
 from .fake_runner import VOCAB, FakeRunner, reference_greedy
 
 
-def make_core(num_blocks=64, block_size=16, batched=4096, seqs=256, max_len=512, caching=True, threshold=0,
-              eos=()):
+def make_core(num_blocks=64, block_size=16, batched=4096, seqs=256, max_len=512, caching=True, threshold=0, eos=()):
     runner = FakeRunner(num_blocks, block_size)
-    core = EngineCore(runner, SchedulerConfig(batched, seqs, max_len, threshold), num_blocks, block_size, caching,
-                      list(eos), RequestLimits(max_model_len=max_len, vocab_size=VOCAB))
+    core = EngineCore(
+        runner,
+        SchedulerConfig(batched, seqs, max_len, threshold),
+        num_blocks,
+        block_size,
+        caching,
+        list(eos),
+        RequestLimits(max_model_len=max_len, vocab_size=VOCAB),
+    )
     return core, runner
 
 
@@ -47,15 +53,18 @@ def prompts_(n, seed=0, shared=0):
     return [prefix + [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 70))] for _ in range(n)]
 
 
-@pytest.mark.parametrize("kw", [
-    dict(),
-    dict(batched=16),  # chunked prefill forced small
-    dict(threshold=5),  # long-prefill threshold
-    dict(caching=False),
-    dict(num_blocks=12, max_len=160),  # tiny pool: preemption by recompute
-    dict(num_blocks=12, max_len=160, batched=16, caching=False),
-    dict(seqs=3),
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(),
+        dict(batched=16),  # chunked prefill forced small
+        dict(threshold=5),  # long-prefill threshold
+        dict(caching=False),
+        dict(num_blocks=12, max_len=160),  # tiny pool: preemption by recompute
+        dict(num_blocks=12, max_len=160, batched=16, caching=False),
+        dict(seqs=3),
+    ],
+)
 def test_greedy_tokens_independent_of_batching(kw):
     ps = prompts_(32, shared=40)
     core, runner = make_core(**kw)
@@ -85,11 +94,11 @@ def test_decodes_not_stalled_by_long_prefill():
 def test_prefix_cache_hits_and_verifies():
     core, _ = make_core(num_blocks=64)
     shared = list(range(50))  # 3 full blocks of 16
-    run(core, [shared + [60, 61]], 3)
+    run(core, [[*shared, 60, 61]], 3)
     s0 = core.stats()
     assert s0.prefix_cache_hits == 0
-    got = run(core, [shared + [70]], 5)
-    assert got[0] == reference_greedy(shared + [70], 5)
+    got = run(core, [[*shared, 70]], 5)
+    assert got[0] == reference_greedy([*shared, 70], 5)
     s = core.stats()
     assert s.prefix_cache_hits == 48
     assert s.prefix_cache_queries == 52 + 51
@@ -110,13 +119,13 @@ def test_eos_stop_token_and_min_tokens():
     ref = reference_greedy(p, 10)
     eos = ref[3]
     core, _ = make_core(eos=[eos])
-    assert run(core, [p], 10)[0] == ref[:ref.index(eos) + 1]
+    assert run(core, [p], 10)[0] == ref[: ref.index(eos) + 1]
     core, _ = make_core(eos=[eos])
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
     assert run(core, [p], 10, params)[0] == ref
     core, _ = make_core()
     params = SamplingParams(temperature=0, max_tokens=10, stop_token_ids=[ref[2]])
-    assert run(core, [p], 10, params)[0] == ref[:ref.index(ref[2]) + 1]
+    assert run(core, [p], 10, params)[0] == ref[: ref.index(ref[2]) + 1]
 
 
 def test_abort_frees_blocks():
@@ -131,9 +140,9 @@ def test_abort_frees_blocks():
 
 def test_request_limits_raise_before_work():
     core, runner = make_core(max_len=64)
-    with pytest.raises(ValueError, match="maximum context length is 64 tokens.*65 input tokens"):
+    with pytest.raises(ValueError, match=r"maximum context length is 64 tokens.*65 input tokens"):
         core.add_request(AddRequest("a", [1] * 65, SamplingParams()))
-    with pytest.raises(ValueError, match="'max_tokens' is too large: 20.*64"):
+    with pytest.raises(ValueError, match=r"'max_tokens' is too large: 20.*64"):
         core.add_request(AddRequest("b", [1] * 50, SamplingParams(max_tokens=20)))
     with pytest.raises(ValueError, match="outside the vocabulary"):
         core.add_request(AddRequest("c", [VOCAB], SamplingParams()))

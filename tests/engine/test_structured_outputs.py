@@ -20,12 +20,16 @@ from cpuinfer.structured.manager import StructuredOutputManager
 
 from .conftest import BLOCK, NUM_BLOCKS
 
-PERSON = {"type": "object",
-          "properties": {"name": {"type": "string", "maxLength": 12},
-                         "age": {"type": "integer", "minimum": 0, "maximum": 120},
-                         "pets": {"type": "array", "items": {"enum": ["cat", "dog", "fish"]}, "minItems": 1,
-                                  "maxItems": 3}},
-          "required": ["name", "age", "pets"], "additionalProperties": False}
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "pets": {"type": "array", "items": {"enum": ["cat", "dog", "fish"]}, "minItems": 1, "maxItems": 3},
+    },
+    "required": ["name", "age", "pets"],
+    "additionalProperties": False,
+}
 ARITH = """
 start: NUMBER OP term
 term: NUMBER | "(" NUMBER OP NUMBER ")"
@@ -41,8 +45,17 @@ def grammars(smol_spec):
 
 
 def make_core(runner, spec, grammars, num_blocks=NUM_BLOCKS):
-    return EngineCore(runner, SchedulerConfig(4096, 64, 512), num_blocks, BLOCK, True, spec.eos_token_ids,
-                      RequestLimits(max_model_len=512, vocab_size=spec.vocab_size), seed=0, grammars=grammars)
+    return EngineCore(
+        runner,
+        SchedulerConfig(4096, 64, 512),
+        num_blocks,
+        BLOCK,
+        True,
+        spec.eos_token_ids,
+        RequestLimits(max_model_len=512, vocab_size=spec.vocab_size),
+        seed=0,
+        grammars=grammars,
+    )
 
 
 def chat_ids(spec, text: str) -> list[int]:
@@ -73,16 +86,36 @@ def params(constraint: StructuredOutputsParams, n: int = 1, temperature: float =
 def test_json_schema_regex_choice_and_grammar_outputs_all_validate(smol_runner, smol_spec, grammars):
     core = make_core(smol_runner, smol_spec, grammars)
     prompt = chat_ids(smol_spec, "Describe a person as JSON.")
-    core.add_request(AddRequest("json", prompt, params(StructuredOutputsParams(json=PERSON), n=8),
-                                [f"json{i}" for i in range(8)]))
-    core.add_request(AddRequest("obj", prompt, params(StructuredOutputsParams(json_object=True), n=4),
-                                [f"obj{i}" for i in range(4)]))
-    core.add_request(AddRequest("re", prompt, params(StructuredOutputsParams(regex=r"[A-Z][a-z]{2,8}-[0-9]{3}"), n=4),
-                                [f"re{i}" for i in range(4)]))
-    core.add_request(AddRequest("choice", prompt, params(StructuredOutputsParams(choice=["yes", "no", "maybe"]), n=4),
-                                [f"choice{i}" for i in range(4)]))
-    core.add_request(AddRequest("arith", prompt, params(StructuredOutputsParams(grammar=ARITH), n=4, max_tokens=48),
-                                [f"arith{i}" for i in range(4)]))
+    core.add_request(
+        AddRequest("json", prompt, params(StructuredOutputsParams(json=PERSON), n=8), [f"json{i}" for i in range(8)])
+    )
+    core.add_request(
+        AddRequest("obj", prompt, params(StructuredOutputsParams(json_object=True), n=4), [f"obj{i}" for i in range(4)])
+    )
+    core.add_request(
+        AddRequest(
+            "re",
+            prompt,
+            params(StructuredOutputsParams(regex=r"[A-Z][a-z]{2,8}-[0-9]{3}"), n=4),
+            [f"re{i}" for i in range(4)],
+        )
+    )
+    core.add_request(
+        AddRequest(
+            "choice",
+            prompt,
+            params(StructuredOutputsParams(choice=["yes", "no", "maybe"]), n=4),
+            [f"choice{i}" for i in range(4)],
+        )
+    )
+    core.add_request(
+        AddRequest(
+            "arith",
+            prompt,
+            params(StructuredOutputsParams(grammar=ARITH), n=4, max_tokens=48),
+            [f"arith{i}" for i in range(4)],
+        )
+    )
     tokens, ends = drain(core)
     out = texts(smol_spec, tokens)
     parser = lark.Lark(ARITH)
@@ -125,7 +158,7 @@ def test_abort_and_another_requests_grammar_failure_leave_the_others_valid(smol_
     prompt = chat_ids(smol_spec, "JSON please.")
     for rid in ("keep", "abort", "broken"):
         core.add_request(AddRequest(rid, prompt, params(StructuredOutputsParams(json=PERSON))))
-    core.requests["broken"].grammar.accept = lambda token: False  # as if the grammar refused a sampled token
+    core.requests["broken"].grammar.accept = lambda _token: False  # as if the grammar refused a sampled token
 
     def abort_after_three(core, tokens):
         if len(tokens.get("abort", [])) == 3 and "abort" in core.requests:
@@ -150,15 +183,21 @@ def test_greedy_constrained_output_is_the_same_alone_and_in_a_batch(smol_runner,
     assert drain(alone)[0]["a"] == drain(batch)[0]["a"]
 
 
-@pytest.mark.parametrize(("constraint", "param"), [
-    (StructuredOutputsParams(json='{"type": "object", "properties": '), "structured_outputs.json"),
-    (StructuredOutputsParams(json={"type": "object", "properties": {"a": {"type": "no-such-type"}}}),
-     "structured_outputs.json"),
-    (StructuredOutputsParams(regex="([a-z]+"), "structured_outputs.regex"),
-    (StructuredOutputsParams(grammar="start: expr\nexpr: UNDEFINED_RULE"), "structured_outputs.grammar"),
-])
-def test_a_constraint_that_does_not_compile_is_refused_before_anything_starts(smol_runner, smol_spec, grammars,
-                                                                               constraint, param):
+@pytest.mark.parametrize(
+    ("constraint", "param"),
+    [
+        (StructuredOutputsParams(json='{"type": "object", "properties": '), "structured_outputs.json"),
+        (
+            StructuredOutputsParams(json={"type": "object", "properties": {"a": {"type": "no-such-type"}}}),
+            "structured_outputs.json",
+        ),
+        (StructuredOutputsParams(regex="([a-z]+"), "structured_outputs.regex"),
+        (StructuredOutputsParams(grammar="start: expr\nexpr: UNDEFINED_RULE"), "structured_outputs.grammar"),
+    ],
+)
+def test_a_constraint_that_does_not_compile_is_refused_before_anything_starts(
+    smol_runner, smol_spec, grammars, constraint, param
+):
     core = make_core(smol_runner, smol_spec, grammars)
     with pytest.raises(InvalidRequestError) as e:
         core.add_request(AddRequest("bad", [1, 2, 3], SamplingParams(structured_outputs=constraint)))
@@ -166,7 +205,7 @@ def test_a_constraint_that_does_not_compile_is_refused_before_anything_starts(sm
     assert not core.has_unfinished() and not core.requests
 
 
-def test_compiled_grammars_are_cached_by_their_text(smol_spec, grammars):
+def test_compiled_grammars_are_cached_by_their_text(grammars):
     a = grammars.compile(StructuredOutputsParams(json=PERSON))
     b = grammars.compile(StructuredOutputsParams(json=json.dumps(PERSON, indent=2)))
     assert a is b
@@ -181,15 +220,13 @@ def test_structured_outputs_params_need_exactly_one_constraint():
         StructuredOutputsParams(choice=[])
 
 
-def test_an_empty_language_and_min_tokens_or_ignore_eos_with_a_constraint_are_refused(smol_runner, smol_spec,
-                                                                                     grammars):
+def test_an_empty_language_and_min_tokens_or_ignore_eos_with_a_constraint_are_refused(smol_runner, smol_spec, grammars):
     core = make_core(smol_runner, smol_spec, grammars)
-    for sp, param in ((SamplingParams(structured_outputs=StructuredOutputsParams(regex="[^\\s\\S]")),
-                       "structured_outputs.regex"),
-                      (SamplingParams(min_tokens=2, structured_outputs=StructuredOutputsParams(regex="a")),
-                       "min_tokens"),
-                      (SamplingParams(ignore_eos=True, structured_outputs=StructuredOutputsParams(regex="a")),
-                       "ignore_eos")):
+    for sp, param in (
+        (SamplingParams(structured_outputs=StructuredOutputsParams(regex="[^\\s\\S]")), "structured_outputs.regex"),
+        (SamplingParams(min_tokens=2, structured_outputs=StructuredOutputsParams(regex="a")), "min_tokens"),
+        (SamplingParams(ignore_eos=True, structured_outputs=StructuredOutputsParams(regex="a")), "ignore_eos"),
+    ):
         with pytest.raises(InvalidRequestError) as e:
             core.add_request(AddRequest("bad", [1, 2, 3], sp))
         assert e.value.param == param
@@ -199,8 +236,9 @@ def test_offline_llm_generate_with_structured_outputs(smol_path):
     from cpuinfer import LLM
 
     llm = LLM(smol_path, max_model_len=256, num_gpu_blocks_override=64)
-    sp = SamplingParams(n=3, temperature=1.0, seed=0, max_tokens=96, structured_outputs=StructuredOutputsParams(
-        json=PERSON))
+    sp = SamplingParams(
+        n=3, temperature=1.0, seed=0, max_tokens=96, structured_outputs=StructuredOutputsParams(json=PERSON)
+    )
     for out in llm.generate(["A person as JSON: "], sp)[0].outputs:
         jsonschema.validate(json.loads(out.text), PERSON)
     with pytest.raises(ValueError, match="structured-outputs-backend"):
@@ -224,7 +262,6 @@ def test_each_backend_allows_a_valid_output_token_by_token_and_then_only_the_end
     m.mask(logits, [state])
     assert set((logits[0] == 0).nonzero().flatten().tolist()) <= set(smol_spec.eos_token_ids)
     assert state.is_terminated()
-
 
 
 def test_a_draw_on_a_masked_token_takes_the_best_allowed_one(smol_runner, smol_spec, grammars, monkeypatch):

@@ -33,12 +33,27 @@ class PagedBatch:
 
     def args(self):
         """Positional arguments after `out` for the raw kernel."""
-        return (self.query, cache_view(self.key_cache), cache_view(self.value_cache), self.query_start_loc,
-                self.seq_lens, self.block_tables, self.scale)
+        return (
+            self.query,
+            cache_view(self.key_cache),
+            cache_view(self.value_cache),
+            self.query_start_loc,
+            self.seq_lens,
+            self.block_tables,
+            self.scale,
+        )
 
 
-def make_batch(seqs: list[tuple[int, int]], num_q_heads: int, num_kv_heads: int, head_size: int, block_size: int,
-               dtype: torch.dtype, cache_dtype: torch.dtype, spare_blocks: int = 3) -> PagedBatch:
+def make_batch(
+    seqs: list[tuple[int, int]],
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_size: int,
+    block_size: int,
+    dtype: torch.dtype,
+    cache_dtype: torch.dtype,
+    spare_blocks: int = 3,
+) -> PagedBatch:
     """seqs = [(q_len, seq_len)]; blocks of all sequences are scattered over the cache in random order."""
     need = [math.ceil(ctx / block_size) for _, ctx in seqs]
     max_blocks = max(need) + 1
@@ -47,16 +62,16 @@ def make_batch(seqs: list[tuple[int, int]], num_q_heads: int, num_kv_heads: int,
     tables = torch.full((len(seqs), max_blocks), -1, dtype=torch.int32)
     used = 0
     for s, n in enumerate(need):
-        tables[s, :n] = perm[used:used + n]
+        tables[s, :n] = perm[used : used + n]
         used += n
     shape = (num_blocks, num_kv_heads, block_size, head_size)
     key_cache = torch.randn(shape).to(cache_dtype)
     value_cache = torch.randn(shape).to(cache_dtype)
     q_lens = [q for q, _ in seqs]
-    qsl = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0).to(torch.int32)
+    qsl = torch.tensor([0, *q_lens], dtype=torch.int32).cumsum(0).to(torch.int32)
     query = torch.randn(sum(q_lens), num_q_heads, head_size).to(dtype)
     lens = torch.tensor([c for _, c in seqs], dtype=torch.int32)
-    return PagedBatch(query, key_cache, value_cache, qsl, lens, tables, head_size ** -0.5)
+    return PagedBatch(query, key_cache, value_cache, qsl, lens, tables, head_size**-0.5)
 
 
 def gather(cache: torch.Tensor, table: torch.Tensor, ctx: int) -> torch.Tensor:

@@ -19,7 +19,7 @@ ACTS = {
 def test_act_and_mul(kernels, name, dtype, shape):
     x = torch.randn(shape, dtype=dtype) * 4
     d = shape[-1] // 2
-    out = torch.empty(shape[:-1] + (d,), dtype=dtype)
+    out = torch.empty((*shape[:-1], d), dtype=dtype)
     getattr(kernels, name)(out, x)
     g, u = x[..., :d].float(), x[..., d:].float()
     assert_close(out, ACTS[name](g) * u, dtype)

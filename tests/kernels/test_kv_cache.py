@@ -26,10 +26,14 @@ def expected_cache(cache, rows, slots):
 def same_bits(a, b):
     if a.dtype == torch.float8_e5m2:
         return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
-    return torch.equal(a.contiguous().view(torch.int8 if a.element_size() == 1 else torch.int16 if
-                                           a.element_size() == 2 else torch.int32),
-                       b.contiguous().view(torch.int8 if b.element_size() == 1 else torch.int16 if
-                                           b.element_size() == 2 else torch.int32))
+    return torch.equal(
+        a.contiguous().view(
+            torch.int8 if a.element_size() == 1 else torch.int16 if a.element_size() == 2 else torch.int32
+        ),
+        b.contiguous().view(
+            torch.int8 if b.element_size() == 1 else torch.int16 if b.element_size() == 2 else torch.int32
+        ),
+    )
 
 
 @pytest.mark.parametrize("dtype", MODEL_DTYPES)
@@ -53,8 +57,8 @@ def test_strided_key_value_from_fused_qkv(kernels):
     """key and value as slices of one [T, (q + k + v) features] projection output."""
     tokens, heads, d = 9, 2, 64
     qkv = torch.randn(tokens, (4 + 2 * heads) * d).bfloat16()
-    key = qkv[:, 4 * d:(4 + heads) * d].view(tokens, heads, d)
-    value = qkv[:, (4 + heads) * d:].view(tokens, heads, d)
+    key = qkv[:, 4 * d : (4 + heads) * d].view(tokens, heads, d)
+    value = qkv[:, (4 + heads) * d :].view(tokens, heads, d)
     kc = torch.zeros(2, heads, 16, d, dtype=torch.bfloat16)
     vc = torch.zeros_like(kc)
     slots = torch.arange(5, 5 + tokens)
@@ -83,10 +87,26 @@ def test_fp8_every_half_value(kernels):
 
 def test_fp8_random_f32_and_bf16_bits(kernels):
     """Random f32 bit patterns over the whole range, ties between e5m2 neighbours, and overflow."""
-    bits = torch.randint(-2**31, 2**31 - 1, (1 << 18,), dtype=torch.int64).to(torch.int32)
+    bits = torch.randint(-(2**31), 2**31 - 1, (1 << 18,), dtype=torch.int64).to(torch.int32)
     ties = (torch.arange(0, 256, dtype=torch.int32) << 8 | 0x80).to(torch.int16).view(torch.float16).float()
-    special = torch.tensor([57344.0, 61439.99, 61440.0, 65535.0, 65536.0, 1e30, -1e30, 2.0**-17, 3 * 2.0**-17,
-                            -2.0**-16 * 0.5, float("inf"), float("-inf"), float("nan")] + [0.0] * 51)
+    special = torch.tensor(
+        [
+            57344.0,
+            61439.99,
+            61440.0,
+            65535.0,
+            65536.0,
+            1e30,
+            -1e30,
+            2.0**-17,
+            3 * 2.0**-17,
+            -(2.0**-16) * 0.5,
+            float("inf"),
+            float("-inf"),
+            float("nan"),
+        ]
+        + [0.0] * 51
+    )
     for x in (bits.view(torch.float32), ties, special, bits.view(torch.float32).bfloat16()):
         got = fp8_roundtrip(kernels, x)
         assert torch.equal(got.view(torch.uint8), x.to(torch.float8_e5m2).view(torch.uint8))
@@ -99,8 +119,9 @@ def test_ops_wrapper_float8_cache():
     ops.reshape_and_cache(key, -key, kc, vc, torch.tensor([0, 17, -1]))
     assert torch.equal(kc[0, 0, 0].view(torch.uint8), key[0, 0].to(torch.float8_e5m2).view(torch.uint8))
     assert torch.equal(vc[1, 0, 1].view(torch.uint8), (-key[1, 0]).to(torch.float8_e5m2).view(torch.uint8))
-    assert torch.count_nonzero(kc.view(torch.uint8)) == torch.count_nonzero(key[:2].to(torch.float8_e5m2).view(
-        torch.uint8))
+    assert torch.count_nonzero(kc.view(torch.uint8)) == torch.count_nonzero(
+        key[:2].to(torch.float8_e5m2).view(torch.uint8)
+    )
 
 
 def test_bad_input(kernels):

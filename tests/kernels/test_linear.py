@@ -37,7 +37,7 @@ def test_linear(kernels, dtype, m, n, k, bias):
 def test_linear_strided_rows(kernels, dtype):
     # x rows are a column slice of a wider tensor and out is a slice too: only the last dim is contiguous.
     big = torch.randn(5, 200, dtype=dtype)
-    x = big[:, 7:7 + 131]
+    x = big[:, 7 : 7 + 131]
     w = (torch.randn(70, 131) / 131**0.5).to(dtype)
     out_big = torch.full((5, 90), 7.0, dtype=dtype)
     out = out_big[:, 10:80]
@@ -92,7 +92,7 @@ def test_ops_linear_leading_dims_and_fallback(dtype):
     for shape in [(3, 40), (2, 3, 40), (40,), (70, 40), (0, 40)]:
         x = torch.randn(shape, dtype=dtype)
         out = ops.linear(x, w, b)
-        assert out.shape == shape[:-1] + (48,) and out.dtype == dtype
+        assert out.shape == (*shape[:-1], 48) and out.dtype == dtype
         torch.testing.assert_close(out.float(), (x.float() @ w.float().T + b.float()), **LINEAR_TOL[dtype])
     # Each row's result does not depend on how many rows are computed together.
     x = torch.randn(70, 40, dtype=dtype)
@@ -102,8 +102,6 @@ def test_ops_linear_leading_dims_and_fallback(dtype):
     wt = w.T.contiguous().T
     x = torch.randn(4, 80, dtype=dtype)[:, ::2]
     torch.testing.assert_close(ops.linear(x, wt).float(), x.float() @ w.float().T, **LINEAR_TOL[dtype])
-
-
 
 
 def _layout(kernels, dtype):
@@ -147,7 +145,7 @@ GEMM_ROWS = [1, 2, 3, 5, 7, 8, 11, 12, 13, 16, 17, 23, 24, 25, 31, 32, 37, 64, 9
 @pytest.mark.parametrize("bias", [False, True])
 def test_packed_linear_every_m(kernels, dtype, n, k, bias):
     """Packed linear against a float64 reference for every M across the GEMV/GEMM boundary."""
-    cols, pair = _layout(kernels, dtype)
+    _cols, pair = _layout(kernels, dtype)
     if k % pair:
         k += 1
     w = (torch.randn(n, k) / k**0.5).to(dtype)
@@ -185,16 +183,16 @@ def test_packed_linear_long_prefill(kernels):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_packed_linear_strided_and_misaligned(kernels, dtype):
     """x and out as column slices (rows strided, start not vector aligned, an odd element offset)."""
-    cols, pair = _layout(kernels, dtype)
+    cols, _pair = _layout(kernels, dtype)
     k, n, m = 6 * cols, 2 * cols + 5, 40
     big = torch.randn(m, k + 9, dtype=dtype)
-    x = big[:, 3:3 + k]
+    x = big[:, 3 : 3 + k]
     w = (torch.randn(n, k) / k**0.5).to(dtype)
     out_big = torch.full((m, n + 11), 7.0, dtype=dtype)
-    out = out_big[:, 5:5 + n]
+    out = out_big[:, 5 : 5 + n]
     kernels.linear(out, x, _pack(kernels, w), None, packed=True)
     _check(out, x, w, None, dtype)
-    assert (out_big[:, :5] == 7).all() and (out_big[:, 5 + n:] == 7).all()
+    assert (out_big[:, :5] == 7).all() and (out_big[:, 5 + n :] == 7).all()
 
 
 def test_packed_weight_bad_input(kernels):
@@ -217,14 +215,25 @@ def test_packed_weight_bad_input(kernels):
         kernels.linear_pack_pair("int8")
     packed = _pack(kernels, w)
     with pytest.raises(ValueError, match="in_features"):
-        kernels.linear(torch.empty(2, 8, dtype=torch.bfloat16), torch.randn(2, cols + 2, dtype=torch.bfloat16), packed,
-                       None, packed=True)
+        kernels.linear(
+            torch.empty(2, 8, dtype=torch.bfloat16),
+            torch.randn(2, cols + 2, dtype=torch.bfloat16),
+            packed,
+            None,
+            packed=True,
+        )
     with pytest.raises(ValueError, match="out must be"):
-        kernels.linear(torch.empty(2, 9, dtype=torch.bfloat16), torch.randn(2, cols, dtype=torch.bfloat16), packed,
-                       None, packed=True)
+        kernels.linear(
+            torch.empty(2, 9, dtype=torch.bfloat16),
+            torch.randn(2, cols, dtype=torch.bfloat16),
+            packed,
+            None,
+            packed=True,
+        )
     with pytest.raises(TypeError, match="input has dtype int32; supported dtypes"):
-        kernels.linear(torch.empty(2, 8, dtype=torch.bfloat16), torch.zeros(2, cols, dtype=torch.int32), packed,
-                       None, packed=True)
+        kernels.linear(
+            torch.empty(2, 8, dtype=torch.bfloat16), torch.zeros(2, cols, dtype=torch.int32), packed, None, packed=True
+        )
 
 
 def test_packed_rows_read_embeddings_back():
@@ -238,8 +247,9 @@ def test_packed_rows_read_embeddings_back():
     assert torch.equal(ops.packed_rows(packed, ids), w[ids])
     assert torch.equal(ops.packed_rows(packed, ids[:4]), w[ids[:4]])
     x = torch.randn(2, w.shape[1], dtype=torch.bfloat16)
-    torch.testing.assert_close(ops.linear(x, packed, packed=True).float(), x.float() @ w.float().T,
-                               **LINEAR_TOL[torch.bfloat16])
+    torch.testing.assert_close(
+        ops.linear(x, packed, packed=True).float(), x.float() @ w.float().T, **LINEAR_TOL[torch.bfloat16]
+    )
     for bad in ([n], [-1]):
         with pytest.raises(IndexError, match="token ids"):
             ops.packed_rows(packed, torch.tensor(bad))

@@ -49,11 +49,14 @@ def test_mixed_batch_matrix(kernels, head_size, cache_dtype):
         dtype = MODEL_DTYPES[(i + head_size) % 3]
         kv_heads, group = rng.choice([(1, 1), (2, 2), (2, 4), (1, 8), (1, 12)])
         block_size = rng.choice([16, 32, 48])
-        b = make_batch(random_seqs(rng, 5, 90), kv_heads * group, kv_heads, head_size, block_size, dtype,
-                       cache_dtype)
+        b = make_batch(random_seqs(rng, 5, 90), kv_heads * group, kv_heads, head_size, block_size, dtype, cache_dtype)
         out = run_kernel(kernels, b, sliding_window=window, soft_cap=cap)
-        torch.testing.assert_close(out.float(), ref_paged_attention(b, window, cap), **TOL[dtype],
-                                   msg=lambda m, w=window, c=cap, t=dtype: f"window={w} cap={c} {t}: {m}")
+        torch.testing.assert_close(
+            out.float(),
+            ref_paged_attention(b, window, cap),
+            **TOL[dtype],
+            msg=lambda m, w=window, c=cap, t=dtype: f"window={w} cap={c} {t}: {m}",
+        )
 
 
 @pytest.mark.parametrize("dtype", MODEL_DTYPES)
@@ -70,8 +73,9 @@ def test_engine_block_size(kernels, cache_dtype):
     a partition boundary inside a block (flash-decoding), decodes next to a prefill chunk, GQA 4."""
     b = make_batch([(1, 1000), (1, 129), (37, 300), (1, 2047)], 32, 8, 128, 128, torch.bfloat16, cache_dtype)
     torch.testing.assert_close(run_kernel(kernels, b).float(), ref_paged_attention(b), **TOL[torch.bfloat16])
-    torch.testing.assert_close(run_kernel(kernels, b, sliding_window=200).float(), ref_paged_attention(b, 200),
-                               **TOL[torch.bfloat16])
+    torch.testing.assert_close(
+        run_kernel(kernels, b, sliding_window=200).float(), ref_paged_attention(b, 200), **TOL[torch.bfloat16]
+    )
 
 
 def test_single_thread_matches_threaded(kernels):
@@ -90,7 +94,7 @@ def test_strided_query_and_out(kernels):
     """query as a slice of a fused qkv tensor, out as a slice of a wider buffer."""
     b = make_batch([(3, 40), (1, 17)], 4, 2, 64, 16, torch.bfloat16, torch.bfloat16)
     qkv = torch.randn(4, 8 * 64).bfloat16()
-    b.query = qkv[:, :4 * 64].view(4, 4, 64)
+    b.query = qkv[:, : 4 * 64].view(4, 4, 64)
     wide = torch.zeros(4, 6, 64, dtype=torch.bfloat16)
     kernels.paged_attention(wide[:, 1:5], *b.args())
     torch.testing.assert_close(wide[:, 1:5].float(), ref_paged_attention(b), **TOL[torch.bfloat16])
@@ -100,14 +104,24 @@ def test_strided_query_and_out(kernels):
 def test_ops_wrapper_takes_float8_cache():
     b = make_batch([(2, 33), (1, 5)], 2, 1, 64, 16, torch.float16, torch.float8_e5m2)
     out = torch.empty_like(b.query)
-    ops.paged_attention(out, b.query, b.key_cache, b.value_cache, b.query_start_loc, b.seq_lens, b.block_tables,
-                        b.scale, sliding_window=8, soft_cap=10.0)
+    ops.paged_attention(
+        out,
+        b.query,
+        b.key_cache,
+        b.value_cache,
+        b.query_start_loc,
+        b.seq_lens,
+        b.block_tables,
+        b.scale,
+        sliding_window=8,
+        soft_cap=10.0,
+    )
     torch.testing.assert_close(out.float(), ref_paged_attention(b, 8, 10.0), **TOL[torch.float16])
 
 
 def test_variant_reports_its_inner_loops(kernels):
     """Each variant compiled the attention inner loops meant for it (vector layer, VDPBF16PS or AMX)."""
-    assert kernels.ATTENTION_IMPL == {"amx": "amx", "avx512bf16": "avx512bf16"}.get(kernels.VARIANT, "vec")
+    assert {"amx": "amx", "avx512bf16": "avx512bf16"}.get(kernels.VARIANT, "vec") == kernels.ATTENTION_IMPL
 
 
 def test_bad_input(kernels):
@@ -116,8 +130,16 @@ def test_bad_input(kernels):
     q, kc, vc, qsl, lens, tables, scale = b.args()
 
     def call(**over):
-        a = dict(out=out, query=q, key_cache=kc, value_cache=vc, query_start_loc=qsl, seq_lens=lens,
-                 block_tables=tables, scale=scale)
+        a = dict(
+            out=out,
+            query=q,
+            key_cache=kc,
+            value_cache=vc,
+            query_start_loc=qsl,
+            seq_lens=lens,
+            block_tables=tables,
+            scale=scale,
+        )
         a.update(over)
         kernels.paged_attention(**a)
 

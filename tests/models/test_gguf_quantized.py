@@ -60,16 +60,18 @@ def test_weights_stay_quantized(quantized):
     assert all(is_quantized(w) for w in weights)
     unique = {id(w): w for w in weights}.values()  # a tied embedding is the lm_head
     total = sum(w.nbytes for w in unique)
-    assert total <= 1.3 * os.path.getsize(path), f"{total / 1e6:.1f} MB of weights for a " \
-                                                 f"{os.path.getsize(path) / 1e6:.1f} MB file"
+    assert total <= 1.3 * os.path.getsize(path), (
+        f"{total / 1e6:.1f} MB of weights for a {os.path.getsize(path) / 1e6:.1f} MB file"
+    )
 
 
 def test_logits_near_transformers(quantized):
     """First-token logits within the stated tolerance of transformers' dequantized float32 model."""
     name, path, runner = quantized
     directory, file = os.path.split(path)
-    model = transformers.AutoModelForCausalLM.from_pretrained(directory, gguf_file=file, dtype=torch.float32,
-                                                              attn_implementation="eager").eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        directory, gguf_file=file, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
     prompts = _prompts(runner.spec)
     _, first = greedy(runner, prompts, 1)
     for i, p in enumerate(prompts):
@@ -85,8 +87,10 @@ def test_batching_and_fusion_do_not_change_tokens(quantized, monkeypatch):
     name, path, runner = quantized
     prompts = _prompts(runner.spec)
     ref, ref_first = greedy(runner, prompts, NEW_TOKENS)
-    runs = {"chunked": greedy(runner, prompts, NEW_TOKENS, chunk=16),
-            "batched": greedy(runner, prompts, NEW_TOKENS, batched=True)}
+    runs = {
+        "chunked": greedy(runner, prompts, NEW_TOKENS, chunk=16),
+        "batched": greedy(runner, prompts, NEW_TOKENS, batched=True),
+    }
     monkeypatch.setenv(envs.FUSED_LAYERS.names[0], "0")
     per_op = _runner(path)
     assert per_op.model.layers[0].fused is None and runner.model.layers[0].fused is not None

@@ -37,8 +37,11 @@ def good(tiny, tmp_path_factory):
     """One small checkpoint per format: the starting point each test breaks in one way."""
     root = tmp_path_factory.mktemp("good")
     out = {}
-    for method, opts in (("gptq", dict(bits=4, group=32, sym=False, act_order=True)), ("awq", dict(group=64)),
-                         ("compressed-tensors", dict(scheme="W4A16", group=32, sym=False))):
+    for method, opts in (
+        ("gptq", dict(bits=4, group=32, sym=False, act_order=True)),
+        ("awq", dict(group=64)),
+        ("compressed-tensors", dict(scheme="W4A16", group=32, sym=False)),
+    ):
         out[method] = str(root / method)
         quantize_dir(tiny, out[method], method, **opts)
     return out
@@ -70,25 +73,48 @@ def _set(d: dict, key: str, value):
 
 
 TENSOR_CASES = {
-    "qweight rows": ("gptq", lambda t: _set(t, f"{LAYER}.qweight", t[f"{LAYER}.qweight"][:-1].clone()),
-                     r"gptq tensor 'model\.layers\.0\.self_attn\.q_proj\.qweight' packs 120 inputs, not a multiple "
-                     r"of 32"),
-    "qweight dtype": ("gptq", lambda t: _set(t, f"{LAYER}.qweight", t[f"{LAYER}.qweight"].float()),
-                      r"q_proj\.qweight' is float32, expected int32"),
-    "g_idx range": ("gptq", lambda t: t[f"{LAYER}.g_idx"].__setitem__(3, 99),
-                    r"q_proj\.g_idx' holds group 99, outside the 4 groups"),
-    "g_idx uneven": ("gptq", lambda t: t[f"{LAYER}.g_idx"].__setitem__(slice(0, 40), 0),
-                     r"q_proj\.g_idx' puts \d+ inputs in group \d, expected 32 \(group_size = 32\)"),
-    "scales shape": ("gptq", lambda t: _set(t, f"{LAYER}.scales", t[f"{LAYER}.scales"][:, :-8].clone()),
-                     r"q_proj\.scales' has shape \[4, 120\], expected \[4, 128\]"),
+    "qweight rows": (
+        "gptq",
+        lambda t: _set(t, f"{LAYER}.qweight", t[f"{LAYER}.qweight"][:-1].clone()),
+        r"gptq tensor 'model\.layers\.0\.self_attn\.q_proj\.qweight' packs 120 inputs, not a multiple "
+        r"of 32",
+    ),
+    "qweight dtype": (
+        "gptq",
+        lambda t: _set(t, f"{LAYER}.qweight", t[f"{LAYER}.qweight"].float()),
+        r"q_proj\.qweight' is float32, expected int32",
+    ),
+    "g_idx range": (
+        "gptq",
+        lambda t: t[f"{LAYER}.g_idx"].__setitem__(3, 99),
+        r"q_proj\.g_idx' holds group 99, outside the 4 groups",
+    ),
+    "g_idx uneven": (
+        "gptq",
+        lambda t: t[f"{LAYER}.g_idx"].__setitem__(slice(0, 40), 0),
+        r"q_proj\.g_idx' puts \d+ inputs in group \d, expected 32 \(group_size = 32\)",
+    ),
+    "scales shape": (
+        "gptq",
+        lambda t: _set(t, f"{LAYER}.scales", t[f"{LAYER}.scales"][:, :-8].clone()),
+        r"q_proj\.scales' has shape \[4, 120\], expected \[4, 128\]",
+    ),
     "missing qzeros": ("gptq", lambda t: t.pop(f"{LAYER}.qzeros"), r"q_proj\.qzeros' is missing"),
-    "awq qzeros": ("awq", lambda t: _set(t, f"{LAYER}.qzeros", t[f"{LAYER}.qzeros"][:1].clone()),
-                   r"q_proj\.qzeros' has shape \[1, 16\], expected \[2, 16\]"),
-    "ct packed": ("compressed-tensors", lambda t: _set(t, f"{LAYER}.weight_packed",
-                                                       t[f"{LAYER}.weight_packed"][:, :-1].clone()),
-                  r"q_proj\.weight_packed' has shape \[128, 15\], expected \[128, 16\]"),
-    "ct zero point": ("compressed-tensors", lambda t: t.pop(f"{LAYER}.weight_zero_point"),
-                      r"q_proj\.weight_zero_point' is missing \(the scheme is asymmetric\)"),
+    "awq qzeros": (
+        "awq",
+        lambda t: _set(t, f"{LAYER}.qzeros", t[f"{LAYER}.qzeros"][:1].clone()),
+        r"q_proj\.qzeros' has shape \[1, 16\], expected \[2, 16\]",
+    ),
+    "ct packed": (
+        "compressed-tensors",
+        lambda t: _set(t, f"{LAYER}.weight_packed", t[f"{LAYER}.weight_packed"][:, :-1].clone()),
+        r"q_proj\.weight_packed' has shape \[128, 15\], expected \[128, 16\]",
+    ),
+    "ct zero point": (
+        "compressed-tensors",
+        lambda t: t.pop(f"{LAYER}.weight_zero_point"),
+        r"q_proj\.weight_zero_point' is missing \(the scheme is asymmetric\)",
+    ),
 }
 
 
@@ -102,17 +128,32 @@ def test_malformed_tensor(good, tmp_path, case):
 CONFIG_CASES = {
     "gptq 3 bit": ("gptq", lambda c: _set(c, "bits", 3), r"GPTQ with bits = 3 is not supported"),
     "gptq group": ("gptq", lambda c: _set(c, "group_size", 48), r"GPTQ group_size = 48 is not supported"),
-    "gptq marlin": ("gptq", lambda c: _set(c, "checkpoint_format", "marlin"),
-                    r"GPTQ checkpoint_format 'marlin' is not supported"),
-    "method": ("gptq", lambda c: _set(c, "quant_method", "bitsandbytes"),
-               r"quant_method 'bitsandbytes' is not supported; cpuinfer reads gptq, awq, compressed-tensors"),
+    "gptq marlin": (
+        "gptq",
+        lambda c: _set(c, "checkpoint_format", "marlin"),
+        r"GPTQ checkpoint_format 'marlin' is not supported",
+    ),
+    "method": (
+        "gptq",
+        lambda c: _set(c, "quant_method", "bitsandbytes"),
+        r"quant_method 'bitsandbytes' is not supported; cpuinfer reads gptq, awq, compressed-tensors",
+    ),
     "awq gemv": ("awq", lambda c: _set(c, "version", "gemv"), r"AWQ version 'gemv' is not supported"),
-    "ct fp8": ("compressed-tensors", lambda c: _set(c, "format", "float-quantized") or c["config_groups"]["group_0"]
-               .pop("format"), r"compressed-tensors format 'float-quantized' is not supported"),
-    "ct 2 bit": ("compressed-tensors", lambda c: c["config_groups"]["group_0"]["weights"].__setitem__("num_bits", 2),
-                 r"2-bit int weights in pack-quantized are not supported"),
-    "ct ignored": ("compressed-tensors", lambda c: _set(c, "ignore", ["lm_head", f"re:.*{LAYER}"]),
-                   r"layer 'model\.layers\.0\.self_attn\.q_proj' holds quantized tensors but .* ignore list"),
+    "ct fp8": (
+        "compressed-tensors",
+        lambda c: _set(c, "format", "float-quantized") or c["config_groups"]["group_0"].pop("format"),
+        r"compressed-tensors format 'float-quantized' is not supported",
+    ),
+    "ct 2 bit": (
+        "compressed-tensors",
+        lambda c: c["config_groups"]["group_0"]["weights"].__setitem__("num_bits", 2),
+        r"2-bit int weights in pack-quantized are not supported",
+    ),
+    "ct ignored": (
+        "compressed-tensors",
+        lambda c: _set(c, "ignore", ["lm_head", f"re:.*{LAYER}"]),
+        r"layer 'model\.layers\.0\.self_attn\.q_proj' holds quantized tensors but .* ignore list",
+    ),
 }
 
 
@@ -138,8 +179,11 @@ def test_quantization_flag(good, tiny):
     assert load_model_spec(good["awq"]).quantization == "awq"
     assert load_model_spec(good["awq"], quantization="awq").quantization == "awq"
     assert load_model_spec(tiny).quantization is None
-    with pytest.raises(ModelLoadError, match=r"--quantization=gptq but .* is a awq checkpoint; pass "
-                                             r"--quantization=awq or drop the flag"):
+    with pytest.raises(
+        ModelLoadError,
+        match=r"--quantization=gptq but .* is a awq checkpoint; pass "
+        r"--quantization=awq or drop the flag",
+    ):
         load_model_spec(good["awq"], quantization="gptq")
     with pytest.raises(ModelLoadError, match=r"--quantization=gptq but .* is not quantized"):
         load_model_spec(tiny, quantization="gptq")

@@ -25,8 +25,13 @@ from ..kernels.test_quant_linear import int8_rows
 from . import quant_reference as ref
 from .quant_checkpoints import _ct, awq_tensors, ct_config, gptq_config, gptq_tensors, group_index, rtn
 
-GPTQ_CASES = [(bits, group, sym, act) for bits in (4, 8) for group in (32, 128, -1) for sym in (True, False)
-              for act in (False, True)]
+GPTQ_CASES = [
+    (bits, group, sym, act)
+    for bits in (4, 8)
+    for group in (32, 128, -1)
+    for sym in (True, False)
+    for act in (False, True)
+]
 
 
 def weight(n: int = 96, k: int = 256, seed: int = 0) -> torch.Tensor:
@@ -54,7 +59,7 @@ def test_gptq_packer_is_autogptqs(bits, group, sym, act):
     """Our GPTQ packer writes auto-gptq's qweight and qzeros bit for bit (v1 format)."""
     w = weight()
     g_idx = group_index(256, group, act, seed=1)
-    q, scales, zeros = rtn(w, bits, 256 if group == -1 else group, sym, g_idx)
+    q, scales, zeros = rtn(w, bits, sym, g_idx)
     ours = gptq_tensors(q, scales, zeros, g_idx, bits)
     deq = scales.float()[:, g_idx] * (q - zeros[:, g_idx])  # on the grid: auto-gptq's pack rounds back to q
     qweight, qzeros, sc = ref.autogptq_pack(deq, scales.float(), zeros.float(), torch.from_numpy(g_idx), bits)
@@ -69,12 +74,13 @@ def test_gptq_layer_matches_reference(kernels, bits, group, sym, act, fmt):
     kernel (x read through the act-order perm) matches torch on it."""
     w = weight(seed=bits + group)
     g_idx = group_index(256, group, act, seed=2)
-    q, scales, zeros = rtn(w, bits, 256 if group == -1 else group, sym, g_idx)
+    q, scales, zeros = rtn(w, bits, sym, g_idx)
     t = gptq_tensors(q, scales, zeros, g_idx, bits, v1=fmt == "gptq")
     dequant = ref.autogptq_dequantize if fmt == "gptq" else ref.gptqmodel_dequantize_v2
     dense = dequant(t["qweight"], t["qzeros"], t["scales"].float(), t["g_idx"], bits).T.float()
-    s = gptq.scheme({**gptq_config(dict(bits=bits, group=group, sym=sym, act_order=act)), "checkpoint_format": fmt},
-                    "test")
+    s = gptq.scheme(
+        {**gptq_config(dict(bits=bits, group=group, sym=sym, act_order=act)), "checkpoint_format": fmt}, "test"
+    )
     qw = gptq.read(layer(t, "gptq"), s)
     assert (qw.perm is not None) == (act and group != -1)
     assert torch.equal(qw.dequantize(), dense)
@@ -85,7 +91,7 @@ def test_gptq_v1_zero_point_past_8_bits():
     """v1 stores z - 1; a stored 255 (8 bit) reads as 256 (auto-gptq's rule): kept in minimum form, within f16."""
     w = weight(32, 64)
     g_idx = np.arange(64) // 32
-    q, scales, zeros = rtn(w, 8, 32, False, g_idx)
+    q, scales, zeros = rtn(w, 8, False, g_idx)
     zeros[3, 1] = 256
     t = gptq_tensors(q, scales, zeros, g_idx, 8)
     dense = ref.autogptq_dequantize(t["qweight"], t["qzeros"], t["scales"].float(), t["g_idx"], 8).T.float()
@@ -99,7 +105,7 @@ def test_awq_packer_and_layer_match_autoawq(kernels, group):
     """Our AWQ packer writes AutoAWQ's tensors bit for bit; our dequantization equals AutoAWQ's dequantize_gemm
     and compressed-tensors' own AutoAWQ converter + decompressor (run here); the kernel matches torch."""
     w = weight(seed=group)
-    q, scales, zeros = rtn(w, 4, group, False, np.arange(256) // group)
+    q, scales, zeros = rtn(w, 4, False, np.arange(256) // group)
     ours = awq_tensors(q, scales, zeros)
     deq = scales.float()[:, np.arange(256) // group] * (q - zeros[:, np.arange(256) // group])
     qweight, qzeros, sc = ref.autoawq_pack(deq, 4, group, scales.float().T.contiguous(), zeros.T.contiguous())
@@ -115,15 +121,26 @@ def test_awq_packer_and_layer_match_autoawq(kernels, group):
     from compressed_tensors.entrypoints.convert.converters.autoawq import AutoAWQConverter
 
     conv = AutoAWQConverter(bits=4, group_size=group).process({f"l.{k}": v for k, v in ours.items()})
-    scheme = ct.quantization.QuantizationScheme(targets=["Linear"], weights=ct.quantization.QuantizationArgs(
-        num_bits=4, type="int", symmetric=False, strategy="group", group_size=group))
+    scheme = ct.quantization.QuantizationScheme(
+        targets=["Linear"],
+        weights=ct.quantization.QuantizationArgs(
+            num_bits=4, type="int", symmetric=False, strategy="group", group_size=group
+        ),
+    )
     got = BaseCompressor.load_from_registry("pack-quantized").decompress(
-        {k.removeprefix("l."): v for k, v in conv.items()}, scheme)["weight"]
+        {k.removeprefix("l."): v for k, v in conv.items()}, scheme
+    )["weight"]
     assert got.dtype == torch.float16 and torch.equal(qw.dequantize().half(), got)  # it multiplies in f16
 
 
-CT_CASES = [dict(scheme="W8A8"), dict(scheme="W8A8", sym=False), dict(scheme="W4A16", group=32),
-            dict(scheme="W4A16", group=128, sym=False), dict(scheme="W4A16", sym=False), dict(scheme="W4A16", bits=8)]
+CT_CASES = [
+    dict(scheme="W8A8"),
+    dict(scheme="W8A8", sym=False),
+    dict(scheme="W4A16", group=32),
+    dict(scheme="W4A16", group=128, sym=False),
+    dict(scheme="W4A16", sym=False),
+    dict(scheme="W4A16", bits=8),
+]
 
 
 @pytest.mark.parametrize("opts", CT_CASES, ids=lambda o: "-".join(f"{k}{v}" for k, v in o.items()))
@@ -155,7 +172,7 @@ def test_gptq_short_last_group(kernels, act):
     as groups of gcd(192, 128) = 64, still exactly auto-gptq's weight."""
     w = weight(48, 192)
     g_idx = group_index(192, 128, act, seed=5)
-    q, scales, zeros = rtn(w, 4, 128, False, g_idx)
+    q, scales, zeros = rtn(w, 4, False, g_idx)
     t = gptq_tensors(q, scales, zeros, g_idx, 4)
     dense = ref.autogptq_dequantize(t["qweight"], t["qzeros"], t["scales"].float(), t["g_idx"], 4).T.float()
     qw = gptq.read(layer(t, "gptq"), gptq.scheme(gptq_config(dict(bits=4, group=128, sym=False, act_order=act)), ""))

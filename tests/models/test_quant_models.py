@@ -30,16 +30,27 @@ transformers = pytest.importorskip("transformers")
 
 PROMPTS = [[5, 17, 99, 3, 250, 41, 7, 7, 8, 120, 33, 2, 64, 91, 11, 200, 19, 45, 61, 72], list(range(30, 67)), [9, 8]]
 NEW_TOKENS = 16
-CASES = {f"gptq-{b}bit-g{g}-{'sym' if s else 'asym'}{'-act' if a else ''}": ("gptq", dict(bits=b, group=g, sym=s,
-                                                                                            act_order=a))
-         for b in (4, 8) for g in (32, 128, -1) for s in (True, False) for a in (False, True)}
+CASES = {
+    f"gptq-{b}bit-g{g}-{'sym' if s else 'asym'}{'-act' if a else ''}": (
+        "gptq",
+        dict(bits=b, group=g, sym=s, act_order=a),
+    )
+    for b in (4, 8)
+    for g in (32, 128, -1)
+    for s in (True, False)
+    for a in (False, True)
+}
 CASES["gptq-4bit-g32-asym-act-v2"] = ("gptq", dict(bits=4, group=32, sym=False, act_order=True, v1=False))
 CASES.update({f"awq-g{g}": ("awq", dict(group=g)) for g in (64, 128)})
-CASES.update({"ct-w8a8": ("compressed-tensors", dict(scheme="W8A8")),
-              "ct-w8a8-asym": ("compressed-tensors", dict(scheme="W8A8", sym=False)),
-              "ct-w4a16-g32": ("compressed-tensors", dict(scheme="W4A16", group=32)),
-              "ct-w4a16-g128-asym": ("compressed-tensors", dict(scheme="W4A16", group=128, sym=False)),
-              "ct-w4a16-channel": ("compressed-tensors", dict(scheme="W4A16"))})
+CASES.update(
+    {
+        "ct-w8a8": ("compressed-tensors", dict(scheme="W8A8")),
+        "ct-w8a8-asym": ("compressed-tensors", dict(scheme="W8A8", sym=False)),
+        "ct-w4a16-g32": ("compressed-tensors", dict(scheme="W4A16", group=32)),
+        "ct-w4a16-g128-asym": ("compressed-tensors", dict(scheme="W4A16", group=128, sym=False)),
+        "ct-w4a16-channel": ("compressed-tensors", dict(scheme="W4A16")),
+    }
+)
 
 
 @pytest.fixture(scope="module")
@@ -67,13 +78,14 @@ def _runner(path: str, dtype: str) -> ModelRunner:
     return ModelRunner(spec, block_size=16, num_blocks=32, cache_dtype=getattr(torch, dtype))
 
 
-def near_reference(model, name: str, out: list[list[int]], first: list[torch.Tensor], rel_tol: float,
-                   gap_tol: float) -> None:
+def near_reference(
+    model, name: str, out: list[list[int]], first: list[torch.Tensor], rel_tol: float, gap_tol: float
+) -> None:
     """First-token logits within rel_tol (relative L2) of transformers', and every greedy token, teacher-forced,
     within gap_tol x the logits' RMS of the reference's best at its step."""
     for i, p in enumerate(PROMPTS):
         with torch.inference_mode():
-            logits = model(input_ids=torch.tensor([p + out[i][:-1]])).logits[0, len(p) - 1:].float()
+            logits = model(input_ids=torch.tensor([p + out[i][:-1]])).logits[0, len(p) - 1 :].float()
         rel = ((first[i] - logits[0]).norm() / logits[0].norm()).item()
         assert rel < rel_tol, f"{name} prompt {i}: relative logits error {rel:.4f}"
         chosen = logits[torch.arange(NEW_TOKENS), torch.tensor(out[i])]

@@ -28,8 +28,11 @@ from .quant_checkpoints import hf_from_gguf, quantize_dir
 from .test_gguf_models import _prompts, smollm2_path
 
 transformers = pytest.importorskip("transformers")
-FORMATS = {"gptq": dict(bits=4, group=128, sym=True, act_order=True), "awq": dict(group=64),
-           "compressed-tensors": dict(scheme="W8A8")}
+FORMATS = {
+    "gptq": dict(bits=4, group=128, sym=True, act_order=True),
+    "awq": dict(group=64),
+    "compressed-tensors": dict(scheme="W8A8"),
+}
 
 
 @pytest.fixture(scope="module")

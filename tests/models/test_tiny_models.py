@@ -14,32 +14,77 @@ transformers = pytest.importorskip("transformers")
 
 VOCAB = 256
 # head size 64 runs on the compiled paged-attention kernels; Qwen2's 32 exercises the torch fallback.
-COMMON = dict(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
-              num_key_value_heads=1, max_position_embeddings=512, initializer_range=0.1)
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    max_position_embeddings=512,
+    initializer_range=0.1,
+)
 
 # name -> (config class, kwargs); each exercises the family's own features.
 CASES = {
-    "llama": ("LlamaConfig", dict(COMMON, tie_word_embeddings=True,
-                                  rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
-                                                   "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                                   "original_max_position_embeddings": 64})),
-    "llama_bias_linear_rope": ("LlamaConfig", dict(COMMON, attention_bias=True, mlp_bias=True,
-                                                   rope_parameters={"rope_type": "linear", "rope_theta": 500.0,
-                                                                    "factor": 2.0})),
+    "llama": (
+        "LlamaConfig",
+        dict(
+            COMMON,
+            tie_word_embeddings=True,
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 10000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        ),
+    ),
+    "llama_bias_linear_rope": (
+        "LlamaConfig",
+        dict(
+            COMMON,
+            attention_bias=True,
+            mlp_bias=True,
+            rope_parameters={"rope_type": "linear", "rope_theta": 500.0, "factor": 2.0},
+        ),
+    ),
     "mistral": ("MistralConfig", dict(COMMON, sliding_window=16)),
     "qwen2": ("Qwen2Config", dict(COMMON, num_attention_heads=4, num_key_value_heads=2, head_dim=32)),
     "qwen3": ("Qwen3Config", dict(COMMON, num_attention_heads=4, head_dim=64)),
     # transformers ignores attn_logit_softcapping for Gemma 3 (its checkpoints set none), so it is left out here.
-    "gemma3": ("Gemma3TextConfig", dict(COMMON, head_dim=64, sliding_window=16, query_pre_attn_scalar=24,
-                                        layer_types=["sliding_attention", "full_attention"],
-                                        final_logit_softcapping=20.0)),
-    "opt": ("OPTConfig", dict(vocab_size=VOCAB, hidden_size=128, ffn_dim=256, num_hidden_layers=2,
-                              num_attention_heads=2, max_position_embeddings=512, word_embed_proj_dim=128,
-                              init_std=0.1)),
+    "gemma3": (
+        "Gemma3TextConfig",
+        dict(
+            COMMON,
+            head_dim=64,
+            sliding_window=16,
+            query_pre_attn_scalar=24,
+            layer_types=["sliding_attention", "full_attention"],
+            final_logit_softcapping=20.0,
+        ),
+    ),
+    "opt": (
+        "OPTConfig",
+        dict(
+            vocab_size=VOCAB,
+            hidden_size=128,
+            ffn_dim=256,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            max_position_embeddings=512,
+            word_embed_proj_dim=128,
+            init_std=0.1,
+        ),
+    ),
 }
-PROMPTS = [[5, 17, 99, 3, 250, 41, 7, 7, 8, 120, 33, 2, 64, 91, 11, 200, 19, 45, 61, 72],
-           list(range(30, 67)),
-           [9, 8, 7]]
+PROMPTS = [
+    [5, 17, 99, 3, 250, 41, 7, 7, 8, 120, 33, 2, 64, 91, 11, 200, 19, 45, 61, 72],
+    list(range(30, 67)),
+    [9, 8, 7],
+]
 NEW_TOKENS = 64
 
 
@@ -140,8 +185,12 @@ def test_fused_layer_over_512_tokens_equals_the_per_op_path(tmp_path_factory, mo
         seqs = [ScheduledSeq(p, 0, list(range(i * 24, (i + 1) * 24)), True) for i, p in enumerate(prompts)]
         first = runner.execute(seqs)
         nxt = [int(t) for t in first.argmax(-1)]
-        second = runner.execute([ScheduledSeq([t], len(p), list(range(i * 24, (i + 1) * 24)), True)
-                                 for i, (p, t) in enumerate(zip(prompts, nxt, strict=True))])
+        second = runner.execute(
+            [
+                ScheduledSeq([t], len(p), list(range(i * 24, (i + 1) * 24)), True)
+                for i, (p, t) in enumerate(zip(prompts, nxt, strict=True))
+            ]
+        )
         results[fused] = (first, second)
     assert torch.equal(results[True][0], results[False][0])
     assert torch.equal(results[True][1], results[False][1])
@@ -177,24 +226,46 @@ def test_fused_layer_rejects_bad_calls(tmp_path_factory):
     with pytest.raises(ValueError, match="beyond its block table"):
         layer.forward(h, res, True, pos, slots, qsl, torch.tensor([17], dtype=torch.int32), table, k, v)
     with pytest.raises(ValueError, match="KV cache holds"):
-        layer.forward(h, res, True, pos, slots, qsl, lens, table, k[:, :, :, :32].contiguous(),
-                      v[:, :, :, :32].contiguous())
+        layer.forward(
+            h, res, True, pos, slots, qsl, lens, table, k[:, :, :, :32].contiguous(), v[:, :, :, :32].contiguous()
+        )
     with pytest.raises(ValueError, match="overlap"):
         layer.forward(h, h, True, pos, slots, qsl, lens, table, k, v)
     # Construction checks the weights against the configuration once, naming the tensor.
     attn, mlp = runner.model.layers[0].attn, runner.model.layers[0].mlp
     from cpuinfer import ops
 
-    good = dict(in_norm=runner.model.layers[0].in_norm, post_attn_norm=runner.model.layers[0].post_norm,
-                pre_ff_norm=None, post_ff_norm=None, qkv_w=attn.qkv_w, qkv_b=None, o_w=attn.o_w, o_b=None,
-                q_norm=None, k_norm=None, gate_up_w=mlp.gate_up_w, gate_up_b=None, down_w=mlp.down_w, down_b=None,
-                cos_sin=attn.cos_sin, num_heads=2, num_kv_heads=1, head_size=64, act="silu", eps=1e-6, scale=0.125)
+    good = dict(
+        in_norm=runner.model.layers[0].in_norm,
+        post_attn_norm=runner.model.layers[0].post_norm,
+        pre_ff_norm=None,
+        post_ff_norm=None,
+        qkv_w=attn.qkv_w,
+        qkv_b=None,
+        o_w=attn.o_w,
+        o_b=None,
+        q_norm=None,
+        k_norm=None,
+        gate_up_w=mlp.gate_up_w,
+        gate_up_b=None,
+        down_w=mlp.down_w,
+        down_b=None,
+        cos_sin=attn.cos_sin,
+        num_heads=2,
+        num_kv_heads=1,
+        head_size=64,
+        act="silu",
+        eps=1e-6,
+        scale=0.125,
+    )
     ops.DecoderLayer(**good)
-    for change, error, match in [(dict(o_w=attn.o_w[:, :64].contiguous()), ValueError, "o_w must be"),
-                                 (dict(num_heads=3, num_kv_heads=2), ValueError, "multiple of num_kv_heads"),
-                                 (dict(act="relu"), ValueError, "act must be"),
-                                 (dict(head_size=32, num_heads=4, num_kv_heads=2), ValueError, "head_size 32"),
-                                 (dict(down_w=mlp.down_w.half()), TypeError, "down_w has dtype float16"),
-                                 (dict(pre_ff_norm=good["in_norm"]), ValueError, "come together")]:
+    for change, error, match in [
+        (dict(o_w=attn.o_w[:, :64].contiguous()), ValueError, "o_w must be"),
+        (dict(num_heads=3, num_kv_heads=2), ValueError, "multiple of num_kv_heads"),
+        (dict(act="relu"), ValueError, "act must be"),
+        (dict(head_size=32, num_heads=4, num_kv_heads=2), ValueError, "head_size 32"),
+        (dict(down_w=mlp.down_w.half()), TypeError, "down_w has dtype float16"),
+        (dict(pre_ff_norm=good["in_norm"]), ValueError, "come together"),
+    ]:
         with pytest.raises(error, match=match):
             ops.DecoderLayer(**{**good, **change})

@@ -65,8 +65,12 @@ def test_duplicate_tensor_and_key(tmp_path):
 
 @pytest.mark.parametrize("alignment", [0, 3, 48, 2**31])
 def test_bad_alignment(tmp_path, alignment):
-    path = raw_gguf(tmp_path / "align.gguf", [ARCH, gguf_u32("general.alignment", alignment)],
-                    [gguf_tensor("token_embd.weight", (4,))], b"\0" * 64)
+    path = raw_gguf(
+        tmp_path / "align.gguf",
+        [ARCH, gguf_u32("general.alignment", alignment)],
+        [gguf_tensor("token_embd.weight", (4,))],
+        b"\0" * 64,
+    )
     refused(path, rf"general\.alignment = {alignment} is not a power of two between 1 and \d+")
 
 
@@ -98,23 +102,39 @@ def test_nested_arrays_gguf_py_writes_still_read(tmp_path):
 def test_array_count_beyond_file(tmp_path, item_type, what):
     """A count of 2**60 is compared with the bytes left, never allocated (nor looped over)."""
     path = raw_gguf(tmp_path / f"{what}.gguf", [ARCH, gguf_kv("evil.array", 9, struct.pack("<IQ", item_type, 2**60))])
-    refused(path, r"metadata 'evil\.array' declares 1152921504606846976 array items, more than the \d+ bytes left",
-            seconds=5, mb=8)
+    refused(
+        path,
+        r"metadata 'evil\.array' declares 1152921504606846976 array items, more than the \d+ bytes left",
+        seconds=5,
+        mb=8,
+    )
 
 
 def test_string_length_beyond_file(tmp_path):
     path = raw_gguf(tmp_path / "str.gguf", [ARCH, gguf_kv("evil.string", 8, gguf_str(b"abc", length=2**60))])
-    refused(path, r"metadata 'evil\.string' declares 1152921504606846976 bytes, more than the \d+ bytes left",
-            seconds=5, mb=8)
+    refused(
+        path,
+        r"metadata 'evil\.string' declares 1152921504606846976 bytes, more than the \d+ bytes left",
+        seconds=5,
+        mb=8,
+    )
     key = struct.pack("<Q", 2**60) + b"general.architecture"
     refused(raw_gguf(tmp_path / "key.gguf", [key]), "a string declares 1152921504606846976 bytes", seconds=5, mb=8)
 
 
 def test_header_counts_beyond_file(tmp_path):
-    refused(raw_gguf(tmp_path / "kv.gguf", [ARCH], n_kv=2**60), "the header declares 1152921504606846976 metadata",
-            seconds=5, mb=8)
-    refused(raw_gguf(tmp_path / "t.gguf", [ARCH], n_tensors=2**60), "the header declares 1152921504606846976 tensor",
-            seconds=5, mb=8)
+    refused(
+        raw_gguf(tmp_path / "kv.gguf", [ARCH], n_kv=2**60),
+        "the header declares 1152921504606846976 metadata",
+        seconds=5,
+        mb=8,
+    )
+    refused(
+        raw_gguf(tmp_path / "t.gguf", [ARCH], n_tensors=2**60),
+        "the header declares 1152921504606846976 tensor",
+        seconds=5,
+        mb=8,
+    )
 
 
 @pytest.mark.parametrize("scalar", [True, False])
@@ -127,12 +147,17 @@ def test_unknown_value_type(tmp_path, scalar):
 # ---------------------------------------------------------------------------------------------------------------
 # Tokenizer metadata.
 
+
 @pytest.mark.parametrize("tokenizer", ["llama", "gpt2"])
 def test_huge_token(tmp_path, tokenizer):
     """Building SentencePiece merges is quadratic in a token's length: a 200,000-character token is refused."""
     path = tiny_gguf(tmp_path / "long.gguf", tokens=("a", "b", "c", "a" * 200_000), tokenizer=tokenizer)
-    refused(path, r"token 3 \(tokenizer\.ggml\.tokens\) is 200000 characters long; cpuinfer accepts tokens of up "
-                  r"to \d+", seconds=10)
+    refused(
+        path,
+        r"token 3 \(tokenizer\.ggml\.tokens\) is 200000 characters long; cpuinfer accepts tokens of up "
+        r"to \d+",
+        seconds=10,
+    )
 
 
 def test_longest_allowed_token_loads_quickly(tmp_path):
@@ -149,15 +174,18 @@ def test_tokens_not_strings(tokens):
     from cpuinfer.model_loader.gguf_tokenizer import tokenizer_from_gguf
 
     fields = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": tokens}
-    with pytest.raises(ModelLoadError, match="tokenizer.ggml.tokens is not a list of strings"):
+    with pytest.raises(ModelLoadError, match=r"tokenizer\.ggml\.tokens is not a list of strings"):
         tokenizer_from_gguf(fields.get, "x.gguf")
 
 
-@pytest.mark.parametrize("merges,match", [
-    (["ab"], 'tokenizer.ggml.merges is not a list of "left right" strings'),
-    (["x y"], r"the GGUF tokenizer cannot be built \(.*\); the file is corrupt"),
-    (["a b"] * 10, r"tokenizer.ggml.merges has 10 merges, more than the \d+ ways to split"),
-])
+@pytest.mark.parametrize(
+    "merges,match",
+    [
+        (["ab"], 'tokenizer.ggml.merges is not a list of "left right" strings'),
+        (["x y"], r"the GGUF tokenizer cannot be built \(.*\); the file is corrupt"),
+        (["a b"] * 10, r"tokenizer.ggml.merges has 10 merges, more than the \d+ ways to split"),
+    ],
+)
 def test_bad_merges(tmp_path, merges, match):
     path = tiny_gguf(tmp_path / "merges.gguf", tokens=("a", "b", "ab", "c"), merges=merges)
     refused(path, match)
@@ -179,10 +207,14 @@ def test_special_token_id_out_of_range(tmp_path, key, value):
 # ---------------------------------------------------------------------------------------------------------------
 # The model's numbers: vocab against the embedding, layer and head counts, context length.
 
+
 def test_more_tokens_than_embedding_rows(tmp_path):
     path = tiny_gguf(tmp_path / "vocab.gguf", tokens=("a", "b", "c", "d", "e"), vocab_rows=4)
-    refused(path, r"the tokenizer has 5 tokens \(tokenizer\.ggml\.tokens\) but the embedding token_embd\.weight has "
-                  r"only 4 rows")
+    refused(
+        path,
+        r"the tokenizer has 5 tokens \(tokenizer\.ggml\.tokens\) but the embedding token_embd\.weight has "
+        r"only 4 rows",
+    )
 
 
 def test_fewer_tokens_than_embedding_rows_is_padding(tmp_path):
@@ -195,21 +227,27 @@ def test_declared_vocab_size_disagrees_with_embedding(tmp_path):
     refused(path, r"llama\.vocab_size = 100 but token_embd\.weight has 4 rows")
 
 
-@pytest.mark.parametrize("key,value,match", [
-    ("llama.attention.head_count", 0, r"llama\.attention\.head_count = 0 is not a positive integer"),
-    ("llama.attention.head_count_kv", 0, r"llama\.attention\.head_count_kv = 0 is not a positive integer"),
-    ("llama.embedding_length", 0, r"llama\.embedding_length = 0 is not a positive integer"),
-    ("llama.block_count", 2**40, r"llama\.block_count = 1099511627776 is not a plausible layer count"),
-    ("llama.block_count", 3, r"llama\.block_count = 3, but the file has tensors for 1 layer\(s\)"),
-    ("llama.context_length", 0, r"llama\.context_length = 0 is not a positive integer"),
-    ("llama.attention.layer_norm_rms_epsilon", float("nan"), r"layer_norm_rms_epsilon = nan is not a finite"),
-])
+@pytest.mark.parametrize(
+    "key,value,match",
+    [
+        ("llama.attention.head_count", 0, r"llama\.attention\.head_count = 0 is not a positive integer"),
+        ("llama.attention.head_count_kv", 0, r"llama\.attention\.head_count_kv = 0 is not a positive integer"),
+        ("llama.embedding_length", 0, r"llama\.embedding_length = 0 is not a positive integer"),
+        ("llama.block_count", 2**40, r"llama\.block_count = 1099511627776 is not a plausible layer count"),
+        ("llama.block_count", 3, r"llama\.block_count = 3, but the file has tensors for 1 layer\(s\)"),
+        ("llama.context_length", 0, r"llama\.context_length = 0 is not a positive integer"),
+        ("llama.attention.layer_norm_rms_epsilon", float("nan"), r"layer_norm_rms_epsilon = nan is not a finite"),
+    ],
+)
 def test_bad_model_numbers(tmp_path, key, value, match):
     import gguf
 
     def meta(w):
-        vtype = gguf.GGUFValueType.FLOAT32 if isinstance(value, float) else (
-            gguf.GGUFValueType.UINT64 if value >= 2**32 else gguf.GGUFValueType.UINT32)
+        vtype = (
+            gguf.GGUFValueType.FLOAT32
+            if isinstance(value, float)
+            else (gguf.GGUFValueType.UINT64 if value >= 2**32 else gguf.GGUFValueType.UINT32)
+        )
         w.add_key_value(key, value, vtype)  # overwrites what tiny_gguf wrote (gguf-py warns)
 
     refused(tiny_gguf(tmp_path / "bad.gguf", meta=meta), match)
@@ -237,19 +275,24 @@ def test_yarn_table_does_not_depend_on_its_length():
 # ---------------------------------------------------------------------------------------------------------------
 # Rope scaling metadata and the chat template.
 
-@pytest.mark.parametrize("key,value,match", [
-    ("llama.rope.scaling.factor", float("nan"), r"llama\.rope\.scaling\.factor = nan is not a finite positive"),
-    ("llama.rope.scaling.factor", "8", r"llama\.rope\.scaling\.factor = '8' is not a finite positive number"),
-    ("llama.rope.scaling.original_context_length", -5, r"original_context_length = -5 is not a positive integer"),
-    ("llama.final_logit_softcapping", float("inf"), r"final_logit_softcapping = inf is not a finite non-negative"),
-])
+
+@pytest.mark.parametrize(
+    "key,value,match",
+    [
+        ("llama.rope.scaling.factor", float("nan"), r"llama\.rope\.scaling\.factor = nan is not a finite positive"),
+        ("llama.rope.scaling.factor", "8", r"llama\.rope\.scaling\.factor = '8' is not a finite positive number"),
+        ("llama.rope.scaling.original_context_length", -5, r"original_context_length = -5 is not a positive integer"),
+        ("llama.final_logit_softcapping", float("inf"), r"final_logit_softcapping = inf is not a finite non-negative"),
+    ],
+)
 def test_bad_rope_scaling_and_softcap(tmp_path, key, value, match):
     import gguf
 
     def meta(w):
         w.add_string("llama.rope.scaling.type", "linear")
-        vtype = {str: gguf.GGUFValueType.STRING, float: gguf.GGUFValueType.FLOAT32}.get(type(value),
-                                                                                        gguf.GGUFValueType.INT32)
+        vtype = {str: gguf.GGUFValueType.STRING, float: gguf.GGUFValueType.FLOAT32}.get(
+            type(value), gguf.GGUFValueType.INT32
+        )
         w.add_key_value(key, value, vtype)
 
     refused(tiny_gguf(tmp_path / "rope.gguf", meta=meta), match)

@@ -20,8 +20,15 @@ transformers = pytest.importorskip("transformers")
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
-                                      num_attention_heads=1, num_key_value_heads=1, max_position_embeddings=128)
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        max_position_embeddings=128,
+    )
     path = tmp_path_factory.mktemp("tiny_llama")
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(path)
     return path
@@ -57,16 +64,22 @@ def test_hf_vocab_size_disagrees_with_embedding(tiny_dir, tmp_path):
     d = _copy(tiny_dir, tmp_path)
     _edit_config(d, vocab_size=65)
     spec = load_model_spec(str(d))
-    with pytest.raises(ModelLoadError, match=r"config\.json: vocab_size = 65 but (model\.embed_tokens|lm_head)\.weight "
-                                             r"has 64 rows; the config and weights do not belong together"):
+    with pytest.raises(
+        ModelLoadError,
+        match=r"config\.json: vocab_size = 65 but (model\.embed_tokens|lm_head)\.weight "
+        r"has 64 rows; the config and weights do not belong together",
+    ):
         ModelRunner(spec, 16, 4, torch.float32)
 
 
 def test_hf_tokenizer_larger_than_vocab(tiny_dir, tmp_path):
     d = _copy(tiny_dir, tmp_path)
     _write_tokenizer(d, 100)
-    refused(d, r"the tokenizer has 100 tokens but the model's vocab_size is 64; the tokenizer belongs to another "
-               r"model")
+    refused(
+        d,
+        r"the tokenizer has 100 tokens but the model's vocab_size is 64; the tokenizer belongs to another "
+        r"model",
+    )
 
 
 def test_hf_tokenizer_smaller_than_vocab_is_padding(tiny_dir, tmp_path):
@@ -75,16 +88,19 @@ def test_hf_tokenizer_smaller_than_vocab_is_padding(tiny_dir, tmp_path):
     assert load_model_spec(str(d)).vocab_size == 64
 
 
-@pytest.mark.parametrize("changes,match", [
-    (dict(num_attention_heads=0), r"config\.json: num_attention_heads = 0 is not a positive integer"),
-    (dict(num_hidden_layers=2**40), r"num_hidden_layers = 1099511627776 is not a plausible layer count"),
-    (dict(num_hidden_layers="2"), r"num_hidden_layers = '2' is not a positive integer"),
-    (dict(num_attention_heads=3, num_key_value_heads=2), r"num_key_value_heads = 2 is not a divisor of the 3"),
-    (dict(max_position_embeddings=-1), r"max_position_embeddings = -1 is not a positive integer"),
-    (dict(rope_theta=float("inf")), r"rope_theta = inf is not a finite positive number"),
-    (dict(eos_token_id=64), r"eos token id 64 is not a token id of the 64-token vocabulary"),
-    (dict(bos_token_id=-1), r"bos token id -1 is not a token id of the 64-token vocabulary"),
-])
+@pytest.mark.parametrize(
+    "changes,match",
+    [
+        (dict(num_attention_heads=0), r"config\.json: num_attention_heads = 0 is not a positive integer"),
+        (dict(num_hidden_layers=2**40), r"num_hidden_layers = 1099511627776 is not a plausible layer count"),
+        (dict(num_hidden_layers="2"), r"num_hidden_layers = '2' is not a positive integer"),
+        (dict(num_attention_heads=3, num_key_value_heads=2), r"num_key_value_heads = 2 is not a divisor of the 3"),
+        (dict(max_position_embeddings=-1), r"max_position_embeddings = -1 is not a positive integer"),
+        (dict(rope_theta=float("inf")), r"rope_theta = inf is not a finite positive number"),
+        (dict(eos_token_id=64), r"eos token id 64 is not a token id of the 64-token vocabulary"),
+        (dict(bos_token_id=-1), r"bos token id -1 is not a token id of the 64-token vocabulary"),
+    ],
+)
 def test_hf_bad_config_numbers(tiny_dir, tmp_path, changes, match):
     d = _copy(tiny_dir, tmp_path)
     _edit_config(d, **changes)
@@ -107,8 +123,10 @@ def _sharded(tiny_dir, tmp_path, shard_name: str):
     return d
 
 
-@pytest.mark.parametrize("shard", ["../outside.safetensors", "sub/../../outside.safetensors",
-                                   "/etc/outside.safetensors", "..\\outside.safetensors"])
+@pytest.mark.parametrize(
+    "shard",
+    ["../outside.safetensors", "sub/../../outside.safetensors", "/etc/outside.safetensors", "..\\outside.safetensors"],
+)
 def test_weight_map_outside_directory(tiny_dir, tmp_path, shard):
     (tmp_path / "outside.safetensors").write_bytes((tiny_dir / "model.safetensors").read_bytes())
     d = _sharded(tiny_dir, tmp_path, shard)
@@ -120,8 +138,11 @@ def test_weight_map_symlink_outside_directory(tiny_dir, tmp_path):
     shutil.copy(tiny_dir / "model.safetensors", outside)
     d = _sharded(tiny_dir, tmp_path, "link.safetensors")
     (d / "link.safetensors").symlink_to(outside)
-    refused(d, r"weight file\(s\) .*link\.safetensors are symlinks to .*elsewhere\.safetensors, outside the model "
-               r"directory; copy the real files into the directory")
+    refused(
+        d,
+        r"weight file\(s\) .*link\.safetensors are symlinks to .*elsewhere\.safetensors, outside the model "
+        r"directory; copy the real files into the directory",
+    )
     (d / "model.safetensors.index.json").unlink()  # the unsharded layout: every *.safetensors is checked too
     refused(d, "link.safetensors are symlinks to")
 

@@ -43,8 +43,17 @@ def refused(path, match: str, seconds: float = 20.0, mb: float = 64.0):
 # ---------------------------------------------------------------------------------------------------------------
 # GGUF files from gguf-py's writer: a complete one-layer llama the runner can load, with one thing changed.
 
-def tiny_gguf(path, tokens=("a", "b", "c", "d"), vocab_rows=None, tokenizer="gpt2", block_count=1,
-              context_length=64, meta=None, merges=()):
+
+def tiny_gguf(
+    path,
+    tokens=("a", "b", "c", "d"),
+    vocab_rows=None,
+    tokenizer="gpt2",
+    block_count=1,
+    context_length=64,
+    meta=None,
+    merges=(),
+):
     """Write a one-layer llama GGUF (F32, tied embeddings); `meta(writer)` adds or overrides metadata."""
     import gguf
 
@@ -81,6 +90,7 @@ def tiny_gguf(path, tokens=("a", "b", "c", "d"), vocab_rows=None, tokenizer="gpt
 # ---------------------------------------------------------------------------------------------------------------
 # Raw GGUF bytes, for what gguf-py's writer refuses to express.
 
+
 def gguf_str(text: str | bytes, length: int | None = None) -> bytes:
     data = text.encode() if isinstance(text, str) else text
     return struct.pack("<Q", len(data) if length is None else length) + data
@@ -100,8 +110,9 @@ def gguf_tensor(name: str, ggml_dims: tuple[int, ...], type_id: int = 0, offset:
 
 def raw_gguf(path, kvs=(), tensors=(), data=b"", n_kv=None, n_tensors=None):
     """A GGUF v3 file from pre-encoded key/values and tensor infos (counts may lie), aligned to 32."""
-    head = b"GGUF" + struct.pack("<IQQ", 3, len(tensors) if n_tensors is None else n_tensors,
-                                 len(kvs) if n_kv is None else n_kv)
+    head = b"GGUF" + struct.pack(
+        "<IQQ", 3, len(tensors) if n_tensors is None else n_tensors, len(kvs) if n_kv is None else n_kv
+    )
     body = head + b"".join(kvs) + b"".join(tensors)
     path.write_bytes(body + b"\0" * (-len(body) % 32) + data)
     return path
@@ -115,13 +126,17 @@ HUGE_CONTEXT = 2**31
 
 def check_huge_context(path: str):
     # Default: the declared context is the length; it cannot fit the KV budget, which says so (no allocation).
-    with pytest.raises(ValueError, match=r"max_model_len=2147483648 tokens does not fit the KV cache.*lower "
-                                         r"--max-model-len"):
+    with pytest.raises(
+        ValueError,
+        match=r"max_model_len=2147483648 tokens does not fit the KV cache.*lower "
+        r"--max-model-len",
+    ):
         EngineArgs(model=path, num_gpu_blocks_override=4, block_size=16).create_engine_config()
     with pytest.raises(ValueError, match="exceeds the model's context length 2147483648"):
         EngineArgs(model=path, max_model_len=HUGE_CONTEXT + 1).create_engine_config()
-    config = EngineArgs(model=path, max_model_len=64, num_gpu_blocks_override=4, block_size=16,
-                        dtype="float32").create_engine_config()
+    config = EngineArgs(
+        model=path, max_model_len=64, num_gpu_blocks_override=4, block_size=16, dtype="float32"
+    ).create_engine_config()
     assert config.spec.max_model_len == 64
     before = rss_mb()
     runner = ModelRunner(config.spec, config.block_size, config.num_blocks, config.cache_dtype)

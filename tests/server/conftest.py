@@ -86,15 +86,25 @@ def server_env(**extra: str) -> dict:
 def running_server(*args: str, api_key: str | None = API_KEY, env: dict | None = None, wait: bool = True):
     """Start `cpuinfer serve` with `args`; wait until /health says 200; stop it afterwards."""
     port = free_port()
-    cmd = [sys.executable, "-m", "cpuinfer", "serve", "--host", HOST, "--port", str(port),
-           "--max-model-len", str(MAX_MODEL_LEN), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "cpuinfer",
+        "serve",
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        *args,
+    ]
     if api_key:
         cmd += ["--api-key", api_key]
-    log = tempfile.NamedTemporaryFile("w", prefix="cpuinfer-serve-", suffix=".log", delete=False)
+    log = tempfile.NamedTemporaryFile("w", prefix="cpuinfer-serve-", suffix=".log", delete=False)  # noqa: SIM115 - the server writes it until it stops
     # Its own process group, like a server started from a shell: a Ctrl-C (SIGINT to the group) reaches the
     # front end and the engine core alike.
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env or server_env(),
-                            start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env or server_env(), start_new_session=True)
     server = Server(f"http://{HOST}:{port}", proc, log.name, api_key)
     try:
         if wait:

@@ -64,13 +64,16 @@ def content_type(response) -> str:
     return (value[0] if value else "") if isinstance(value, list) else value
 
 
-def check_stream(text: str) -> None:
-    """A complete event stream: JSON events, at most one error event (the last before [DONE]), then [DONE]."""
+def check_stream(text: str, complete: bool = True) -> None:
+    """An event stream: JSON events, at most one error event (the last before [DONE]), then [DONE]. A stream
+    the client stopped reading (complete=False) may end anywhere; what it read must still hold."""
     # SSE lines end at CR or LF only; str.splitlines() would also split inside generated text at U+2028,
     # U+0085 or \x1c (JSON leaves those unescaped).
-    events = [line[len("data: "):] for line in re.split(r"\r\n|\r|\n", text) if line.startswith("data: ")]
-    assert events and events[-1] == "[DONE]", text[-500:]
-    bodies = [json.loads(e) for e in events[:-1]]
+    events = [line[len("data: ") :] for line in re.split(r"\r\n|\r|\n", text) if line.startswith("data: ")]
+    if complete or (events and events[-1] == "[DONE]"):
+        assert events and events[-1] == "[DONE]", text[-500:]
+        events = events[:-1]
+    bodies = [json.loads(e) for e in events]
     errors = [i for i, b in enumerate(bodies) if "error" in b]
     assert errors in ([], [len(bodies) - 1]), text[-500:]
     for i in errors:
@@ -85,7 +88,7 @@ def test_no_server_errors_no_hangs_streams_complete_and_health_stays_fast(operat
     pytest plugin, whose internals break with each pytest release). Random generation only: the
     deterministic boundary-case phase would send ~150 cases per generating route on top.
     """
-    counts = {"cases": 0, "5xx": 0, "streams": 0}
+    counts = {"cases": 0, "5xx": 0, "streams": 0, "streams cut short by schemathesis": 0}
     health = httpx.Client(timeout=10)
     for operation in operations:
         strategy = st.one_of(
@@ -103,8 +106,14 @@ def test_no_server_errors_no_hangs_streams_complete_and_health_stays_fast(operat
                 # Half the generating cases as streams, read to the end here: schemathesis' own transport
                 # stops reading an event stream after a few events.
                 case.body["stream"] = True
-                response = Reply(health.post(server.url + path, json=case.body,  # noqa: B023 - as above
-                                             headers=server.headers(), timeout=60))
+                response = Reply(
+                    health.post(
+                        server.url + path,  # noqa: B023 - as above
+                        json=case.body,
+                        headers=server.headers(),
+                        timeout=60,
+                    )
+                )
             else:
                 response = case.call(base_url=server.url, headers=server.headers(), timeout=60)
             if response.status_code >= 500:
@@ -115,14 +124,16 @@ def test_no_server_errors_no_hangs_streams_complete_and_health_stays_fast(operat
                 assert err["message"] and err["code"] == response.status_code, response.text[:500]
                 assert "Traceback" not in response.text, response.text[:500]
             elif content_type(response).startswith("text/event-stream"):
-                counts["streams"] += 1
-                check_stream(response.text)
+                # schemathesis' transport stops reading a stream it asked for after 20 events (and says so)
+                cut_short = getattr(response, "stream_cut_short", False)
+                counts["streams cut short by schemathesis" if cut_short else "streams"] += 1
+                check_stream(response.text, complete=not cut_short)
             t0 = time.monotonic()
             r = health.get(server.url + "/health")
             assert r.status_code == 200 and time.monotonic() - t0 < HEALTH_BOUND, (r.status_code, r.text)
 
         check()
     health.close()
-    print(f"fuzz: {counts['cases']} cases, {counts['streams']} streams parsed, {counts['5xx']} 5xx")
+    print(f"fuzz: {counts}")
     assert counts["cases"] >= 1000 * SCALE * 0.9
     assert server.proc.poll() is None, "the server died while being fuzzed"

@@ -34,11 +34,23 @@ def stream_in_background(server, results: list, max_tokens: int) -> threading.Th
     def run():
         try:
             client = openai.OpenAI(base_url=server.v1, api_key=server.api_key, max_retries=0, timeout=120)
-            chunks = list(client.completions.create(model=model, prompt="Tell me a long story about a dragon.",
-                                                    max_tokens=max_tokens, temperature=0, stream=True,
-                                                    extra_body={"ignore_eos": True}))
-            results.append(("ok", sum(1 for c in chunks if c.choices and c.choices[0].text),
-                            [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]))
+            chunks = list(
+                client.completions.create(
+                    model=model,
+                    prompt="Tell me a long story about a dragon.",
+                    max_tokens=max_tokens,
+                    temperature=0,
+                    stream=True,
+                    extra_body={"ignore_eos": True},
+                )
+            )
+            results.append(
+                (
+                    "ok",
+                    sum(1 for c in chunks if c.choices and c.choices[0].text),
+                    [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason],
+                )
+            )
         except Exception as e:  # noqa: BLE001 - recorded for the assertions
             results.append(("error", repr(e)))
 
@@ -109,11 +121,18 @@ def raw_stream(server, out: list, max_tokens: int) -> threading.Thread:
     model = _model(server)
 
     def run():
-        body = {"model": model, "prompt": "Tell me a long story about a dragon.", "max_tokens": max_tokens,
-                "temperature": 0, "stream": True, "ignore_eos": True}
+        body = {
+            "model": model,
+            "prompt": "Tell me a long story about a dragon.",
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "ignore_eos": True,
+        }
         try:
-            with httpx.stream("POST", server.v1 + "/completions", json=body, headers=server.headers(),
-                              timeout=120) as r:
+            with httpx.stream(
+                "POST", server.v1 + "/completions", json=body, headers=server.headers(), timeout=120
+            ) as r:
                 out.append(r.status_code)
                 out.extend(line for line in r.iter_lines() if line.startswith("data: "))
         except httpx.HTTPError as e:  # recorded for the assertions
@@ -128,7 +147,7 @@ def assert_ended_with_error_event(events: list) -> None:
     """A stream cut by an engine failure ends with an OpenAI error event, then [DONE]."""
     assert events and events[0] == 200, events[:3]
     assert events[-1] == "data: [DONE]", events[-3:]
-    err = json.loads(events[-2][len("data: "):])["error"]
+    err = json.loads(events[-2][len("data: ") :])["error"]
     assert err["code"] in (500, 503) and "Traceback" not in err["message"], err
 
 
@@ -183,8 +202,13 @@ def test_bad_engine_flag_exits_1_naming_it():
 
     from .conftest import free_port, server_env
 
-    r = subprocess.run([sys.executable, "-m", "cpuinfer", "serve", "--port", str(free_port()), "--block-size", "7"],
-                       capture_output=True, text=True, timeout=180, env=server_env())
+    r = subprocess.run(
+        [sys.executable, "-m", "cpuinfer", "serve", "--port", str(free_port()), "--block-size", "7"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=server_env(),
+    )
     assert r.returncode == 1
     assert "--block-size=7" in r.stdout + r.stderr
 
@@ -192,12 +216,17 @@ def test_bad_engine_flag_exits_1_naming_it():
 def test_a_long_step_is_not_a_hang():
     # One prefill step of ~4,000 tokens takes seconds on 2 cores, far past a 1 s heartbeat timeout: the core's
     # heartbeat thread keeps beating through it (kernels release the GIL), so the engine is not declared hung.
-    with running_server("--engine-heartbeat-timeout", "1", "--max-model-len", "4096",
-                        "--max-num-batched-tokens", "4096") as server:
+    with running_server(
+        "--engine-heartbeat-timeout", "1", "--max-model-len", "4096", "--max-num-batched-tokens", "4096"
+    ) as server:
         prompt = list(range(1000, 5000))  # 4,000 token ids, one chunk
         t0 = time.monotonic()
-        r = httpx.post(server.v1 + "/completions", headers=server.headers(), timeout=300,
-                       json={"model": _model(server), "prompt": prompt, "max_tokens": 2, "temperature": 0})
+        r = httpx.post(
+            server.v1 + "/completions",
+            headers=server.headers(),
+            timeout=300,
+            json={"model": _model(server), "prompt": prompt, "max_tokens": 2, "temperature": 0},
+        )
         elapsed = time.monotonic() - t0
         assert r.status_code == 200, r.text
         assert elapsed > 1.0, f"the step took {elapsed:.2f}s: too short to prove anything"

@@ -30,8 +30,9 @@ def test_concurrent_streams_with_disconnects(server, model_name):
     async def one(i: int, aclient: openai.AsyncOpenAI) -> tuple[str, str | None]:
         prompt = PROMPTS[i % len(PROMPTS)]
         leave_early = i % 4 == 0
-        stream = await aclient.completions.create(model=model_name, prompt=prompt, max_tokens=MAX_TOKENS,
-                                                  temperature=0, stream=True)
+        stream = await aclient.completions.create(
+            model=model_name, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, stream=True
+        )
         text, chunks = "", 0
         async for chunk in stream:
             chunks += 1
@@ -42,9 +43,13 @@ def test_concurrent_streams_with_disconnects(server, model_name):
         return prompt, text
 
     async def blast():
-        async with openai.AsyncOpenAI(base_url=server.v1, api_key=server.api_key, max_retries=0,
-                                      timeout=DEADLINE, http_client=httpx.AsyncClient(
-                                          limits=httpx.Limits(max_connections=CLIENTS + 4), timeout=DEADLINE)) as ac:
+        async with openai.AsyncOpenAI(
+            base_url=server.v1,
+            api_key=server.api_key,
+            max_retries=0,
+            timeout=DEADLINE,
+            http_client=httpx.AsyncClient(limits=httpx.Limits(max_connections=CLIENTS + 4), timeout=DEADLINE),
+        ) as ac:
             return await asyncio.wait_for(asyncio.gather(*(one(i, ac) for i in range(CLIENTS))), DEADLINE)
 
     results = asyncio.run(blast())

@@ -91,8 +91,16 @@ def test_completion_greedy_equals_llm_generate(client, model_name, llm, server, 
 def test_completion_stream_matches_non_stream(client, model_name):
     prompt = PROMPTS[0]
     full = client.completions.create(model=model_name, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0)
-    chunks = list(client.completions.create(model=model_name, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
-                                            stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.completions.create(
+            model=model_name,
+            prompt=prompt,
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     assert text == full.choices[0].text
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
@@ -113,8 +121,10 @@ def test_completion_echo(client, model_name, llm):
 
 
 def test_chat_greedy_equals_llm_generate_on_the_template(client, model_name, llm):
-    messages = [{"role": "system", "content": "You are a terse assistant."},
-                {"role": "user", "content": "Name a primary color."}]
+    messages = [
+        {"role": "system", "content": "You are a terse assistant."},
+        {"role": "user", "content": "Name a primary color."},
+    ]
     ref = greedy(llm, hf_chat_prompt(messages))
     out = client.chat.completions.create(model=model_name, messages=messages, max_tokens=MAX_TOKENS, temperature=0)
     assert out.choices[0].message.role == "assistant"
@@ -124,12 +134,24 @@ def test_chat_greedy_equals_llm_generate_on_the_template(client, model_name, llm
 
 
 def test_chat_multi_turn_and_stream(client, model_name):
-    messages = [{"role": "user", "content": "Say hello."}, {"role": "assistant", "content": "Hello!"},
-                {"role": "user", "content": "Now say goodbye."}]
-    full = client.chat.completions.create(model=model_name, messages=messages, max_completion_tokens=MAX_TOKENS,
-                                          temperature=0)
-    chunks = list(client.chat.completions.create(model=model_name, messages=messages, max_completion_tokens=MAX_TOKENS,
-                                                 temperature=0, stream=True, stream_options={"include_usage": True}))
+    messages = [
+        {"role": "user", "content": "Say hello."},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "Now say goodbye."},
+    ]
+    full = client.chat.completions.create(
+        model=model_name, messages=messages, max_completion_tokens=MAX_TOKENS, temperature=0
+    )
+    chunks = list(
+        client.chat.completions.create(
+            model=model_name,
+            messages=messages,
+            max_completion_tokens=MAX_TOKENS,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == full.choices[0].message.content
@@ -145,9 +167,18 @@ def test_n_choices_and_usage(client, model_name):
     assert [c.text for c in again.choices] == [c.text for c in out.choices]
     assert len({c.text for c in out.choices}) > 1
 
-    chunks = list(client.chat.completions.create(
-        model=model_name, messages=[{"role": "user", "content": "Tell me a word."}], max_tokens=6, n=2,
-        temperature=1.0, seed=3, stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model=model_name,
+            messages=[{"role": "user", "content": "Tell me a word."}],
+            max_tokens=6,
+            n=2,
+            temperature=1.0,
+            seed=3,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     seen = {c.choices[0].index for c in chunks if c.choices}
     assert seen == {0, 1}
     finishes = [c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason]
@@ -156,8 +187,16 @@ def test_n_choices_and_usage(client, model_name):
 
 
 def test_n_choices_count_tokens(client, model_name):
-    out = client.completions.create(model=model_name, prompt=PROMPTS[0], max_tokens=5, temperature=1.0, n=2, seed=1,
-                                    logprobs=0, extra_body={"ignore_eos": True})
+    out = client.completions.create(
+        model=model_name,
+        prompt=PROMPTS[0],
+        max_tokens=5,
+        temperature=1.0,
+        n=2,
+        seed=1,
+        logprobs=0,
+        extra_body={"ignore_eos": True},
+    )
     assert out.usage.completion_tokens == sum(len(c.logprobs.tokens) for c in out.choices) == 10
 
 
@@ -189,8 +228,14 @@ def test_completion_logprobs(client, model_name, llm):
 
 
 def test_chat_logprobs(client, model_name):
-    out = client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "Count to three."}],
-                                         max_tokens=6, temperature=0, logprobs=True, top_logprobs=2)
+    out = client.chat.completions.create(
+        model=model_name,
+        messages=[{"role": "user", "content": "Count to three."}],
+        max_tokens=6,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+    )
     content = out.choices[0].logprobs.content
     assert len(content) == out.usage.completion_tokens
     assert "".join(c.token for c in content) == out.choices[0].message.content
@@ -202,9 +247,13 @@ def test_chat_logprobs(client, model_name):
 
 
 def test_vllm_extras_are_honoured(client, model_name):
-    out = client.completions.create(model=model_name, prompt=PROMPTS[0], max_tokens=6, temperature=0,
-                                    extra_body={"min_tokens": 6, "ignore_eos": True, "top_k": 5,
-                                                "repetition_penalty": 1.1})
+    out = client.completions.create(
+        model=model_name,
+        prompt=PROMPTS[0],
+        max_tokens=6,
+        temperature=0,
+        extra_body={"min_tokens": 6, "ignore_eos": True, "top_k": 5, "repetition_penalty": 1.1},
+    )
     assert out.usage.completion_tokens == 6 and out.choices[0].finish_reason == "length"
 
 
@@ -214,8 +263,12 @@ def test_tokenize_and_detokenize_round_trip(server):
     assert ids
     r = httpx.post(server.url + "/detokenize", json={"tokens": ids}, headers=server.headers(), timeout=30)
     assert r.status_code == 200 and r.json()["prompt"] == text
-    r = httpx.post(server.url + "/tokenize", json={"messages": [{"role": "user", "content": "hi"}]},
-                   headers=server.headers(), timeout=30)
+    r = httpx.post(
+        server.url + "/tokenize",
+        json={"messages": [{"role": "user", "content": "hi"}]},
+        headers=server.headers(),
+        timeout=30,
+    )
     assert r.status_code == 200
     body = r.json()
     assert body["count"] == len(body["tokens"]) and body["max_model_len"] == MAX_MODEL_LEN
@@ -230,19 +283,33 @@ def test_health_version_openapi(server):
 
 def test_metrics_count_what_was_served(server, client, model_name):
     before = httpx.get(server.url + "/metrics", headers=server.headers(), timeout=10).text
-    out = client.completions.create(model=model_name, prompt=PROMPTS[0], max_tokens=4, temperature=0,
-                                    extra_body={"ignore_eos": True})
+    out = client.completions.create(
+        model=model_name, prompt=PROMPTS[0], max_tokens=4, temperature=0, extra_body={"ignore_eos": True}
+    )
     after = httpx.get(server.url + "/metrics", headers=server.headers(), timeout=10).text
-    assert metric(after, "vllm:prompt_tokens_total") - metric(before, "vllm:prompt_tokens_total") == \
-        out.usage.prompt_tokens
+    assert (
+        metric(after, "vllm:prompt_tokens_total") - metric(before, "vllm:prompt_tokens_total")
+        == out.usage.prompt_tokens
+    )
     assert metric(after, "vllm:generation_tokens_total") - metric(before, "vllm:generation_tokens_total") == 4
-    assert metric(after, "vllm:time_to_first_token_seconds_count") == \
-        metric(before, "vllm:time_to_first_token_seconds_count") + 1
-    assert metric(after, "vllm:inter_token_latency_seconds_count") >= \
-        metric(before, "vllm:inter_token_latency_seconds_count") + 3
-    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-                 "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total",
-                 "cpuinfer:kv_cache_blocks_free", "cpuinfer:kv_cache_blocks_total"):
+    assert (
+        metric(after, "vllm:time_to_first_token_seconds_count")
+        == metric(before, "vllm:time_to_first_token_seconds_count") + 1
+    )
+    assert (
+        metric(after, "vllm:inter_token_latency_seconds_count")
+        >= metric(before, "vllm:inter_token_latency_seconds_count") + 3
+    )
+    for name in (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:num_preemptions_total",
+        "cpuinfer:kv_cache_blocks_free",
+        "cpuinfer:kv_cache_blocks_total",
+    ):
         metric(after, name)
     assert metric(after, "vllm:num_requests_running") == 0
     assert metric(after, "cpuinfer:kv_cache_blocks_free") == metric(after, "cpuinfer:kv_cache_blocks_total") > 0
@@ -275,20 +342,23 @@ def test_malformed_json(server):
     assert_error(r, 400, "JSON")
 
 
-@pytest.mark.parametrize("body,needles,param", [
-    ({"prompt": 12}, ["prompt"], "prompt"),
-    ({"prompt": "hi", "max_tokens": "many"}, ["max_tokens"], "max_tokens"),
-    ({"prompt": "hi", "temperature": -0.5}, ["temperature", "0"], "temperature"),
-    ({"prompt": "hi", "top_p": 0}, ["top_p", "0"], "top_p"),
-    ({"prompt": "hi", "top_p": 1.5}, ["top_p", "1"], "top_p"),
-    ({"prompt": "hi", "n": 0}, ["n", "1"], "n"),
-    ({"prompt": "hi", "presence_penalty": 3}, ["presence_penalty", "2"], "presence_penalty"),
-    ({"prompt": "hi", "logprobs": 50}, ["logprobs", "20"], "logprobs"),
-    ({"prompt": "hi", "min_p": 2}, ["min_p", "1"], "min_p"),
-    ({"prompt": "hi", "repetition_penalty": 0}, ["repetition_penalty", "0"], "repetition_penalty"),
-    ({"prompt": "hi", "max_tokens": 0}, ["max_tokens", "1"], "max_tokens"),
-    ({"prompt": "hi", "max_tokens": 4, "min_tokens": 9}, ["min_tokens", "max_tokens"], None),
-])
+@pytest.mark.parametrize(
+    "body,needles,param",
+    [
+        ({"prompt": 12}, ["prompt"], "prompt"),
+        ({"prompt": "hi", "max_tokens": "many"}, ["max_tokens"], "max_tokens"),
+        ({"prompt": "hi", "temperature": -0.5}, ["temperature", "0"], "temperature"),
+        ({"prompt": "hi", "top_p": 0}, ["top_p", "0"], "top_p"),
+        ({"prompt": "hi", "top_p": 1.5}, ["top_p", "1"], "top_p"),
+        ({"prompt": "hi", "n": 0}, ["n", "1"], "n"),
+        ({"prompt": "hi", "presence_penalty": 3}, ["presence_penalty", "2"], "presence_penalty"),
+        ({"prompt": "hi", "logprobs": 50}, ["logprobs", "20"], "logprobs"),
+        ({"prompt": "hi", "min_p": 2}, ["min_p", "1"], "min_p"),
+        ({"prompt": "hi", "repetition_penalty": 0}, ["repetition_penalty", "0"], "repetition_penalty"),
+        ({"prompt": "hi", "max_tokens": 0}, ["max_tokens", "1"], "max_tokens"),
+        ({"prompt": "hi", "max_tokens": 4, "min_tokens": 9}, ["min_tokens", "max_tokens"], None),
+    ],
+)
 def test_invalid_fields_name_the_field_and_limit(server, body, needles, param):
     assert_error(post(server, "/v1/completions", body), 400, *needles, param=param)
 
@@ -311,8 +381,11 @@ def test_prompt_longer_than_context(server, model_name):
 def test_max_tokens_that_does_not_fit(server, model_name):
     r = post(server, "/v1/completions", {"model": model_name, "prompt": "hi", "max_tokens": MAX_MODEL_LEN})
     assert_error(r, 400, "max_tokens", str(MAX_MODEL_LEN), param="max_tokens")
-    r = post(server, "/v1/chat/completions", {"model": model_name, "messages": [{"role": "user", "content": "x"}],
-                                              "max_completion_tokens": 10**6})
+    r = post(
+        server,
+        "/v1/chat/completions",
+        {"model": model_name, "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 10**6},
+    )
     assert_error(r, 400, "max_completion_tokens", str(MAX_MODEL_LEN), param="max_completion_tokens")
 
 
@@ -321,7 +394,7 @@ def test_oversized_body_is_413(server):
     assert_error(r, 413, "limit")
 
 
-def test_api_key_required_on_v1(server, model_name):
+def test_api_key_required_on_v1(server):
     assert_error(post(server, "/v1/models", {}, headers={}), 401)  # wrong method is still auth-checked first
     r = httpx.get(server.v1 + "/models", timeout=10)
     assert_error(r, 401, "API key")

@@ -19,8 +19,14 @@ MAX_WAITING = 2
 
 @pytest.fixture(scope="module")
 def server():
-    with running_server("--max-num-seqs", str(MAX_NUM_SEQS), "--max-waiting-requests", str(MAX_WAITING),
-                        "--allow-unauthenticated-routes", "/version") as s:
+    with running_server(
+        "--max-num-seqs",
+        str(MAX_NUM_SEQS),
+        "--max-waiting-requests",
+        str(MAX_WAITING),
+        "--allow-unauthenticated-routes",
+        "/version",
+    ) as s:
         yield s
 
 
@@ -71,8 +77,7 @@ class HealthProbe:
 
 
 def test_out_of_vocabulary_stop_token_id_is_a_400_and_the_engine_lives(server):
-    r = post(server, "/completions", {"prompt": "hi", "max_tokens": 4, "min_tokens": 2,
-                                      "stop_token_ids": [2000000000]})
+    r = post(server, "/completions", {"prompt": "hi", "max_tokens": 4, "min_tokens": 2, "stop_token_ids": [2000000000]})
     assert_400(r, "stop_token_ids", "2000000000", "vocabulary")
     assert_alive(server)
 
@@ -84,8 +89,13 @@ def test_prompt_token_ids_outside_the_vocabulary_name_the_ids_and_the_size(serve
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_many_stop_strings_are_refused_fast_without_freezing_the_server(server, stream):
-    body = {"messages": [{"role": "user", "content": "hi"}], "n": 64, "max_tokens": 200, "stream": stream,
-            "stop": [f"stop-string-{i}" for i in range(300_000)]}
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "n": 64,
+        "max_tokens": 200,
+        "stream": stream,
+        "stop": [f"stop-string-{i}" for i in range(300_000)],
+    }
     with HealthProbe(server) as probe:
         t0 = time.monotonic()
         r = post(server, "/chat/completions", body)
@@ -97,15 +107,24 @@ def test_many_stop_strings_are_refused_fast_without_freezing_the_server(server, 
     assert_alive(server)
 
 
-@pytest.mark.parametrize("path, body, param", [
-    ("/completions", {"prompt": "hi", "stream": True, "repetition_penalty": 50000}, "repetition_penalty"),
-    ("/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "stream": True, "min_tokens": 1000000},
-     "min_tokens"),
-    ("/completions", {"prompt": "hi", "stream": True, "max_tokens": 100000}, "max_tokens"),
-    ("/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "stream": True,
-                           "max_completion_tokens": 100000}, "max_completion_tokens"),
-    ("/completions", {"prompt": "hi", "stream": True, "logprobs": 21}, "logprobs"),
-])
+@pytest.mark.parametrize(
+    "path, body, param",
+    [
+        ("/completions", {"prompt": "hi", "stream": True, "repetition_penalty": 50000}, "repetition_penalty"),
+        (
+            "/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "stream": True, "min_tokens": 1000000},
+            "min_tokens",
+        ),
+        ("/completions", {"prompt": "hi", "stream": True, "max_tokens": 100000}, "max_tokens"),
+        (
+            "/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "stream": True, "max_completion_tokens": 100000},
+            "max_completion_tokens",
+        ),
+        ("/completions", {"prompt": "hi", "stream": True, "logprobs": 21}, "logprobs"),
+    ],
+)
 def test_an_invalid_streaming_request_gets_the_same_400_before_any_byte(server, path, body, param):
     with httpx.stream("POST", server.v1 + path, json=body, headers=server.headers(), timeout=60) as r:
         r.read()
@@ -126,8 +145,14 @@ def test_a_huge_prompt_is_tokenized_off_the_event_loop(server):
 
 def test_a_full_queue_answers_503_with_retry_after(server):
     # MAX_NUM_SEQS running + MAX_WAITING waiting sequences fill the engine; the next one is refused.
-    body = {"prompt": "Once upon a time", "n": MAX_NUM_SEQS + MAX_WAITING, "max_tokens": 300, "ignore_eos": True,
-            "temperature": 1.0, "stream": True}
+    body = {
+        "prompt": "Once upon a time",
+        "n": MAX_NUM_SEQS + MAX_WAITING,
+        "max_tokens": 300,
+        "ignore_eos": True,
+        "temperature": 1.0,
+        "stream": True,
+    }
     with httpx.stream("POST", server.v1 + "/completions", json=body, headers=server.headers(), timeout=120) as long:
         assert long.status_code == 200
         lines = long.iter_lines()  # kept: a collected iterator closes the response (a hang-up)
@@ -146,8 +171,17 @@ def test_a_full_queue_answers_503_with_retry_after(server):
     assert_alive(server)
 
 
-@pytest.mark.parametrize("method, path", [("POST", "/tokenize"), ("POST", "/detokenize"), ("GET", "/metrics"),
-                                          ("GET", "/docs"), ("GET", "/openapi.json"), ("GET", "/v1/models")])
+@pytest.mark.parametrize(
+    "method, path",
+    [
+        ("POST", "/tokenize"),
+        ("POST", "/detokenize"),
+        ("GET", "/metrics"),
+        ("GET", "/docs"),
+        ("GET", "/openapi.json"),
+        ("GET", "/v1/models"),
+    ],
+)
 def test_every_route_but_the_probes_needs_the_key(server, method, path):
     r = httpx.request(method, server.url + path, json={"prompt": "hi"}, timeout=10)
     assert r.status_code == 401, (path, r.status_code)
@@ -172,8 +206,9 @@ def test_no_internals_in_any_error_body(server):
         ("/completions", b'{"prompt": [[60000]], "echo": true}'),
     ]
     for path, raw in bad_bodies:
-        r = httpx.post(server.v1 + path, content=raw, timeout=30,
-                       headers={**server.headers(), "content-type": "application/json"})
+        r = httpx.post(
+            server.v1 + path, content=raw, timeout=30, headers={**server.headers(), "content-type": "application/json"}
+        )
         assert r.status_code < 500, (path, raw, r.status_code, r.text)
         assert "Traceback" not in r.text and 'File "' not in r.text, r.text
     assert_alive(server)

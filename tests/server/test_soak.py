@@ -31,8 +31,15 @@ HEALTH_BOUND = 1.0
 def server():
     # 0.006 GiB holds 17 blocks of 16 tokens (272 tokens): what six clients ask for at once does not fit,
     # so running requests are preempted (and recomputed) all along.
-    with running_server("--max-num-seqs", "8", "--block-size", "16", "--max-model-len", "256",
-                        env=server_env(VLLM_CPU_KVCACHE_SPACE="0.006")) as s:
+    with running_server(
+        "--max-num-seqs",
+        "8",
+        "--block-size",
+        "16",
+        "--max-model-len",
+        "256",
+        env=server_env(VLLM_CPU_KVCACHE_SPACE="0.006"),
+    ) as s:
         yield s
 
 
@@ -74,8 +81,18 @@ def client_loop(server, seed: int, deadline: float, answers: list, counts: dict,
                 assert r.status_code == 200, r.text
                 answers.append((prompt, n_tokens, r.json()["choices"][0]["text"]))
             elif kind == "sampled":
-                r = complete(c, server, {"prompt": rng.choice(PROMPTS), "max_tokens": rng.randint(4, 64), "n": 3,
-                                         "temperature": 1.0, "top_p": 0.9, "seed": rng.randint(0, 2**63 - 1)})
+                r = complete(
+                    c,
+                    server,
+                    {
+                        "prompt": rng.choice(PROMPTS),
+                        "max_tokens": rng.randint(4, 64),
+                        "n": 3,
+                        "temperature": 1.0,
+                        "top_p": 0.9,
+                        "seed": rng.randint(0, 2**63 - 1),
+                    },
+                )
                 assert r.status_code == 200, r.text
             elif kind == "invalid":
                 body = rng.choice(INVALID)
@@ -95,8 +112,11 @@ def client_loop(server, seed: int, deadline: float, answers: list, counts: dict,
 
 def test_soak(server):
     with httpx.Client(timeout=120) as c:
-        reference = {(p, n): complete(c, server, greedy_body(p, n)).json()["choices"][0]["text"]
-                     for p in PROMPTS for n in GREEDY_TOKENS}  # one at a time
+        reference = {
+            (p, n): complete(c, server, greedy_body(p, n)).json()["choices"][0]["text"]
+            for p in PROMPTS
+            for n in GREEDY_TOKENS
+        }  # one at a time
     engine = server.engine_pid()
     rss_start = rss_kib(engine)
     deadline = time.monotonic() + SECONDS
@@ -136,10 +156,18 @@ def test_soak(server):
     rss_end = rss_kib(engine)
     latencies.sort()
     p99 = latencies[int(0.99 * (len(latencies) - 1))]
-    report = {"seconds": SECONDS, "requests": counts, "greedy_checked": len(answers), "health_probes": len(latencies),
-              "health_p99_s": round(p99, 4), "health_max_s": round(latencies[-1], 4),
-              "engine_rss_start_mib": round(rss_start / 1024, 1), "engine_rss_end_mib": round(rss_end / 1024, 1),
-              "rss_drift": round(rss_end / rss_start - 1, 4), "preemptions": metric(text, "vllm:num_preemptions_total")}
+    report = {
+        "seconds": SECONDS,
+        "requests": counts,
+        "greedy_checked": len(answers),
+        "health_probes": len(latencies),
+        "health_p99_s": round(p99, 4),
+        "health_max_s": round(latencies[-1], 4),
+        "engine_rss_start_mib": round(rss_start / 1024, 1),
+        "engine_rss_end_mib": round(rss_end / 1024, 1),
+        "rss_drift": round(rss_end / rss_start - 1, 4),
+        "preemptions": metric(text, "vllm:num_preemptions_total"),
+    }
     print("soak:", json.dumps(report))
     if os.environ.get("CPUINFER_SOAK_REPORT"):
         with open(os.environ["CPUINFER_SOAK_REPORT"], "w") as f:

@@ -14,11 +14,14 @@ HERMES = TOOL_PARSERS["hermes"]()
 LLAMA = TOOL_PARSERS["llama3_json"]()
 
 # Recorded from Qwen2.5-style models (the hermes format) and Llama 3.x.
-QWEN_ONE = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>')
-QWEN_TWO = ('Let me check both.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
-            '<tool_call>\n{"name": "get_time", "arguments": {"tz": "Europe/Paris"}}\n</tool_call>')
-LLAMA_TWO = ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo"}}; '
-             '{"name": "get_time", "parameters": {}}')
+QWEN_ONE = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>'
+QWEN_TWO = (
+    'Let me check both.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "get_time", "arguments": {"tz": "Europe/Paris"}}\n</tool_call>'
+)
+LLAMA_TWO = (
+    '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo"}}; {"name": "get_time", "parameters": {}}'
+)
 
 
 def calls(parsed):
@@ -37,11 +40,14 @@ def test_hermes_several_calls_with_text_around():
     assert calls(out) == [("get_weather", {"city": "Paris"}), ("get_time", {"tz": "Europe/Paris"})]
 
 
-@pytest.mark.parametrize("text", [
-    '<tool_call>{"name": "get_weather", "arguments": {"city": "Par</tool_call>',  # truncated JSON, closed tag
-    '<tool_call>not json at all</tool_call>',
-    '<tool_call>{"arguments": {"city": "Paris"}}</tool_call>',  # no name
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        '<tool_call>{"name": "get_weather", "arguments": {"city": "Par</tool_call>',  # truncated JSON, closed tag
+        "<tool_call>not json at all</tool_call>",
+        '<tool_call>{"arguments": {"city": "Paris"}}</tool_call>',  # no name
+    ],
+)
 def test_hermes_malformed_call_stays_content(text):
     out = HERMES.parse("Hi " + text, final=True)
     assert out.calls == [] and out.content == "Hi " + text
@@ -72,21 +78,28 @@ def test_llama3_json_calls_and_plain_replies():
 
 def test_required_and_named_replies():
     text = '[{"name": "get_weather", "parameters": {"city": "Rome"}}, {"name": "get_time", "parameters": {}}]'
-    assert calls(RequiredCallsParser().parse(text, final=True)) == [("get_weather", {"city": "Rome"}),
-                                                                     ("get_time", {})]
+    assert calls(RequiredCallsParser().parse(text, final=True)) == [("get_weather", {"city": "Rome"}), ("get_time", {})]
     assert calls(NamedCallParser("f").parse(' {"a": 1}', final=True)) == [("f", {"a": 1})]
 
 
-@pytest.mark.parametrize(("parser", "text"), [
-    (HERMES, QWEN_ONE), (HERMES, QWEN_TWO), (LLAMA, LLAMA_TWO),
-    (RequiredCallsParser(), '[{"name": "a", "parameters": {"s": "x\\"y"}}, {"name": "b", "parameters": {"n": 1.5}}]'),
-    (NamedCallParser("f"), '{"q": "a long \\u00e9 string", "n": [1, 2, {"k": null}]}'),
-])
+@pytest.mark.parametrize(
+    ("parser", "text"),
+    [
+        (HERMES, QWEN_ONE),
+        (HERMES, QWEN_TWO),
+        (LLAMA, LLAMA_TWO),
+        (
+            RequiredCallsParser(),
+            '[{"name": "a", "parameters": {"s": "x\\"y"}}, {"name": "b", "parameters": {"n": 1.5}}]',
+        ),
+        (NamedCallParser("f"), '{"q": "a long \\u00e9 string", "n": [1, 2, {"k": null}]}'),
+    ],
+)
 def test_streamed_pieces_add_up_to_the_final_calls(parser, text):
     stream = ToolCallStream(parser)
     content, names, args = "", {}, {}
     for i in range(0, len(text), 3):  # 3-character "tokens"
-        piece = text[i:i + 3]
+        piece = text[i : i + 3]
         c, deltas = stream.feed(piece, final=i + 3 >= len(text))
         content += c
         for d in deltas:
@@ -96,7 +109,8 @@ def test_streamed_pieces_add_up_to_the_final_calls(parser, text):
             args[d.index] = args.get(d.index, "") + (d.function.arguments or "")
     final_content, final_calls = stream.final_calls()
     assert content == final_content
-    assert [(c.function.name, c.function.arguments) for c in final_calls] == \
-        [(names[i], args[i]) for i in sorted(names)]
+    assert [(c.function.name, c.function.arguments) for c in final_calls] == [
+        (names[i], args[i]) for i in sorted(names)
+    ]
     for c in final_calls:
         json.loads(c.function.arguments)

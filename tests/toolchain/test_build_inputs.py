@@ -23,8 +23,13 @@ def configure(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
         pytest.skip("cmake not installed")
     full = {k: v for k, v in os.environ.items() if k not in BUILD_VARS}
     full.update(env)
-    return subprocess.run([cmake, "-S", str(ROOT), "-B", str(tmp_path / "build"), "-DCPUINFER_BUILD_PYTHON=OFF"],
-                          capture_output=True, text=True, env=full, timeout=300)
+    return subprocess.run(
+        [cmake, "-S", str(ROOT), "-B", str(tmp_path / "build"), "-DCPUINFER_BUILD_PYTHON=OFF"],
+        capture_output=True,
+        text=True,
+        env=full,
+        timeout=300,
+    )
 
 
 @pytest.mark.parametrize(

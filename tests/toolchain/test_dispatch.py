@@ -24,15 +24,16 @@ def run_py(code: str, **env: str) -> subprocess.CompletedProcess:
     full_env.update(env)
     # Under qemu-user (nox -s emulated_avx2) children must be started through the emulator too.
     wrapper = shlex.split(os.environ.get("CPUINFER_TEST_PYTHON_WRAPPER", ""))
-    return subprocess.run([*wrapper, sys.executable, "-c", code], capture_output=True, text=True, env=full_env,
-                          timeout=900)
+    return subprocess.run(
+        [*wrapper, sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=900
+    )
 
 
 def test_auto_selects_best_runnable_variant():
     runnable = [c for c in SEL.candidates if c.installed and c.runnable]
     assert SEL.name == runnable[0].name or SEL.notes  # best one, unless the OS refused it (noted)
     assert not SEL.forced
-    assert SEL.module.VARIANT == SEL.name
+    assert SEL.name == SEL.module.VARIANT
 
 
 def test_rank_uses_features_and_priority():
@@ -93,13 +94,18 @@ def test_forcing_a_variant_this_cpu_cannot_run_is_an_error_not_sigill(name):
 
 
 def test_cli_reports_dispatch_errors_in_one_line():
-    r = subprocess.run([sys.executable, "-m", "cpuinfer", "info"], capture_output=True, text=True,
-                       env={**os.environ, "CPUINFER_ISA": "bogus"}, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "cpuinfer", "info"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CPUINFER_ISA": "bogus"},
+        timeout=300,
+    )
     assert r.returncode == 1
     assert r.stderr.startswith("cpuinfer: CPUINFER_ISA='bogus'") and "Traceback" not in r.stderr
 
 
-def test_stamp_mismatch_is_refused(tmp_path):
+def test_stamp_mismatch_is_refused():
     fake = types.SimpleNamespace(ABI_STAMP="0000000000000000", VARIANT="generic", __file__="/x/_C_generic.so")
     with pytest.raises(_dispatch.IsaError, match="do not match the sources"):
         _dispatch._check_stamp(fake, _dispatch._install_dir())
@@ -111,8 +117,9 @@ def test_info_object():
         assert key in report
     assert report["selected"] in report["variants"]
     assert all(os.path.isfile(p) for p in report["variants"].values())
-    r = subprocess.run([sys.executable, "-m", "cpuinfer", "info", "--json"], capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "cpuinfer", "info", "--json"], capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["selected"] == report["selected"]
     text = subprocess.run([sys.executable, "-m", "cpuinfer", "info"], capture_output=True, text=True, timeout=300)
@@ -125,8 +132,10 @@ def test_import_path_does_not_run_py_cpuinfo():
     assert r.stdout.strip() == "False"
 
 
-@pytest.mark.skipif(shutil.which("lscpu") is None or not os.path.isdir("/sys/devices/system/cpu/cpu0/cache"),
-                    reason="needs Linux sysfs and util-linux's lscpu")
+@pytest.mark.skipif(
+    shutil.which("lscpu") is None or not os.path.isdir("/sys/devices/system/cpu/cpu0/cache"),
+    reason="needs Linux sysfs and util-linux's lscpu",
+)
 def test_info_cache_sizes_match_lscpu():
     # lscpu reads the same kernel tables independently; py-cpuinfo said L3 = 1 MiB on a 32 MiB EPYC.
     out = subprocess.run(["lscpu", "-C=NAME,ONE-SIZE", "-B"], capture_output=True, text=True, timeout=30).stdout

@@ -50,7 +50,8 @@ def test_forcing_an_unrunnable_variant_is_exit_1_not_sigill():
     c = lacking[0]
     env = {k: v for k, v in os.environ.items() if not k.startswith("CPUINFER_")}
     env["CPUINFER_ISA"] = c.name
-    r = subprocess.run([*WRAPPER, sys.executable, "-c", "import cpuinfer"], capture_output=True, text=True, env=env,
-                       timeout=900)
+    r = subprocess.run(
+        [*WRAPPER, sys.executable, "-c", "import cpuinfer"], capture_output=True, text=True, env=env, timeout=900
+    )
     assert r.returncode == 1, (r.returncode, r.stderr[-2000:])  # SIGILL would be -4
     assert f"CPUINFER_ISA={c.name!r} cannot run on this CPU: it lacks" in r.stderr

@@ -19,8 +19,10 @@ spec.loader.exec_module(make_index)
 def fake_wheel(folder: Path, name: str, version: str, requires_python: str = ">=3.10") -> Path:
     path = folder / f"{name}-{version}-py3-none-any.whl"
     with zipfile.ZipFile(path, "w") as zf:
-        zf.writestr(f"{name}-{version}.dist-info/METADATA",
-                    f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\nRequires-Python: {requires_python}\n")
+        zf.writestr(
+            f"{name}-{version}.dist-info/METADATA",
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\nRequires-Python: {requires_python}\n",
+        )
     return path
 
 
@@ -47,5 +49,5 @@ def test_index_pages_links_and_hashes(tmp_path):
 
 
 def test_empty_folder_is_an_error(tmp_path):
-    with pytest.raises(SystemExit, match="no .whl files"):
+    with pytest.raises(SystemExit, match=r"no \.whl files"):
         make_index.build_index(tmp_path, tmp_path / "site")

@@ -29,8 +29,9 @@ E2E = os.environ.get("CPUINFER_TEST_PRECOMPILED") == "1"
 @pytest.fixture(scope="module")
 def backend():
     pytest.importorskip("scikit_build_core")
-    spec = importlib.util.spec_from_file_location("_cpuinfer_build_backend",
-                                                  ROOT / "_build_backend" / "_cpuinfer_build_backend.py")
+    spec = importlib.util.spec_from_file_location(
+        "_cpuinfer_build_backend", ROOT / "_build_backend" / "_cpuinfer_build_backend.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -56,8 +57,12 @@ def make_wheel(folder: Path, files: dict[str, bytes], tag: str | None = None) ->
     return path
 
 
-COMPLETE = {"_C_generic.abi3.so": b"\x7fELF", "_cpu_probe.abi3.so": b"\x7fELF", "_isa_table.json": b"{}",
-            "_build_info.json": b'{"abi_stamp": "x"}'}
+COMPLETE = {
+    "_C_generic.abi3.so": b"\x7fELF",
+    "_cpu_probe.abi3.so": b"\x7fELF",
+    "_isa_table.json": b"{}",
+    "_build_info.json": b'{"abi_stamp": "x"}',
+}
 
 
 def test_complete_wheel_yields_only_the_compiled_files(backend, tmp_path):
@@ -70,7 +75,7 @@ def test_complete_wheel_yields_only_the_compiled_files(backend, tmp_path):
 def test_wheel_for_another_architecture_is_refused(backend, tmp_path):
     other = "aarch64" if platform.machine() != "aarch64" else "x86_64"
     wheel = make_wheel(tmp_path, COMPLETE, tag=f"cp311-cp311-manylinux_2_28_{other}")
-    with pytest.raises(backend.PrecompiledError, match="which this interpreter .* cannot load"):
+    with pytest.raises(backend.PrecompiledError, match=r"which this interpreter .* cannot load"):
         backend._check_wheel(wheel)
 
 
@@ -155,7 +160,12 @@ def test_pip_refuses_a_wheel_for_another_architecture(tmp_path):
     bad = tmp_path / src.name.replace(platform.machine(), other)
     shutil.copy(src, bad)
     env = {**os.environ, "CPUINFER_USE_PRECOMPILED": "1", "CPUINFER_PRECOMPILED_WHEEL_LOCATION": str(bad)}
-    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-e", str(ROOT)], capture_output=True,
-                       text=True, env=env, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-e", str(ROOT)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert r.returncode != 0
     assert "cannot load" in r.stdout + r.stderr and other in r.stdout + r.stderr

@@ -17,8 +17,13 @@ def identifiers(platform: str, archs: str) -> set[str]:
     exe = shutil.which("cibuildwheel") or shutil.which("cibuildwheel", path=str(Path(sys.executable).parent))
     if exe is None:
         pytest.skip("cibuildwheel is not installed (pip install -e '.[test]')")
-    r = subprocess.run([exe, "--print-build-identifiers", "--platform", platform, "--archs", archs, str(ROOT)],
-                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    r = subprocess.run(
+        [exe, "--print-build-identifiers", "--platform", platform, "--archs", archs, str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stderr
     return set(r.stdout.split())
 

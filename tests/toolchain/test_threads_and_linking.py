@@ -60,8 +60,9 @@ def test_simd_variants_use_their_registers():
     """avx2 holds ymm but no zmm code; avx512* hold zmm; generic holds neither ymm nor zmm."""
     variants = cpuinfer.info()["variants"]
     for name, path in variants.items():
-        asm = subprocess.run(["objdump", "-d", "--no-show-raw-insn", path], capture_output=True, text=True,
-                             check=True).stdout
+        asm = subprocess.run(
+            ["objdump", "-d", "--no-show-raw-insn", path], capture_output=True, text=True, check=True
+        ).stdout
         has_zmm, has_ymm = "%zmm" in asm, "%ymm" in asm
         if name == "generic":
             assert not has_zmm and not has_ymm, name

@@ -17,8 +17,9 @@ def uses_kernels(head_size: int = 128, block_size: int = 16) -> bool:
     return _KERNELS and head_size in KERNEL_HEAD_SIZES and block_size % 16 == 0
 
 
-def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                      meta: AttentionMetadata) -> None:
+def reshape_and_cache(
+    key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, meta: AttentionMetadata
+) -> None:
     """Store this step's key/value [T, kv_heads, head_size] in one layer's cache."""
     if uses_kernels(key_cache.shape[3], key_cache.shape[2]):
         ops.reshape_and_cache(key, value, key_cache, value_cache, meta.slot_mapping)
@@ -26,11 +27,29 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
         torch_paged.reshape_and_cache(key, value, key_cache, value_cache, meta.slot_mapping)
 
 
-def paged_attention(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                    meta: AttentionMetadata, scale: float, sliding_window: int = 0, soft_cap: float = 0.0) -> None:
+def paged_attention(
+    out: torch.Tensor,
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: int = 0,
+    soft_cap: float = 0.0,
+) -> None:
     """out[T, q_heads, hs] = attention of query [T, q_heads, hs] over one layer's paged cache."""
     if uses_kernels(key_cache.shape[3], key_cache.shape[2]):
-        ops.paged_attention(out, query, key_cache, value_cache, meta.query_start_loc, meta.seq_lens,
-                            meta.block_tables, scale, sliding_window, soft_cap)
+        ops.paged_attention(
+            out,
+            query,
+            key_cache,
+            value_cache,
+            meta.query_start_loc,
+            meta.seq_lens,
+            meta.block_tables,
+            scale,
+            sliding_window,
+            soft_cap,
+        )
     else:
         torch_paged.paged_attention(out, query, key_cache, value_cache, meta, scale, sliding_window, soft_cap)

@@ -11,8 +11,13 @@ import torch
 from .metadata import AttentionMetadata
 
 
-def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                      slot_mapping: torch.Tensor) -> None:
+def reshape_and_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
     """Write key/value [T, kv_heads, head_size] into the caches at slot_mapping (slots < 0 are skipped)."""
     block_size = key_cache.shape[2]
     keep = slot_mapping >= 0
@@ -52,10 +57,18 @@ def _blocks(meta: AttentionMetadata, s: int) -> torch.Tensor:
     return cache[key]
 
 
-def paged_attention(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                    meta: AttentionMetadata, scale: float, sliding_window: int = 0, soft_cap: float = 0.0) -> None:
+def paged_attention(
+    out: torch.Tensor,
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: int = 0,
+    soft_cap: float = 0.0,
+) -> None:
     """out[T, q_heads, hs] = causal attention of query over the cached keys/values, computed in float32."""
-    num_kv_heads, block_size, head_size = key_cache.shape[1:]
+    num_kv_heads, _block_size, head_size = key_cache.shape[1:]
     q_heads = query.shape[1]
     group = q_heads // num_kv_heads
     start = 0
@@ -65,7 +78,7 @@ def paged_attention(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Ten
         # [nb, kvh, bs, hs] -> [kvh, ctx, hs]
         k = key_cache[blocks].transpose(0, 1).reshape(num_kv_heads, -1, head_size)[:, :ctx].float()
         v = value_cache[blocks].transpose(0, 1).reshape(num_kv_heads, -1, head_size)[:, :ctx].float()
-        q = query[start:start + qlen].float().view(qlen, num_kv_heads, group, head_size).permute(1, 2, 0, 3)
+        q = query[start : start + qlen].float().view(qlen, num_kv_heads, group, head_size).permute(1, 2, 0, 3)
         q = q.reshape(num_kv_heads, group * qlen, head_size)
         scores = torch.bmm(q, k.transpose(1, 2)).mul_(scale)  # [kvh, group*qlen, ctx]
         if soft_cap > 0.0:
@@ -75,5 +88,5 @@ def paged_attention(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Ten
             scores = scores.view(num_kv_heads, group, qlen, ctx).add_(mask).view(num_kv_heads, group * qlen, ctx)
         probs = torch.softmax(scores, dim=-1)
         o = torch.bmm(probs, v).view(num_kv_heads, group, qlen, head_size).permute(2, 0, 1, 3)
-        out[start:start + qlen] = o.reshape(qlen, q_heads, head_size).to(out.dtype)
+        out[start : start + qlen] = o.reshape(qlen, q_heads, head_size).to(out.dtype)
         start += qlen

@@ -56,8 +56,10 @@ def run(args: argparse.Namespace) -> int:
     engine = make_engine(args)
     vocab = engine.config.spec.vocab_size
     if args.input_len + args.output_len > engine.core.max_model_len:
-        sys.stderr.write(f"cpuinfer: --input-len + --output-len = {args.input_len + args.output_len} exceeds "
-                         f"max_model_len={engine.core.max_model_len}\n")
+        sys.stderr.write(
+            f"cpuinfer: --input-len + --output-len = {args.input_len + args.output_len} exceeds "
+            f"max_model_len={engine.core.max_model_len}\n"
+        )
         return 2
     if args.bench == "latency":
         prompts = random_prompts(args.batch_size, args.input_len, vocab)
@@ -84,11 +86,18 @@ def run(args: argparse.Namespace) -> int:
         dt = time.perf_counter() - t0
         total = args.num_prompts * (args.input_len + args.output_len)
         out = args.num_prompts * args.output_len
-        print(f"Throughput: {args.num_prompts / dt:.2f} requests/s, {total / dt:.2f} total tokens/s, "
-              f"{out / dt:.2f} output tokens/s")
-        result = {"elapsed_time": dt, "num_requests": args.num_prompts, "total_num_tokens": total,
-                  "requests_per_second": args.num_prompts / dt, "tokens_per_second": total / dt,
-                  "output_tokens_per_second": out / dt}
+        print(
+            f"Throughput: {args.num_prompts / dt:.2f} requests/s, {total / dt:.2f} total tokens/s, "
+            f"{out / dt:.2f} output tokens/s"
+        )
+        result = {
+            "elapsed_time": dt,
+            "num_requests": args.num_prompts,
+            "total_num_tokens": total,
+            "requests_per_second": args.num_prompts / dt,
+            "tokens_per_second": total / dt,
+            "output_tokens_per_second": out / dt,
+        }
     if args.output_json:
         with open(args.output_json, "w") as f:
             json.dump(result, f, indent=2)

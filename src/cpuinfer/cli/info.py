@@ -9,9 +9,12 @@ import json
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `cpuinfer info`."""
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--model", default=None,
-                        help="also say how this checkpoint (HF directory or .gguf file) is quantized and which kernel "
-                             "path its linear layers take")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="also say how this checkpoint (HF directory or .gguf file) is quantized and which kernel "
+        "path its linear layers take",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,4 +33,3 @@ def run(args: argparse.Namespace) -> int:
 
         print(show(report))
     return 0
-

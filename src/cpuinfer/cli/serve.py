@@ -21,31 +21,55 @@ def run(args: argparse.Namespace) -> int:
     from cpuinfer.entrypoints.openai.cli_args import read_chat_template, resolve_model, served_names, tool_call_parser
     from cpuinfer.entrypoints.openai.engine_binding import make_engine_starter
 
-    logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
-                        format="%(levelname)s %(asctime)s %(name)s: %(message)s", datefmt="%m-%d %H:%M:%S")
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper(), logging.INFO),
+        format="%(levelname)s %(asctime)s %(name)s: %(message)s",
+        datefmt="%m-%d %H:%M:%S",
+    )
     resolve_model(args)
     api_key = args.api_key if args.api_key is not None else envs.API_KEY.get()
     bad = [r for r in args.allow_unauthenticated_routes if not r.startswith("/")]
     if bad:
         raise SystemExit(f"cpuinfer serve: --allow-unauthenticated-routes takes paths such as /metrics; got {bad}")
-    config = ServerConfig(served_model_names=served_names(args), api_key=api_key,
-                          open_routes=tuple(args.allow_unauthenticated_routes),
-                          max_body_bytes=args.max_request_body_bytes, log_requests=not args.disable_log_requests,
-                          log_stats_interval=0.0 if args.disable_log_stats else args.log_stats_interval,
-                          tool_call_parser=tool_call_parser(args), chat_template=read_chat_template(args))
+    config = ServerConfig(
+        served_model_names=served_names(args),
+        api_key=api_key,
+        open_routes=tuple(args.allow_unauthenticated_routes),
+        max_body_bytes=args.max_request_body_bytes,
+        log_requests=not args.disable_log_requests,
+        log_stats_interval=0.0 if args.disable_log_stats else args.log_stats_interval,
+        tool_call_parser=tool_call_parser(args),
+        chat_template=read_chat_template(args),
+    )
     state = ServerState(config)
     log = logging.getLogger("cpuinfer.server")
-    log.info("cpuinfer serve: pid %d, http://%s:%d (model %s)", os.getpid(), args.host, args.port,
-             config.served_model_names[0])
+    log.info(
+        "cpuinfer serve: pid %d, http://%s:%d (model %s)",
+        os.getpid(),
+        args.host,
+        args.port,
+        config.served_model_names[0],
+    )
     if not api_key and not _is_loopback(args.host):
-        log.warning("NO API KEY IS SET and the server listens on %s, beyond this machine: anyone who can reach "
-                    "port %d can use it. Set --api-key or CPUINFER_API_KEY / VLLM_API_KEY.", args.host, args.port)
+        log.warning(
+            "NO API KEY IS SET and the server listens on %s, beyond this machine: anyone who can reach "
+            "port %d can use it. Set --api-key or CPUINFER_API_KEY / VLLM_API_KEY.",
+            args.host,
+            args.port,
+        )
     limit = args.limit_concurrency
     if limit is None:
         seqs = args.max_num_seqs or 128
         limit = 2 * (seqs + args.max_waiting_requests) + 64
-    return run_server(state, make_engine_starter(args), args.host, args.port, args.shutdown_timeout,
-                      log_level=args.log_level, limit_concurrency=limit)
+    return run_server(
+        state,
+        make_engine_starter(args),
+        args.host,
+        args.port,
+        args.shutdown_timeout,
+        log_level=args.log_level,
+        limit_concurrency=limit,
+    )
 
 
 def _is_loopback(host: str) -> bool:

@@ -121,8 +121,9 @@ class AsyncLLM:
         self.limits = RequestLimits.from_config(self.config)
         spec = self.config.spec
         # Compiles each new constraint once here too, so a bad schema is a 400 before the request is sent on.
-        self.grammars = StructuredOutputManager(args.structured_outputs_backend, spec.tokenizer, spec.vocab_size,
-                                                spec.eos_token_ids)
+        self.grammars = StructuredOutputManager(
+            args.structured_outputs_backend, spec.tokenizer, spec.vocab_size, spec.eos_token_ids
+        )
         self.model_name = args.model or os.path.basename(self.config.model)
         self.max_queued_seqs = self.config.max_num_seqs + args.max_waiting_requests
         self.heartbeat_timeout = float(args.engine_heartbeat_timeout)
@@ -143,10 +144,11 @@ class AsyncLLM:
         self.num_blocks = first.num_blocks
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._last_heard = time.monotonic()
-        self._threads = [threading.Thread(target=self._read_loop, name="cpuinfer-core-reader", daemon=True),
-                         threading.Thread(target=self._write_loop, name="cpuinfer-core-writer", daemon=True),
-                         threading.Thread(target=self._heartbeat_loop, name="cpuinfer-core-heartbeat",
-                                          daemon=True)]
+        self._threads = [
+            threading.Thread(target=self._read_loop, name="cpuinfer-core-reader", daemon=True),
+            threading.Thread(target=self._write_loop, name="cpuinfer-core-writer", daemon=True),
+            threading.Thread(target=self._heartbeat_loop, name="cpuinfer-core-heartbeat", daemon=True),
+        ]
         for t in self._threads:
             t.start()
 
@@ -156,8 +158,9 @@ class AsyncLLM:
         return cls(args, serving)
 
     # ---- requests -------------------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
-                    prompt: str | None = None) -> RequestStream:
+    def add_request(
+        self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams, prompt: str | None = None
+    ) -> RequestStream:
         """Start a request; returns its async stream. Raises InvalidRequestError at once if it breaks a
         limit, EngineOverloadedError if the waiting queue is full, EngineDeadError if the engine is gone."""
         self._check_alive()
@@ -167,9 +170,11 @@ class AsyncLLM:
         validate_request(prompt_token_ids, sampling_params, self.limits, self.grammars)
         queued = self.num_unfinished_seqs()
         if queued + sampling_params.n > self.max_queued_seqs:
-            raise EngineOverloadedError(f"The server is at capacity: {queued} sequences are running or waiting "
-                                        f"(--max-num-seqs + --max-waiting-requests = {self.max_queued_seqs}); "
-                                        "retry shortly.")
+            raise EngineOverloadedError(
+                f"The server is at capacity: {queued} sequences are running or waiting "
+                f"(--max-num-seqs + --max-waiting-requests = {self.max_queued_seqs}); "
+                "retry shortly."
+            )
         stream = RequestStream(self, request_id)
         msg = self.processor.add_request(request_id, prompt, list(prompt_token_ids), sampling_params)
         self._streams[request_id] = stream
@@ -274,9 +279,11 @@ class AsyncLLM:
             time.sleep(interval)
             silent = time.monotonic() - self._last_heard
             if silent > self.heartbeat_timeout and self._proc.is_alive() and not self._closing:
-                reason = (f"the engine core (pid {self._proc.pid}) answered nothing for {silent:.0f}s "
-                          f"(--engine-heartbeat-timeout={self.heartbeat_timeout:g}); it is hung or stopped, "
-                          "and was killed")
+                reason = (
+                    f"the engine core (pid {self._proc.pid}) answered nothing for {silent:.0f}s "
+                    f"(--engine-heartbeat-timeout={self.heartbeat_timeout:g}); it is hung or stopped, "
+                    "and was killed"
+                )
                 logger.error("%s", reason)
                 try:
                     os.kill(self._proc.pid, signal.SIGKILL)

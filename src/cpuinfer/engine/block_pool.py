@@ -107,7 +107,7 @@ class BlockPool:
         parent: bytes | None = None
         for i, h in enumerate(hashes):
             b = self._cache.get(h)
-            if b is None or b.parent_hash != parent or b.token_ids != tuple(token_ids[i * bs:(i + 1) * bs]):
+            if b is None or b.parent_hash != parent or b.token_ids != tuple(token_ids[i * bs : (i + 1) * bs]):
                 break
             found.append(b.block_id)
             parent = h

@@ -42,18 +42,29 @@ class GrammarRejectedError(RuntimeError):
     param = "structured_outputs"
 
     def __init__(self, token_id: int, num_generated: int):
-        super().__init__(f"The structured output constraint cannot be followed by this model after {num_generated} "
-                         f"generated tokens: its grammar allowed token {token_id} next and then refused it, which "
-                         "happens when the text the grammar requires has no token in this model's vocabulary (for "
-                         "example a character whose UTF-8 bytes the tokenizer cannot spell). Change the constraint.")
+        super().__init__(
+            f"The structured output constraint cannot be followed by this model after {num_generated} "
+            f"generated tokens: its grammar allowed token {token_id} next and then refused it, which "
+            "happens when the text the grammar requires has no token in this model's vocabulary (for "
+            "example a character whose UTF-8 bytes the tokenizer cannot spell). Change the constraint."
+        )
 
 
 class EngineCore:
     """Owns the live sequences; `step()` runs one batch through the model and samples."""
 
-    def __init__(self, runner, scheduler_config: SchedulerConfig, num_blocks: int, block_size: int,
-                 enable_prefix_caching: bool, eos_token_ids: list[int], limits: RequestLimits, seed: int | None = 0,
-                 grammars: StructuredOutputManager | None = None):
+    def __init__(
+        self,
+        runner,
+        scheduler_config: SchedulerConfig,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool,
+        eos_token_ids: list[int],
+        limits: RequestLimits,
+        seed: int | None = 0,
+        grammars: StructuredOutputManager | None = None,
+    ):
         self.runner = runner
         self.grammars = grammars
         self.pool = BlockPool(num_blocks, block_size, enable_prefix_caching)
@@ -76,12 +87,26 @@ class EngineCore:
         bind_from_env()
         spec = config.spec
         runner = ModelRunner(spec, config.block_size, config.num_blocks, config.cache_dtype)
-        sched = SchedulerConfig(config.max_num_batched_tokens, config.max_num_seqs, config.max_model_len,
-                                config.args.long_prefill_token_threshold)
-        grammars = StructuredOutputManager(config.args.structured_outputs_backend, spec.tokenizer, spec.vocab_size,
-                                           spec.eos_token_ids)
-        return cls(runner, sched, config.num_blocks, config.block_size, config.args.enable_prefix_caching,
-                   spec.eos_token_ids, RequestLimits.from_config(config), config.args.seed, grammars)
+        sched = SchedulerConfig(
+            config.max_num_batched_tokens,
+            config.max_num_seqs,
+            config.max_model_len,
+            config.args.long_prefill_token_threshold,
+        )
+        grammars = StructuredOutputManager(
+            config.args.structured_outputs_backend, spec.tokenizer, spec.vocab_size, spec.eos_token_ids
+        )
+        return cls(
+            runner,
+            sched,
+            config.num_blocks,
+            config.block_size,
+            config.args.enable_prefix_caching,
+            spec.eos_token_ids,
+            RequestLimits.from_config(config),
+            config.args.seed,
+            grammars,
+        )
 
     @property
     def max_model_len(self) -> int:
@@ -125,8 +150,10 @@ class EngineCore:
             if self.scheduler.waiting and not self.scheduler.running:
                 # Cannot happen when max_model_len fits the pool (checked at startup); never spin silently.
                 req = self.scheduler.waiting[0]
-                raise RuntimeError(f"request {req.request_id!r} ({req.num_tokens} tokens) cannot fit the KV cache "
-                                   f"({self.pool.num_blocks} blocks of {self.pool.block_size})")
+                raise RuntimeError(
+                    f"request {req.request_id!r} ({req.num_tokens} tokens) cannot fit the KV cache "
+                    f"({self.pool.num_blocks} blocks of {self.pool.block_size})"
+                )
             return []
         masks = None
         if self.grammars is not None and any(r.grammar is not None for r in sched.sampled):
@@ -153,16 +180,25 @@ class EngineCore:
         s.generation_tokens += len(tokens)
         outputs = []
         for req, lp in zip(sampled, lps, strict=False):
-            outputs.append(SeqOutput(req.request_id, [req.output_token_ids[-1]], None if lp is None else [lp],
-                                     req.finish_reason, req.stop_reason, req.num_prefix_hit_tokens))
+            outputs.append(
+                SeqOutput(
+                    req.request_id,
+                    [req.output_token_ids[-1]],
+                    None if lp is None else [lp],
+                    req.finish_reason,
+                    req.stop_reason,
+                    req.num_prefix_hit_tokens,
+                )
+            )
         for req in finished:
             self.requests.pop(req.request_id, None)
         self.step_seconds += time.perf_counter() - t0
         return outputs + failures
 
     # ---- one request's failure ------------------------------------------------------------------
-    def _sample(self, logits: torch.Tensor, reqs: list[Request], masks: MaskJob | None = None
-                ) -> tuple[list[int], list, list]:
+    def _sample(
+        self, logits: torch.Tensor, reqs: list[Request], masks: MaskJob | None = None
+    ) -> tuple[list[int], list, list]:
         """Sample the batch; if that fails, row by row. Returns (tokens, logprobs, [(request, error)])
         with tokens and logprobs of the requests that did not fail, in order."""
         if not reqs:
@@ -175,7 +211,7 @@ class EngineCore:
         tokens, lps, failed = [], [], []
         for i, req in enumerate(reqs):
             try:
-                result = self._masked_sample(logits[i:i + 1], [req])
+                result = self._masked_sample(logits[i : i + 1], [req])
             except Exception as exc:  # noqa: BLE001 - this request fails, the others go on
                 failed.append((req, exc))
                 continue
@@ -183,8 +219,7 @@ class EngineCore:
             tokens, lps, failed = tokens + t, lps + lp, failed + f
         return tokens, lps, failed
 
-    def _masked_sample(self, logits: torch.Tensor, reqs: list[Request], masks: MaskJob | None = None
-                       ) -> SampleResult:
+    def _masked_sample(self, logits: torch.Tensor, reqs: list[Request], masks: MaskJob | None = None) -> SampleResult:
         """The sampler's pick, after masking (in place) the tokens each constrained row's grammar forbids."""
         if self.grammars is None or all(r.grammar is None for r in reqs):
             return self.sampler(logits, reqs)
@@ -223,8 +258,10 @@ class EngineCore:
             except Exception as solo_exc:  # noqa: BLE001 - this request fails, the others go on
                 failed.append(self._fail(req, solo_exc))
         if not failed:
-            raise EngineBrokenError(f"a batch of {len(sched.requests)} requests failed although each runs "
-                                    f"alone: {type(exc).__name__}: {exc}") from exc
+            raise EngineBrokenError(
+                f"a batch of {len(sched.requests)} requests failed although each runs "
+                f"alone: {type(exc).__name__}: {exc}"
+            ) from exc
         return failed
 
     def _fail(self, req: Request, exc: BaseException) -> SeqOutput:
@@ -238,16 +275,33 @@ class EngineCore:
             logger.warning("request %s failed (error id %s): %s", req.request_id, error_id, exc)
         else:
             self._consecutive_failures += 1
-            logger.error("request %s failed (error id %s): %s: %s", req.request_id, error_id, type(exc).__name__,
-                         exc, exc_info=exc)
+            logger.error(
+                "request %s failed (error id %s): %s: %s",
+                req.request_id,
+                error_id,
+                type(exc).__name__,
+                exc,
+                exc_info=exc,
+            )
         self.requests.pop(req.request_id, None)
         self.scheduler.abort(req)
         req.finish_reason = "error"
         if self._consecutive_failures >= MAX_CONSECUTIVE_FAILURES:
-            raise EngineBrokenError(f"{self._consecutive_failures} requests failed in a row with no successful "
-                                    f"step between them; the last: {type(exc).__name__}: {exc}") from exc
-        return SeqOutput(req.request_id, [], None, "error", None, req.num_prefix_hit_tokens, error_id=error_id,
-                         error_reason=reason, error_param=param)
+            raise EngineBrokenError(
+                f"{self._consecutive_failures} requests failed in a row with no successful "
+                f"step between them; the last: {type(exc).__name__}: {exc}"
+            ) from exc
+        return SeqOutput(
+            req.request_id,
+            [],
+            None,
+            "error",
+            None,
+            req.num_prefix_hit_tokens,
+            error_id=error_id,
+            error_reason=reason,
+            error_param=param,
+        )
 
     @property
     def vocab_size(self) -> int:
@@ -260,6 +314,7 @@ class EngineCore:
         s.num_running = len(self.scheduler.running)
         s.num_waiting = len(self.scheduler.waiting)
         s.kv_cache_usage = self.pool.usage()
+        s.num_free_kv_blocks = self.pool.num_free
         s.prefix_cache_hit_rate = self.pool.hit_rate()
         s.prefix_cache_queries = self.pool.query_tokens
         s.prefix_cache_hits = self.pool.hit_tokens

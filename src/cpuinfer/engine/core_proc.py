@@ -63,8 +63,9 @@ def core_main(args, serving: bool, inbox, conn) -> None:
     # The parent owns the core's lifetime: a Ctrl-C reaches the whole process group, and a server must be able
     # to drain its in-flight requests before it sends Shutdown. If the parent dies, the pipe closes and we exit.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s",
-                        datefmt="%m-%d %H:%M:%S")
+    logging.basicConfig(
+        level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s", datefmt="%m-%d %H:%M:%S"
+    )
     outbox = _Outbox(conn)
     stop = threading.Event()
     try:
@@ -111,8 +112,9 @@ def start_core_process(args, serving: bool):
     ctx = mp.get_context("spawn")  # never fork a process that holds OpenMP threads
     to_core_r, to_core_w = ctx.Pipe(duplex=False)
     from_core_r, from_core_w = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=core_main, args=(args, serving, to_core_r, from_core_w), name="cpuinfer-engine-core",
-                       daemon=True)
+    proc = ctx.Process(
+        target=core_main, args=(args, serving, to_core_r, from_core_w), name="cpuinfer-engine-core", daemon=True
+    )
     proc.start()
     to_core_r.close()
     from_core_w.close()

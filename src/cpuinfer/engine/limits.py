@@ -40,10 +40,16 @@ class RequestLimits:
     def from_config(cls, config) -> RequestLimits:
         """The limits an EngineConfig sets."""
         a = config.args
-        return cls(max_model_len=config.max_model_len, vocab_size=config.spec.vocab_size,
-                   max_logprobs=a.max_logprobs, max_stop_strings=a.max_stop_strings,
-                   max_stop_string_length=a.max_stop_string_length, max_stop_token_ids=a.max_stop_token_ids,
-                   max_request_tokens=a.max_request_tokens, max_retained_logprobs=a.max_retained_logprobs)
+        return cls(
+            max_model_len=config.max_model_len,
+            vocab_size=config.spec.vocab_size,
+            max_logprobs=a.max_logprobs,
+            max_stop_strings=a.max_stop_strings,
+            max_stop_string_length=a.max_stop_string_length,
+            max_stop_token_ids=a.max_stop_token_ids,
+            max_request_tokens=a.max_request_tokens,
+            max_retained_logprobs=a.max_retained_logprobs,
+        )
 
 
 def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
@@ -51,12 +57,19 @@ def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
     bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size]
     if bad:
         shown = ", ".join(repr(t) for t in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
-        raise InvalidRequestError(f"{param} has token id(s) outside the vocabulary: {shown}; this model's "
-                                  f"vocabulary has {vocab_size} tokens (valid ids are 0..{vocab_size - 1})", param)
+        raise InvalidRequestError(
+            f"{param} has token id(s) outside the vocabulary: {shown}; this model's "
+            f"vocabulary has {vocab_size} tokens (valid ids are 0..{vocab_size - 1})",
+            param,
+        )
 
 
-def validate_request(prompt_token_ids: list[int], params: SamplingParams, limits: RequestLimits,
-                     grammars: StructuredOutputManager | None = None) -> int:
+def validate_request(
+    prompt_token_ids: list[int],
+    params: SamplingParams,
+    limits: RequestLimits,
+    grammars: StructuredOutputManager | None = None,
+) -> int:
     """Check one request (all its n samples) before any work; returns its resolved max_tokens.
 
     A structured-output constraint is compiled by `grammars` (cached, so the engine core's own compile of the
@@ -70,8 +83,11 @@ def validate_request(prompt_token_ids: list[int], params: SamplingParams, limits
         raise InvalidRequestError("The prompt is empty (0 tokens); send at least one token.", "prompt")
     check_token_ids(prompt_token_ids, limits.vocab_size, "prompt")
     if n >= ctx:
-        raise InvalidRequestError(f"This model's maximum context length is {ctx} tokens. However, your request "
-                                  f"has {n} input tokens. Please reduce the length of the input.", "prompt")
+        raise InvalidRequestError(
+            f"This model's maximum context length is {ctx} tokens. However, your request "
+            f"has {n} input tokens. Please reduce the length of the input.",
+            "prompt",
+        )
     if params.max_tokens is None:
         max_tokens = ctx - n
     else:
@@ -79,45 +95,67 @@ def validate_request(prompt_token_ids: list[int], params: SamplingParams, limits
         if n + max_tokens > ctx:
             raise InvalidRequestError(
                 f"'max_tokens' is too large: {max_tokens}. This model's maximum context length is {ctx} tokens "
-                f"and your request has {n} input tokens ({max_tokens} > {ctx} - {n}).", "max_tokens")
+                f"and your request has {n} input tokens ({max_tokens} > {ctx} - {n}).",
+                "max_tokens",
+            )
     if params.min_tokens > max_tokens:
-        raise InvalidRequestError(f"min_tokens={params.min_tokens} is more than the {max_tokens} tokens this "
-                                  f"request can generate (max_tokens, or what the {ctx}-token context leaves "
-                                  f"after the {n}-token prompt)", "min_tokens")
+        raise InvalidRequestError(
+            f"min_tokens={params.min_tokens} is more than the {max_tokens} tokens this "
+            f"request can generate (max_tokens, or what the {ctx}-token context leaves "
+            f"after the {n}-token prompt)",
+            "min_tokens",
+        )
     stop = params.stop or []
     if len(stop) > limits.max_stop_strings:
-        raise InvalidRequestError(f"stop has {len(stop)} strings; at most {limits.max_stop_strings} are allowed "
-                                  "(--max-stop-strings)", "stop")
+        raise InvalidRequestError(
+            f"stop has {len(stop)} strings; at most {limits.max_stop_strings} are allowed (--max-stop-strings)", "stop"
+        )
     longest = max((len(s) for s in stop), default=0)
     if longest > limits.max_stop_string_length:
-        raise InvalidRequestError(f"a stop string has {longest} characters; at most "
-                                  f"{limits.max_stop_string_length} are allowed (--max-stop-string-length)", "stop")
+        raise InvalidRequestError(
+            f"a stop string has {longest} characters; at most "
+            f"{limits.max_stop_string_length} are allowed (--max-stop-string-length)",
+            "stop",
+        )
     stop_ids = params.stop_token_ids or []
     if len(stop_ids) > limits.max_stop_token_ids:
-        raise InvalidRequestError(f"stop_token_ids has {len(stop_ids)} ids; at most {limits.max_stop_token_ids} "
-                                  "are allowed (--max-stop-token-ids)", "stop_token_ids")
+        raise InvalidRequestError(
+            f"stop_token_ids has {len(stop_ids)} ids; at most {limits.max_stop_token_ids} "
+            "are allowed (--max-stop-token-ids)",
+            "stop_token_ids",
+        )
     check_token_ids(stop_ids, limits.vocab_size, "stop_token_ids")
     if params.logprobs is not None and params.logprobs > limits.max_logprobs:
-        raise InvalidRequestError(f"logprobs={params.logprobs} is more than the server's limit of "
-                                  f"{limits.max_logprobs} (--max-logprobs)", "logprobs")
+        raise InvalidRequestError(
+            f"logprobs={params.logprobs} is more than the server's limit of {limits.max_logprobs} (--max-logprobs)",
+            "logprobs",
+        )
     total = params.n * max_tokens
     if total > limits.max_request_tokens:
-        raise InvalidRequestError(f"n={params.n} x max_tokens={max_tokens} asks for {total} tokens; at most "
-                                  f"{limits.max_request_tokens} per request are allowed (--max-request-tokens): "
-                                  "lower n or max_tokens", "max_tokens")
+        raise InvalidRequestError(
+            f"n={params.n} x max_tokens={max_tokens} asks for {total} tokens; at most "
+            f"{limits.max_request_tokens} per request are allowed (--max-request-tokens): "
+            "lower n or max_tokens",
+            "max_tokens",
+        )
     if params.logprobs is not None:
         retained = total * (params.logprobs + 1)
         if retained > limits.max_retained_logprobs:
             raise InvalidRequestError(
                 f"n={params.n} x max_tokens={max_tokens} x (logprobs={params.logprobs} + 1) would keep {retained} "
                 f"logprob entries; at most {limits.max_retained_logprobs} are allowed (--max-retained-logprobs): "
-                "lower n, max_tokens or logprobs", "logprobs")
+                "lower n, max_tokens or logprobs",
+                "logprobs",
+            )
     if params.structured_outputs is not None:
         # The grammar decides where a constrained output ends: past its end only end-of-sequence is allowed.
         for name, value in (("min_tokens", params.min_tokens), ("ignore_eos", params.ignore_eos)):
             if value:
-                raise InvalidRequestError(f"{name} cannot be combined with a structured output (JSON schema, regex, "
-                                          "choice, grammar or tool choice): the grammar decides where it ends", name)
+                raise InvalidRequestError(
+                    f"{name} cannot be combined with a structured output (JSON schema, regex, "
+                    "choice, grammar or tool choice): the grammar decides where it ends",
+                    name,
+                )
         if grammars is None:
             raise InvalidRequestError("structured outputs are not available in this engine", "structured_outputs")
         grammars.compile(params.structured_outputs)

@@ -33,8 +33,9 @@ def tokenize_prompt(tokenizer, prompt: Prompt) -> tuple[str | None, list[int]]:
         return prompt, tokenizer.encode(prompt, add_special_tokens=True).ids
     if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         return None, list(prompt)
-    raise InvalidRequestError(f"A prompt must be a string or a list of token ids, got {type(prompt).__name__}",
-                              "prompt")
+    raise InvalidRequestError(
+        f"A prompt must be a string or a list of token ids, got {type(prompt).__name__}", "prompt"
+    )
 
 
 class LLMEngine:

@@ -73,12 +73,14 @@ class Heartbeat:
 
 @dataclass
 class EngineStats:
-    """Counters of the engine core (cumulative ones since start)."""
+    """Counters of the engine core (cumulative ones since start): the one stats type, from the core to
+    AsyncLLM / LLMEngine and on to the server's /metrics and its periodic log."""
 
     num_running: int = 0
     num_waiting: int = 0
     kv_cache_usage: float = 0.0  # fraction of KV blocks held by requests
     num_kv_blocks: int = 0
+    num_free_kv_blocks: int = 0  # not held by any request (cached prefix blocks nobody holds count as free)
     prefix_cache_hit_rate: float = 0.0  # cached prompt tokens / looked-up prompt tokens
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0

@@ -55,8 +55,9 @@ class OutputProcessor:
         self.states: dict[str, _RequestState] = {}
         self._child: dict[str, tuple[_RequestState, _Sample]] = {}
 
-    def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-                    params: SamplingParams) -> AddRequest:
+    def add_request(
+        self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams
+    ) -> AddRequest:
         """Register a request; returns the one message that starts its n sequences in the core (each
         sample draws its own numbers; a seeded one uses seed + index, as vLLM)."""
         if request_id in self.states:
@@ -65,10 +66,21 @@ class OutputProcessor:
         for i in range(params.n):
             detok = None
             if params.detokenize and self.tokenizer is not None:
-                detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.skip_special_tokens,
-                                               params.stop, params.include_stop_str_in_output)
-            samples.append(_Sample(i, detok, logprobs=[] if params.logprobs is not None else None,
-                                   cumulative_logprob=0.0 if params.logprobs is not None else None))
+                detok = IncrementalDetokenizer(
+                    self.tokenizer,
+                    prompt_token_ids,
+                    params.skip_special_tokens,
+                    params.stop,
+                    params.include_stop_str_in_output,
+                )
+            samples.append(
+                _Sample(
+                    i,
+                    detok,
+                    logprobs=[] if params.logprobs is not None else None,
+                    cumulative_logprob=0.0 if params.logprobs is not None else None,
+                )
+            )
         state = _RequestState(request_id, prompt, prompt_token_ids, params, samples)
         self.states[request_id] = state
         ids = [child_id(request_id, i, params.n) for i in range(params.n)]
@@ -115,10 +127,11 @@ class OutputProcessor:
                 continue
             try:
                 self._apply(state, s, o, to_abort)
-            except Exception as exc:  # noqa: BLE001 - this request fails; the others go on
+            except Exception as exc:  # logged below: this request fails; the others go on
                 error_id = new_error_id()
-                logger.error("request %s failed in the output processor (error id %s)", state.request_id,
-                             error_id, exc_info=exc)
+                logger.error(
+                    "request %s failed in the output processor (error id %s)", state.request_id, error_id, exc_info=exc
+                )
                 to_abort += self._fail(state, error_id)
         results = []
         for state in touched.values():
@@ -151,8 +164,9 @@ class OutputProcessor:
         if s.finish_reason is None and o.finish_reason is not None:
             s.finish_reason, s.stop_reason = o.finish_reason, o.stop_reason
 
-    def _fail(self, state: _RequestState, error_id: str, reason: str | None = None,
-              param: str | None = None) -> list[str]:
+    def _fail(
+        self, state: _RequestState, error_id: str, reason: str | None = None, param: str | None = None
+    ) -> list[str]:
         """End every sample of a failed request with "error"; returns the core ids still to abort."""
         state.error_id, state.error_reason, state.error_param = error_id, reason, param
         live = self.child_ids(state.request_id)
@@ -184,17 +198,24 @@ class OutputProcessor:
             done = s.finish_reason is not None
             if delta:
                 text = s.detok.take_delta(done) if s.detok else ""
-                ids = s.token_ids[s.sent_tokens:]
-                lps = s.logprobs[s.sent_tokens:] if s.logprobs is not None else None
+                ids = s.token_ids[s.sent_tokens :]
+                lps = s.logprobs[s.sent_tokens :] if s.logprobs is not None else None
                 s.sent_tokens = len(s.token_ids)
             else:
                 text = s.detok.streamable(done) if s.detok else ""
                 ids, lps = list(s.token_ids), (list(s.logprobs) if s.logprobs is not None else None)
-            outs.append(CompletionOutput(s.index, text, ids, s.cumulative_logprob, lps, s.finish_reason,
-                                         s.stop_reason))
-        return RequestOutput(state.request_id, state.prompt, state.prompt_token_ids, outs, finished,
-                             num_cached_tokens=state.num_cached_tokens, error_id=state.error_id,
-                             error_reason=state.error_reason, error_param=state.error_param)
+            outs.append(CompletionOutput(s.index, text, ids, s.cumulative_logprob, lps, s.finish_reason, s.stop_reason))
+        return RequestOutput(
+            state.request_id,
+            state.prompt,
+            state.prompt_token_ids,
+            outs,
+            finished,
+            num_cached_tokens=state.num_cached_tokens,
+            error_id=state.error_id,
+            error_reason=state.error_reason,
+            error_param=state.error_param,
+        )
 
     def _forget(self, state: _RequestState) -> None:
         self.states.pop(state.request_id, None)

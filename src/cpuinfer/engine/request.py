@@ -73,7 +73,7 @@ class Request:
         while len(self.block_hashes) < n_full:
             i = len(self.block_hashes)
             parent = self.block_hashes[-1] if i else None
-            self.block_hashes.append(block_hash(parent, self.all_token_ids[i * block_size:(i + 1) * block_size]))
+            self.block_hashes.append(block_hash(parent, self.all_token_ids[i * block_size : (i + 1) * block_size]))
 
     def append_token(self, token_id: int) -> None:
         """Record one sampled token."""

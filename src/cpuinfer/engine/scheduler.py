@@ -13,6 +13,7 @@ for a newer one, so every request finishes.
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -65,10 +66,8 @@ class Scheduler:
         if req in self.running:
             self.running.remove(req)
         else:
-            try:
+            with contextlib.suppress(ValueError):  # not queued either: it already finished
                 self.waiting.remove(req)
-            except ValueError:
-                pass
         self._finish(req, "abort")
 
     def has_unfinished(self) -> bool:
@@ -104,8 +103,7 @@ class Scheduler:
                 budget -= n
 
         # New requests only when nothing had to be preempted (the pool is tight otherwise).
-        while (not preempted_now and self.waiting and budget > 0
-               and len(self.running) < cfg.max_num_seqs):
+        while not preempted_now and self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
             req = self.waiting[0]
             hit_blocks: list[int] = []
             fresh = not req.block_ids and req.num_computed_tokens == 0
@@ -122,10 +120,9 @@ class Scheduler:
                     self.pool.free(hit_blocks[::-1])
                     req.block_ids, req.num_computed_tokens, req.num_cached_blocks = [], 0, 0
                 break
-            if fresh:
-                if req.num_preemptions == 0:
-                    self.pool.record_lookup(req.num_tokens, len(hit_blocks) * self.block_size)
-                    req.num_prefix_hit_tokens = len(hit_blocks) * self.block_size
+            if fresh and req.num_preemptions == 0:
+                self.pool.record_lookup(req.num_tokens, len(hit_blocks) * self.block_size)
+                req.num_prefix_hit_tokens = len(hit_blocks) * self.block_size
             self.waiting.popleft()
             req.status = Status.RUNNING
             self.running.append(req)
@@ -140,7 +137,7 @@ class Scheduler:
             sample = start + n == req.num_tokens
             out.requests.append(req)
             out.num_tokens.append(n)
-            out.seqs.append(ScheduledSeq(req.all_token_ids[start:start + n], start, req.block_ids, sample))
+            out.seqs.append(ScheduledSeq(req.all_token_ids[start : start + n], start, req.block_ids, sample))
             if sample:
                 out.sampled.append(req)
         return out
@@ -191,8 +188,9 @@ class Scheduler:
                 while req.num_cached_blocks < full:
                     i = req.num_cached_blocks
                     parent = req.block_hashes[i - 1] if i else None
-                    self.pool.cache_block(req.block_ids[i], req.block_hashes[i], parent,
-                                          req.all_token_ids[i * bs:(i + 1) * bs])
+                    self.pool.cache_block(
+                        req.block_ids[i], req.block_hashes[i], parent, req.all_token_ids[i * bs : (i + 1) * bs]
+                    )
                     req.num_cached_blocks += 1
             if seq.sample and req.check_stop(self.config.max_model_len):
                 self.running.remove(req)

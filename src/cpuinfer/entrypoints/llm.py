@@ -1,8 +1,8 @@
 """`LLM`: vLLM's offline Python API (`from cpuinfer import LLM, SamplingParams`).
 
-    llm = LLM(model="path/or/file.gguf", dtype="bfloat16")   # model=None: the bundled SmolLM2
-    outs = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=32))
-    print(outs[0].outputs[0].text)
+llm = LLM(model="path/or/file.gguf", dtype="bfloat16")   # model=None: the bundled SmolLM2
+outs = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=32))
+print(outs[0].outputs[0].text)
 """
 
 from __future__ import annotations
@@ -19,28 +19,54 @@ from cpuinfer.sampling_params import SamplingParams
 logger = logging.getLogger(__name__)
 
 # vLLM arguments that mean nothing on this engine; accepted so existing scripts run.
-_IGNORED = {"trust_remote_code", "enforce_eager", "disable_log_stats", "tokenizer_mode", "swap_space",
-            "gpu_memory_utilization", "disable_custom_all_reduce"}
+_IGNORED = {
+    "trust_remote_code",
+    "enforce_eager",
+    "disable_log_stats",
+    "tokenizer_mode",
+    "swap_space",
+    "gpu_memory_utilization",
+    "disable_custom_all_reduce",
+}
 
 
 class LLM:
     """An engine for offline batch generation."""
 
-    def __init__(self, model: str | None = None, dtype: str = "auto", quantization: str | None = None,
-                 max_model_len: int | None = None,
-                 kv_cache_dtype: str = "auto", enable_prefix_caching: bool = True, block_size: int = 128,
-                 seed: int | None = 0, max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
-                 tensor_parallel_size: int = 1, **kwargs: Any):
+    def __init__(
+        self,
+        model: str | None = None,
+        dtype: str = "auto",
+        quantization: str | None = None,
+        max_model_len: int | None = None,
+        kv_cache_dtype: str = "auto",
+        enable_prefix_caching: bool = True,
+        block_size: int = 128,
+        seed: int | None = 0,
+        max_num_seqs: int | None = None,
+        max_num_batched_tokens: int | None = None,
+        tensor_parallel_size: int = 1,
+        **kwargs: Any,
+    ):
         known = {f for f in EngineArgs.__dataclass_fields__ if f != "extra"}
         extra = {k: v for k, v in kwargs.items() if k in known}
         unknown = sorted(set(kwargs) - known - _IGNORED)
         if unknown:
             raise TypeError(f"LLM() got unexpected argument(s) {', '.join(unknown)}")
-        args = EngineArgs(model=model, dtype=dtype, quantization=quantization, max_model_len=max_model_len,
-                          kv_cache_dtype=kv_cache_dtype,
-                          enable_prefix_caching=enable_prefix_caching, block_size=block_size, seed=seed,
-                          max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                          tensor_parallel_size=tensor_parallel_size, **extra)
+        args = EngineArgs(
+            model=model,
+            dtype=dtype,
+            quantization=quantization,
+            max_model_len=max_model_len,
+            kv_cache_dtype=kv_cache_dtype,
+            enable_prefix_caching=enable_prefix_caching,
+            block_size=block_size,
+            seed=seed,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            tensor_parallel_size=tensor_parallel_size,
+            **extra,
+        )
         self.llm_engine = LLMEngine.from_engine_args(args)
 
     def get_tokenizer(self):
@@ -50,16 +76,21 @@ class LLM:
     def get_default_sampling_params(self) -> SamplingParams:
         """SamplingParams with the model's generation_config defaults (as vLLM does)."""
         defaults = getattr(self.llm_engine.config.spec, "generation_defaults", None) or {}
-        allowed = {k: v for k, v in defaults.items()
-                   if k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")}
+        allowed = {
+            k: v for k, v in defaults.items() if k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+        }
         return SamplingParams(**allowed)
 
-    def generate(self, prompts: Prompt | Sequence[Prompt],
-                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
         """Generate for every prompt (strings or token-id lists); outputs in prompt order."""
-        if isinstance(prompts, (str, dict)) or (isinstance(prompts, (list, tuple)) and prompts
-                                                and all(isinstance(t, int) for t in prompts)):
+        if isinstance(prompts, (str, dict)) or (
+            isinstance(prompts, (list, tuple)) and prompts and all(isinstance(t, int) for t in prompts)
+        ):
             prompts = [prompts]
         prompts = list(prompts)
         if sampling_params is None:
@@ -72,9 +103,13 @@ class LLM:
                 raise ValueError(f"{len(params)} SamplingParams for {len(prompts)} prompts: give one, or one each")
         return self._run(prompts, params, use_tqdm)
 
-    def chat(self, messages: list[dict] | list[list[dict]],
-             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, use_tqdm: bool = True,
-             add_generation_prompt: bool = True) -> list[RequestOutput]:
+    def chat(
+        self,
+        messages: list[dict] | list[list[dict]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
         """Apply the model's chat template to one conversation (or a list of them) and generate replies."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         spec = self.llm_engine.config.spec
@@ -106,14 +141,20 @@ class LLM:
                     if out.finished:
                         results[out.request_id] = out
                         if out.error_id is not None:  # the others go on; this one's outputs end with "error"
-                            logger.warning("request %s failed inside the engine (error id %s): %s",
-                                           out.request_id, out.error_id, out.error_reason or "see the log above")
+                            logger.warning(
+                                "request %s failed inside the engine (error id %s): %s",
+                                out.request_id,
+                                out.error_id,
+                                out.error_reason or "see the log above",
+                            )
                         if bar is not None:
                             n_in += len(out.prompt_token_ids)
                             n_out += sum(len(o.token_ids) for o in out.outputs)
                             elapsed = bar.format_dict["elapsed"] or 1e-9
-                            bar.set_postfix_str(f"est. speed input: {n_in / elapsed:.1f} toks/s, "
-                                                f"output: {n_out / elapsed:.1f} toks/s", refresh=False)
+                            bar.set_postfix_str(
+                                f"est. speed input: {n_in / elapsed:.1f} toks/s, output: {n_out / elapsed:.1f} toks/s",
+                                refresh=False,
+                            )
                             bar.update(1)
         except BaseException:
             engine.abort_request([r for r in ids if r not in results])

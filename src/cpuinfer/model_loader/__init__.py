@@ -23,8 +23,10 @@ def _check_token_ids(ids: list, vocab_size: int, what: str, source: str) -> None
     """Special-token ids from a model file must be ids of the model's vocabulary (never a silent no-op stop)."""
     for i in ids:
         if not is_int(i) or not 0 <= i < vocab_size:
-            raise ModelLoadError(f"{source}: {what} {i!r} is not a token id of the {vocab_size}-token vocabulary; "
-                                 "the model's config is corrupt: fix it or re-download the model")
+            raise ModelLoadError(
+                f"{source}: {what} {i!r} is not a token id of the {vocab_size}-token vocabulary; "
+                "the model's config is corrupt: fix it or re-download the model"
+            )
 
 
 def load_model_spec(path: str, dtype: str | torch.dtype = "auto", quantization: str | None = None) -> ModelSpec:
@@ -38,10 +40,7 @@ def load_model_spec(path: str, dtype: str | torch.dtype = "auto", quantization: 
     path = os.fspath(path)
     if not os.path.exists(path):
         raise ModelLoadError(f"model path {path!r} does not exist; pass a Hugging Face model directory or a .gguf file")
-    if os.path.isdir(path):
-        spec_kwargs = _hf_spec(path, dtype)
-    else:
-        spec_kwargs = _gguf_spec(path, dtype)
+    spec_kwargs = _hf_spec(path, dtype) if os.path.isdir(path) else _gguf_spec(path, dtype)
     config = spec_kwargs["hf_config"]
     found = "gguf" if spec_kwargs["format"] == "gguf" else checkpoint.declared(config, f"{path}/config.json")
     spec_kwargs["quantization"] = checkpoint.resolve(quantization, found, path)
@@ -50,16 +49,20 @@ def load_model_spec(path: str, dtype: str | torch.dtype = "auto", quantization: 
     _check_token_ids(spec_kwargs["eos_token_ids"], shape["vocab_size"], "eos token id", path)
     _check_token_ids(_as_list(spec_kwargs["bos_token_id"]), shape["vocab_size"], "bos token id", path)
     if not isinstance(spec_kwargs["chat_template"], (str, type(None))):
-        raise ModelLoadError(f"{path}: the chat template is a {type(spec_kwargs['chat_template']).__name__}, not "
-                             "text; fix tokenizer.chat_template (GGUF) or chat_template (tokenizer_config.json)")
+        raise ModelLoadError(
+            f"{path}: the chat template is a {type(spec_kwargs['chat_template']).__name__}, not "
+            "text; fix tokenizer.chat_template (GGUF) or chat_template (tokenizer_config.json)"
+        )
     tok = spec_kwargs["tokenizer"]
     # A tokenizer smaller than the vocabulary is normal (embedding rows padded to a multiple of 64 or 128); a
     # larger one would produce ids with no embedding row. Added tokens past it (Gemma 3's image token) are left
     # to the request checks, which refuse ids >= vocab_size.
     if tok is not None and tok.get_vocab_size(with_added_tokens=False) > shape["vocab_size"]:
-        raise ModelLoadError(f"{path}: the tokenizer has {tok.get_vocab_size(with_added_tokens=False)} tokens but "
-                             f"the model's vocab_size is {shape['vocab_size']}; the tokenizer belongs to another "
-                             "model: use the tokenizer files of this checkpoint")
+        raise ModelLoadError(
+            f"{path}: the tokenizer has {tok.get_vocab_size(with_added_tokens=False)} tokens but "
+            f"the model's vocab_size is {shape['vocab_size']}; the tokenizer belongs to another "
+            "model: use the tokenizer files of this checkpoint"
+        )
     special = set()
     if tok is not None:
         special = {i for i, t in tok.get_added_tokens_decoder().items() if t.special}
@@ -82,10 +85,19 @@ def _hf_spec(directory: str, dtype) -> dict:
         eos = _as_list(tok["tokenizer"].token_to_id(tok["eos_token"]))
     bos = gen.get("bos_token_id", config.get("bos_token_id"))
     checkpoint_dtype = config.get("dtype") or config.get("torch_dtype")
-    return dict(architecture=archs[0], dtype=resolve_dtype(dtype, checkpoint_dtype), eos_token_ids=eos,
-                bos_token_id=bos, tokenizer=tok["tokenizer"], chat_template=tok["chat_template"],
-                generation_defaults={k: gen[k] for k in SAMPLING_KEYS if gen.get(k) is not None},
-                hf_config=config, format="hf", bos_token=tok["bos_token"], eos_token=tok["eos_token"])
+    return dict(
+        architecture=archs[0],
+        dtype=resolve_dtype(dtype, checkpoint_dtype),
+        eos_token_ids=eos,
+        bos_token_id=bos,
+        tokenizer=tok["tokenizer"],
+        chat_template=tok["chat_template"],
+        generation_defaults={k: gen[k] for k in SAMPLING_KEYS if gen.get(k) is not None},
+        hf_config=config,
+        format="hf",
+        bos_token=tok["bos_token"],
+        eos_token=tok["eos_token"],
+    )
 
 
 def _gguf_spec(path: str, dtype) -> dict:
@@ -102,10 +114,19 @@ def _gguf_spec(path: str, dtype) -> dict:
     if eot is not None and eot not in eos_ids:
         eos_ids.append(eot)
     name = lambda i: tokens[i] if is_int(i) and 0 <= i < len(tokens) else None  # noqa: E731
-    return dict(architecture=config["architectures"][0], dtype=resolve_dtype(dtype, "bfloat16"),
-                eos_token_ids=eos_ids, bos_token_id=bos, tokenizer=tokenizer,
-                chat_template=g.get("tokenizer.chat_template"), generation_defaults={}, hf_config=config,
-                format="gguf", bos_token=name(bos), eos_token=name(eos))
+    return dict(
+        architecture=config["architectures"][0],
+        dtype=resolve_dtype(dtype, "bfloat16"),
+        eos_token_ids=eos_ids,
+        bos_token_id=bos,
+        tokenizer=tokenizer,
+        chat_template=g.get("tokenizer.chat_template"),
+        generation_defaults={},
+        hf_config=config,
+        format="gguf",
+        bos_token=name(bos),
+        eos_token=name(eos),
+    )
 
 
 def load_weights(spec: ModelSpec) -> tuple[dict[str, torch.Tensor], dict]:
@@ -134,5 +155,7 @@ def _check_hf_vocab(spec: ModelSpec, tensors: dict[str, torch.Tensor]) -> None:
     config = os.path.join(spec.path, "config.json")
     for name, t in tensors.items():
         if (name.endswith("embed_tokens.weight") or name == "lm_head.weight") and t.shape[0] != spec.vocab_size:
-            raise ModelLoadError(f"{config}: vocab_size = {spec.vocab_size} but {name} has {t.shape[0]} rows; the "
-                                 "config and weights do not belong together: fix vocab_size or re-download the model")
+            raise ModelLoadError(
+                f"{config}: vocab_size = {spec.vocab_size} but {name} has {t.shape[0]} rows; the "
+                "config and weights do not belong together: fix vocab_size or re-download the model"
+            )

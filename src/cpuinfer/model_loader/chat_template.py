@@ -25,8 +25,15 @@ def _compile(template: str):
     return env.from_string(template)
 
 
-def render_chat_template(template: str, messages: list[dict], *, add_generation_prompt: bool = True,
-                         bos_token: str | None = None, eos_token: str | None = None, **kwargs) -> str:
+def render_chat_template(
+    template: str,
+    messages: list[dict],
+    *,
+    add_generation_prompt: bool = True,
+    bos_token: str | None = None,
+    eos_token: str | None = None,
+    **kwargs,
+) -> str:
     """The prompt text for messages under template (special tokens appear as text; encode it without adding BOS).
     Extra keyword arguments (`tools`, `documents`, a template's own switches) become template variables."""
     variables = {**kwargs, "bos_token": bos_token or "", "eos_token": eos_token or ""}

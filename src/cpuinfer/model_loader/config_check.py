@@ -13,9 +13,17 @@ import math
 from .errors import ModelLoadError
 
 MAX_LAYERS = 4096  # the deepest released models have ~130 layers
-_POSITIVE_INTS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
-                  "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings",
-                  "original_max_position_embeddings")
+_POSITIVE_INTS = (
+    "num_hidden_layers",
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "max_position_embeddings",
+    "original_max_position_embeddings",
+)
 _POSITIVE_FLOATS = ("rms_norm_eps", "rope_theta", "factor")
 _NON_NEGATIVE_FLOATS = ("final_logit_softcapping", "attn_logit_softcapping")  # 0 = no soft-capping
 
@@ -27,9 +35,12 @@ def is_int(value) -> bool:
 
 def check_config(config: dict, source: str, names: dict[str, str] | None = None) -> None:
     """Raise a ModelLoadError naming the key (as spelled in the file, via `names`) of the first bad number."""
+
     def bad(key: str, value, want: str):
-        return ModelLoadError(f"{source}: {(names or {}).get(key, key)} = {value!r} is not {want}; "
-                              "the model file is corrupt or hand-edited: fix the value or re-download the model")
+        return ModelLoadError(
+            f"{source}: {(names or {}).get(key, key)} = {value!r} is not {want}; "
+            "the model file is corrupt or hand-edited: fix the value or re-download the model"
+        )
 
     for key in _POSITIVE_INTS:
         value = config.get(key)
@@ -41,12 +52,19 @@ def check_config(config: dict, source: str, names: dict[str, str] | None = None)
     window = config.get("sliding_window")
     if window is not None and (not is_int(window) or window < 0):
         raise bad("sliding_window", window, "a non-negative integer")
-    for keys, least, want in ((_POSITIVE_FLOATS, 0, "a finite positive number"),
-                              (_NON_NEGATIVE_FLOATS, None, "a finite non-negative number")):
+    for keys, least, want in (
+        (_POSITIVE_FLOATS, 0, "a finite positive number"),
+        (_NON_NEGATIVE_FLOATS, None, "a finite non-negative number"),
+    ):
         for key in keys:
             value = config.get(key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                      or not math.isfinite(value) or value < 0 or value == least):
+            if value is not None and (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or value < 0
+                or value == least
+            ):
                 raise bad(key, value, want)
     heads, kv_heads = config.get("num_attention_heads"), config.get("num_key_value_heads")
     if heads is not None and kv_heads is not None and heads % kv_heads:

@@ -25,8 +25,21 @@ from .gguf_reader import GGUFReader
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K",
-                          "Q5_K", "Q6_K")
+SUPPORTED_TENSOR_TYPES = (
+    "F32",
+    "F16",
+    "BF16",
+    "Q4_0",
+    "Q4_1",
+    "Q5_0",
+    "Q5_1",
+    "Q8_0",
+    "Q2_K",
+    "Q3_K",
+    "Q4_K",
+    "Q5_K",
+    "Q6_K",
+)
 
 # general.architecture -> (HF architecture, HF model_type)
 GGUF_ARCHITECTURES = {
@@ -66,8 +79,12 @@ _LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-_GEMMA_LAYER_NAMES = dict(_LAYER_NAMES, ffn_norm="pre_feedforward_layernorm",
-                          post_attention_norm="post_attention_layernorm", post_ffw_norm="post_feedforward_layernorm")
+_GEMMA_LAYER_NAMES = dict(
+    _LAYER_NAMES,
+    ffn_norm="pre_feedforward_layernorm",
+    post_attention_norm="post_attention_layernorm",
+    post_ffw_norm="post_feedforward_layernorm",
+)
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
@@ -83,8 +100,9 @@ class GGUFFile:
         self.fields = self.reader.fields
         self.arch = self.get("general.architecture")
         if self.arch not in GGUF_ARCHITECTURES:
-            raise ModelLoadError(f"{path}: GGUF architecture {self.arch!r} is not supported; "
-                                 f"supported: {', '.join(GGUF_ARCHITECTURES)}")
+            raise ModelLoadError(
+                f"{path}: GGUF architecture {self.arch!r} is not supported; supported: {', '.join(GGUF_ARCHITECTURES)}"
+            )
         self.tensor_names = {t.name for t in self.reader.tensors}
 
     def get(self, key: str, default=None):
@@ -124,8 +142,10 @@ class GGUFFile:
             cfg["query_pre_attn_scalar"] = cfg["head_dim"]
             full = {"rope_theta": cfg.get("rope_theta", 1e6), "rope_type": "default", **rope_scaling}
             # llama.cpp hard-codes base 10000 for Gemma 3's local (sliding) layers, as transformers does.
-            cfg["rope_parameters"] = {"full_attention": full,
-                                      "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}}
+            cfg["rope_parameters"] = {
+                "full_attention": full,
+                "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"},
+            }
         else:
             cfg["hidden_act"] = "silu"
             if rope_scaling:
@@ -141,8 +161,10 @@ class GGUFFile:
         present = {int(m.group(1)) for name in self.tensor_names if (m := _BLOCK.match(name))}
         found = max(present) + 1 if present else 0
         if n_layers > found:
-            raise ModelLoadError(f"{self.path}: {self.arch}.block_count = {n_layers}, but the file has tensors for "
-                                 f"{found} layer(s); the file is corrupt: re-download or re-convert it")
+            raise ModelLoadError(
+                f"{self.path}: {self.arch}.block_count = {n_layers}, but the file has tensors for "
+                f"{found} layer(s); the file is corrupt: re-download or re-convert it"
+            )
 
     def _check_vocab(self, declared: int | None) -> int:
         """The model's vocabulary size, checked against the token list and the embedding's rows.
@@ -157,20 +179,28 @@ class GGUFFile:
         if embd is None:
             return declared or n_tokens  # the weight load names the missing tensor
         if len(embd) != 2:
-            raise ModelLoadError(f"{self.path}: token_embd.weight has shape {list(embd)}, not [vocab, hidden]; "
-                                 "the file is corrupt: re-download or re-convert it")
+            raise ModelLoadError(
+                f"{self.path}: token_embd.weight has shape {list(embd)}, not [vocab, hidden]; "
+                "the file is corrupt: re-download or re-convert it"
+            )
         rows = embd[0]
         if n_tokens > rows:
-            raise ModelLoadError(f"{self.path}: the tokenizer has {n_tokens} tokens (tokenizer.ggml.tokens) but the "
-                                 f"embedding token_embd.weight has only {rows} rows; the tokenizer and weights do "
-                                 "not belong together: re-download or re-convert the file")
+            raise ModelLoadError(
+                f"{self.path}: the tokenizer has {n_tokens} tokens (tokenizer.ggml.tokens) but the "
+                f"embedding token_embd.weight has only {rows} rows; the tokenizer and weights do "
+                "not belong together: re-download or re-convert the file"
+            )
         if declared is not None and declared != rows:
-            raise ModelLoadError(f"{self.path}: {self.arch}.vocab_size = {declared} but token_embd.weight has {rows} "
-                                 "rows; the file is corrupt: re-download or re-convert it")
+            raise ModelLoadError(
+                f"{self.path}: {self.arch}.vocab_size = {declared} but token_embd.weight has {rows} "
+                "rows; the file is corrupt: re-download or re-convert it"
+            )
         out = shapes.get("output.weight")
         if out is not None and out[0] != rows:
-            raise ModelLoadError(f"{self.path}: output.weight has {out[0]} rows but token_embd.weight has {rows}; "
-                                 "the file is corrupt: re-download or re-convert it")
+            raise ModelLoadError(
+                f"{self.path}: output.weight has {out[0]} rows but token_embd.weight has {rows}; "
+                "the file is corrupt: re-download or re-convert it"
+            )
         return rows
 
     def _rope_scaling(self) -> dict:
@@ -181,8 +211,14 @@ class GGUFFile:
         orig = self.get(f"{self.arch}.rope.scaling.original_context_length")
         if orig:
             out["original_max_position_embeddings"] = orig
-        check_config(out, self.path, {"factor": f"{self.arch}.rope.scaling.factor", "original_max_position_embeddings":
-                                      f"{self.arch}.rope.scaling.original_context_length"})
+        check_config(
+            out,
+            self.path,
+            {
+                "factor": f"{self.arch}.rope.scaling.factor",
+                "original_max_position_embeddings": f"{self.arch}.rope.scaling.original_context_length",
+            },
+        )
         out["factor"] = float(out["factor"])
         return out
 
@@ -191,8 +227,10 @@ class GGUFFile:
         for t in self.reader.tensors:
             if t.name == "rope_freqs.weight":
                 if t.type_id != 0 or len(t.shape) != 1:  # F32 vector, one divisor per rotary frequency
-                    raise ModelLoadError(f"{self.path}: rope_freqs.weight must be a float32 vector, got type id "
-                                         f"{t.type_id} and shape {list(t.shape)}; re-convert the file")
+                    raise ModelLoadError(
+                        f"{self.path}: rope_freqs.weight must be a float32 vector, got type id "
+                        f"{t.type_id} and shape {list(t.shape)}; re-convert the file"
+                    )
                 return torch.from_numpy(t.data.view(np.float32).copy())
         return None
 
@@ -203,8 +241,10 @@ class GGUFFile:
         for t in self.reader.tensors:
             type_name = GGMLQuantizationType(t.type_id).name
             if type_name not in SUPPORTED_TENSOR_TYPES:
-                raise ModelLoadError(f"{self.path}: tensor {t.name!r} has GGUF type {type_name}, which "
-                                     f"cpuinfer cannot read; supported types: {', '.join(SUPPORTED_TENSOR_TYPES)}")
+                raise ModelLoadError(
+                    f"{self.path}: tensor {t.name!r} has GGUF type {type_name}, which "
+                    f"cpuinfer cannot read; supported types: {', '.join(SUPPORTED_TENSOR_TYPES)}"
+                )
 
     def hf_name(self, name: str) -> str | None:
         """The Hugging Face name of a GGUF tensor (None for tensors the models do not use)."""
@@ -248,8 +288,10 @@ class GGUFFile:
                 try:
                     w = gguf_blocks.unpack(type_name, t.data, int(t.shape[0]), int(t.shape[-1]), order)
                 except ValueError as e:
-                    raise ModelLoadError(f"{self.path}: tensor {t.name!r} ({type_name}): {e}; the file is corrupt: "
-                                         "re-download or re-convert it") from None
+                    raise ModelLoadError(
+                        f"{self.path}: tensor {t.name!r} ({type_name}): {e}; the file is corrupt: "
+                        "re-download or re-convert it"
+                    ) from None
                 kept[type_name] += 1
                 yield hf, w
                 continue
@@ -262,13 +304,27 @@ class GGUFFile:
                 w = w - 1.0  # llama.cpp stored (1 + w); the model folds the 1 back in at load
             yield hf, w
         if kept:
-            logger.info("%s: %s tensors kept quantized (integer kernels, %s tile)", os.path.basename(self.path),
-                        _counts(kept), _tile_name())
+            logger.info(
+                "%s: %s tensors kept quantized (integer kernels, %s tile)",
+                os.path.basename(self.path),
+                _counts(kept),
+                _tile_name(),
+            )
         if dequantized:
-            why = ("no quantized kernel for these types" if keep else "CPUINFER_GGUF_DEQUANTIZE=1"
-                   if envs.GGUF_DEQUANTIZE.get() else "float32 runs dequantize")
-            logger.info("%s: %s tensors dequantized to %s (%s)", os.path.basename(self.path), _counts(dequantized),
-                        str(dtype).removeprefix("torch."), why)
+            why = (
+                "no quantized kernel for these types"
+                if keep
+                else "CPUINFER_GGUF_DEQUANTIZE=1"
+                if envs.GGUF_DEQUANTIZE.get()
+                else "float32 runs dequantize"
+            )
+            logger.info(
+                "%s: %s tensors dequantized to %s (%s)",
+                os.path.basename(self.path),
+                _counts(dequantized),
+                str(dtype).removeprefix("torch."),
+                why,
+            )
 
     def _dequantize(self, t, dtype: torch.dtype) -> torch.Tensor:
         from gguf import GGMLQuantizationType, dequantize
@@ -287,8 +343,8 @@ class GGUFFile:
         src = t.data.reshape(flat.shape[0], -1)
         step = max(1, (1 << 22) // cols)  # ~16 MB of float32 at a time keeps the load peak low
         for i in range(0, flat.shape[0], step):
-            chunk = dequantize(src[i:i + step], qtype)
-            flat[i:i + step] = torch.from_numpy(chunk.reshape(-1, cols))
+            chunk = dequantize(src[i : i + step], qtype)
+            flat[i : i + step] = torch.from_numpy(chunk.reshape(-1, cols))
         return out
 
 

@@ -13,10 +13,14 @@ from tokenizers.models import BPE
 
 from .errors import ModelLoadError
 
-_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _SPLITS = {name: _LLAMA3_SPLIT for name in ("llama3", "llama-v3", "llama-bpe", "falcon3", "smaug-bpe", "dbrx")}
 _SPLITS.update({name: _QWEN2_SPLIT for name in ("qwen2", "deepseek-r1-qwen", "megrez")})
 
@@ -58,14 +62,21 @@ def tokenizer_from_gguf(get, path: str) -> Tokenizer:
             tok, tokens = _sentencepiece(get, tokens)
             spelled = None
     except Exception as e:  # tokenizers raises a bare Exception for e.g. a merge of tokens not in the vocabulary
-        raise ModelLoadError(f"{path}: the GGUF tokenizer cannot be built ({e}); the file is corrupt: "
-                             "re-download or re-convert it") from e
+        raise ModelLoadError(
+            f"{path}: the GGUF tokenizer cannot be built ({e}); the file is corrupt: re-download or re-convert it"
+        ) from e
     # Only tokens the vocabulary has (as spelled there): anything else would get a new id past the model's vocab.
     vocab = tok.get_vocab()
-    control = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types, strict=False)
-               if ty == CONTROL and t in vocab and (spelled is None or set(t) <= spelled)]
-    user = [AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types, strict=False)
-            if ty == USER_DEFINED and t in vocab]
+    control = [
+        AddedToken(t, special=True, normalized=False)
+        for t, ty in zip(tokens, types, strict=False)
+        if ty == CONTROL and t in vocab and (spelled is None or set(t) <= spelled)
+    ]
+    user = [
+        AddedToken(t, special=False, normalized=False)
+        for t, ty in zip(tokens, types, strict=False)
+        if ty == USER_DEFINED and t in vocab
+    ]
     tok.add_special_tokens(control)
     if user:
         tok.add_tokens(user)
@@ -73,13 +84,15 @@ def tokenizer_from_gguf(get, path: str) -> Tokenizer:
     add_bos = get("tokenizer.ggml.add_bos_token", model == "llama")
     if add_bos and bos_id is not None:
         bos = tokens[bos_id]
-        tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
-                                                           special_tokens=[(bos, bos_id)])
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)]
+        )
     return tok
 
 
 def _check_tokens(get, tokens, path: str) -> None:
     """Token list, merges and special-token ids well-formed and in range, before anything is built from them."""
+
     def corrupt(what: str) -> ModelLoadError:
         return ModelLoadError(f"{path}: {what}; the file is corrupt or hostile: re-download or re-convert it")
 
@@ -87,23 +100,29 @@ def _check_tokens(get, tokens, path: str) -> None:
         raise corrupt("tokenizer.ggml.tokens is not a list of strings")
     longest = max(range(len(tokens)), key=lambda i: len(tokens[i]))
     if len(tokens[longest]) > MAX_TOKEN_CHARS:
-        raise corrupt(f"token {longest} (tokenizer.ggml.tokens) is {len(tokens[longest])} characters long; "
-                      f"cpuinfer accepts tokens of up to {MAX_TOKEN_CHARS}")
+        raise corrupt(
+            f"token {longest} (tokenizer.ggml.tokens) is {len(tokens[longest])} characters long; "
+            f"cpuinfer accepts tokens of up to {MAX_TOKEN_CHARS}"
+        )
     merges = get("tokenizer.ggml.merges") or []
     if not isinstance(merges, list) or not all(isinstance(m, str) and " " in m for m in merges):
         raise corrupt('tokenizer.ggml.merges is not a list of "left right" strings')
     # Each merge joins two tokens into a third, at one of its len - 1 split points: no more merges than that.
     splits = sum(len(t) - 1 for t in tokens)
     if len(merges) > splits:
-        raise corrupt(f"tokenizer.ggml.merges has {len(merges)} merges, more than the {splits} ways to split "
-                      f"the {len(tokens)} tokens in two")
-    for key in sorted(k for k in ("bos", "eos", "eot", "eom", "unknown", "padding", "sep", "cls", "mask")
-                      if get(f"tokenizer.ggml.{k}_token_id") is not None):
+        raise corrupt(
+            f"tokenizer.ggml.merges has {len(merges)} merges, more than the {splits} ways to split "
+            f"the {len(tokens)} tokens in two"
+        )
+    for key in sorted(
+        k
+        for k in ("bos", "eos", "eot", "eom", "unknown", "padding", "sep", "cls", "mask")
+        if get(f"tokenizer.ggml.{k}_token_id") is not None
+    ):
         value = get(f"tokenizer.ggml.{key}_token_id")
         for i in value if isinstance(value, list) else [value]:
             if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(tokens):
-                raise corrupt(f"tokenizer.ggml.{key}_token_id = {value!r} is not a token id "
-                              f"(0 to {len(tokens) - 1})")
+                raise corrupt(f"tokenizer.ggml.{key}_token_id = {value!r} is not a token id (0 to {len(tokens) - 1})")
 
 
 def _byte_level(tokens: list[str], merges: list[str], pre: str | None) -> Tokenizer:
@@ -111,12 +130,17 @@ def _byte_level(tokens: list[str], merges: list[str], pre: str | None) -> Tokeni
     tok = Tokenizer(BPE(vocab=vocab, merges=[tuple(m.split(" ", 1)) for m in merges], fuse_unk=False))
     split = _SPLITS.get(pre or "")
     if split is not None:
-        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), behavior="isolated"),
-                                                     pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
     elif pre == "smollm":
         # SmolLM's own tokenizer.json: digits one at a time, then GPT-2's byte-level split.
-        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
-                                                     pre_tokenizers.ByteLevel(add_prefix_space=False)])
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+        )
     else:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -151,8 +175,9 @@ def _merges_from_vocab(vocab: dict[str, int], scores: dict[str, float]) -> list[
     """BPE merges implied by a SentencePiece vocabulary: every split of a token into two tokens, best score first."""
     merges = []
     for token, score in scores.items():
-        local = [(token[:i], token[i:], score) for i in range(1, len(token))
-                 if token[:i] in vocab and token[i:] in vocab]
+        local = [
+            (token[:i], token[i:], score) for i in range(1, len(token)) if token[:i] in vocab and token[i:] in vocab
+        ]
         local.sort(key=lambda m: (vocab[m[0]], vocab[m[1]]))
         merges.extend(local)
     merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)

@@ -19,13 +19,17 @@ def read_json(path: str, required: bool = True) -> dict:
     """A JSON object as a dict ({} when optional and absent); a clear error when unreadable, huge or not an object."""
     if not os.path.isfile(path):
         if required:
-            raise ModelLoadError(f"{path} does not exist; a model directory needs config.json, *.safetensors "
-                                 "and (for text prompts) tokenizer.json")
+            raise ModelLoadError(
+                f"{path} does not exist; a model directory needs config.json, *.safetensors "
+                "and (for text prompts) tokenizer.json"
+            )
         return {}
     try:
         if os.path.getsize(path) > MAX_JSON_BYTES:
-            raise ModelLoadError(f"{path} is {os.path.getsize(path)} bytes, more than the {MAX_JSON_BYTES} a model "
-                                 "config file can plausibly need; the file is corrupt: re-download it")
+            raise ModelLoadError(
+                f"{path} is {os.path.getsize(path)} bytes, more than the {MAX_JSON_BYTES} a model "
+                "config file can plausibly need; the file is corrupt: re-download it"
+            )
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except (OSError, ValueError, RecursionError) as e:  # RecursionError: nesting deeper than the parser allows
@@ -59,13 +63,16 @@ def safetensors_files(directory: str) -> list[str]:
     if os.path.isfile(index):
         weight_map = read_json(index).get("weight_map") or {}
         if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
-            raise ModelLoadError(f"{index}: weight_map is not an object of tensor name -> shard file name; "
-                                 "re-download the model")
+            raise ModelLoadError(
+                f"{index}: weight_map is not an object of tensor name -> shard file name; re-download the model"
+            )
         for name in sorted(set(weight_map.values())):
             parts = name.replace("\\", "/").split("/")
             if not name or os.path.isabs(name) or ".." in parts or parts[0].endswith(":"):
-                raise ModelLoadError(f"{index}: weight_map names shard {name!r}, a path outside the model "
-                                     "directory; shards must lie inside it: fix the index or re-download the model")
+                raise ModelLoadError(
+                    f"{index}: weight_map names shard {name!r}, a path outside the model "
+                    "directory; shards must lie inside it: fix the index or re-download the model"
+                )
         files = sorted({os.path.join(directory, f) for f in weight_map.values()})
         missing = [f for f in files if not os.path.isfile(f)]
         if missing:
@@ -78,9 +85,11 @@ def safetensors_files(directory: str) -> list[str]:
             raise ModelLoadError(f"{directory} has no *.safetensors weights{hint}")
     outside = [f for f in files if not _inside(f, roots)]
     if outside:
-        raise ModelLoadError(f"{directory}: weight file(s) {', '.join(outside)} are symlinks to "
-                             f"{', '.join(os.path.realpath(f) for f in outside)}, outside the model directory; "
-                             "copy the real files into the directory")
+        raise ModelLoadError(
+            f"{directory}: weight file(s) {', '.join(outside)} are symlinks to "
+            f"{', '.join(os.path.realpath(f) for f in outside)}, outside the model directory; "
+            "copy the real files into the directory"
+        )
     return files
 
 
@@ -92,7 +101,7 @@ def safetensors_tensors(directory: str, dtype: torch.dtype | None) -> Iterator[t
     for path in safetensors_files(directory):
         try:
             with safe_open(path, framework="pt") as f:
-                for name in f.keys():
+                for name in f.keys():  # noqa: SIM118 - safe_open has keys() but is not iterable
                     t = f.get_tensor(name)
                     yield name, (t.to(dtype) if dtype is not None and t.dim() >= 2 else t)
         except (SafetensorError, OSError, RuntimeError, ValueError) as e:

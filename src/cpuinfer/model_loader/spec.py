@@ -9,9 +9,16 @@ import torch
 
 from .chat_template import render_chat_template
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
-          "bf16": torch.bfloat16, "fp16": torch.float16, "half": torch.float16, "float": torch.float32,
-          "fp32": torch.float32}
+DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "float": torch.float32,
+    "fp32": torch.float32,
+}
 
 
 def resolve_dtype(requested: str | torch.dtype, checkpoint_dtype: str | None) -> torch.dtype:
@@ -52,9 +59,15 @@ class ModelSpec:
     bos_token: str | None = None
     eos_token: str | None = None
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            continue_final_message: bool = False, tools: list[dict] | None = None,
-                            chat_template: str | None = None, **template_kwargs) -> str:
+    def apply_chat_template(
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: list[dict] | None = None,
+        chat_template: str | None = None,
+        **template_kwargs,
+    ) -> str:
         """Render messages with the model's chat template (encode the result without adding BOS again).
 
         As transformers' apply_chat_template: `tools` (OpenAI-style function definitions) and any extra variables
@@ -76,17 +89,24 @@ class ModelSpec:
         cut = text.rfind(final) if final else -1
         return text[: cut + len(final)] if cut >= 0 else text
 
-    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True,
-                    continue_final_message: bool = False, add_special_tokens: bool = False,
-                    tools: list[dict] | None = None, chat_template: str | None = None,
-                    **template_kwargs) -> tuple[str, list[int]]:
+    def encode_chat(
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        add_special_tokens: bool = False,
+        tools: list[dict] | None = None,
+        chat_template: str | None = None,
+        **template_kwargs,
+    ) -> tuple[str, list[int]]:
         """(prompt text, token ids) of a conversation: the one helper that applies the chat template and encodes.
 
         The template writes the special tokens as text, so BOS is not added again by default. encode_batch,
         unlike encode, releases the GIL: a long conversation can be encoded on a worker thread.
         """
-        text = self.apply_chat_template(messages, add_generation_prompt, continue_final_message, tools,
-                                        chat_template, **template_kwargs)
+        text = self.apply_chat_template(
+            messages, add_generation_prompt, continue_final_message, tools, chat_template, **template_kwargs
+        )
         return text, list(self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids)
 
     def kv_bytes_per_token(self, cache_dtype: torch.dtype) -> int:

@@ -25,7 +25,7 @@ from .rotary import cos_sin_cache, rope_parameters
 class Gemma3ForCausalLM:
     """Gemma 3 text decoder."""
 
-    def __init__(self, config: dict, bag: WeightBag, max_positions: int, rope_freq_factors=None):
+    def __init__(self, config: dict, bag: WeightBag, max_positions: int, rope_freq_factors=None):  # noqa: ARG002 - the registry's one signature
         n_layers = config["num_hidden_layers"]
         self.eps = float(config.get("rms_norm_eps", 1e-6))
         heads = config["num_attention_heads"]
@@ -49,9 +49,22 @@ class Gemma3ForCausalLM:
             layer.post_norm = norm_weight(bag, f"{p}.post_attention_layernorm.weight", 1.0)
             layer.pre_ff_norm = norm_weight(bag, f"{p}.pre_feedforward_layernorm.weight", 1.0)
             layer.post_ff_norm = norm_weight(bag, f"{p}.post_feedforward_layernorm.weight", 1.0)
-            layer.attn = Attention(bag, f"{p}.self_attn", heads, kv_heads, hs, tables[kind], scale, bias=bias,
-                                   o_bias=bias, qk_norm=True, norm_eps=self.eps, norm_offset=1.0,
-                                   sliding_window=window if kind == "sliding_attention" else 0, soft_cap=soft_cap)
+            layer.attn = Attention(
+                bag,
+                f"{p}.self_attn",
+                heads,
+                kv_heads,
+                hs,
+                tables[kind],
+                scale,
+                bias=bias,
+                o_bias=bias,
+                qk_norm=True,
+                norm_eps=self.eps,
+                norm_offset=1.0,
+                sliding_window=window if kind == "sliding_attention" else 0,
+                soft_cap=soft_cap,
+            )
             layer.mlp = GatedMLP(bag, f"{p}.mlp", config.get("hidden_activation") or "gelu_pytorch_tanh")
             finish_layer(layer, self.eps)
             self.layers.append(layer)
@@ -63,8 +76,14 @@ class Gemma3ForCausalLM:
         bag.tensors.pop("lm_head.weight", None)
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], sample_idx: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        sample_idx: torch.Tensor | None,
+    ) -> torch.Tensor:
         """float32 logits for the tokens at sample_idx (all tokens when None)."""
         h = self.head.embed_tokens(input_ids) * self.embed_scale
 

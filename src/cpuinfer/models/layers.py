@@ -58,11 +58,25 @@ class WeightBag:
 class Attention:
     """Fused-QKV self-attention over the paged KV cache, with optional q/k RMS norm, bias, window and soft-cap."""
 
-    def __init__(self, bag: WeightBag, prefix: str, num_heads: int, num_kv_heads: int, head_dim: int,
-                 cos_sin: torch.Tensor | None, scale: float, *, bias: bool = False, o_bias: bool = False,
-                 qk_norm: bool = False, norm_eps: float = 1e-6, norm_offset: float = 0.0,
-                 sliding_window: int = 0, soft_cap: float = 0.0, names: tuple[str, ...] = ("q_proj", "k_proj",
-                 "v_proj", "o_proj")):
+    def __init__(
+        self,
+        bag: WeightBag,
+        prefix: str,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        cos_sin: torch.Tensor | None,
+        scale: float,
+        *,
+        bias: bool = False,
+        o_bias: bool = False,
+        qk_norm: bool = False,
+        norm_eps: float = 1e-6,
+        norm_offset: float = 0.0,
+        sliding_window: int = 0,
+        soft_cap: float = 0.0,
+        names: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj"),
+    ):
         q, k, v, o = (f"{prefix}.{n}" for n in names)
         self.qkv_w = bag.take_cat([f"{q}.weight", f"{k}.weight", f"{v}.weight"])
         self.qkv_b = bag.take_cat([f"{q}.bias", f"{k}.bias", f"{v}.bias"]) if bias else None
@@ -79,11 +93,18 @@ class Attention:
         self.scale, self.sliding_window, self.soft_cap = scale, sliding_window, soft_cap
         self.packed = False  # qkv_w / o_w in ops.pack_weight's layout (see pack_layer)
         if self.qkv_w.shape[0] != self.q_size + 2 * self.kv_size:
-            raise ModelLoadError(f"{bag.source}: {prefix} q/k/v weights have {self.qkv_w.shape[0]} rows in total, "
-                                 f"expected {self.q_size + 2 * self.kv_size} from the config's head counts")
+            raise ModelLoadError(
+                f"{bag.source}: {prefix} q/k/v weights have {self.qkv_w.shape[0]} rows in total, "
+                f"expected {self.q_size + 2 * self.kv_size} from the config's head counts"
+            )
 
-    def __call__(self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                 kv_cache: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def __call__(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
         """Attention output [T, hidden] for hidden states x [T, hidden] at the given positions."""
         t = x.shape[0]
         hs = self.head_dim
@@ -97,11 +118,20 @@ class Attention:
         if self.cos_sin is not None:
             ops.rotary_embedding(positions, q, k, hs, self.cos_sin, True)
         key_cache, value_cache = kv_cache
-        reshape_and_cache(k.view(t, self.num_kv_heads, hs), v.view(t, self.num_kv_heads, hs), key_cache, value_cache,
-                          meta)
+        reshape_and_cache(
+            k.view(t, self.num_kv_heads, hs), v.view(t, self.num_kv_heads, hs), key_cache, value_cache, meta
+        )
         out = torch.empty(t, self.num_heads, hs, dtype=x.dtype)
-        paged_attention(out, q.view(t, self.num_heads, hs), key_cache, value_cache, meta, self.scale,
-                        self.sliding_window, self.soft_cap)
+        paged_attention(
+            out,
+            q.view(t, self.num_heads, hs),
+            key_cache,
+            value_cache,
+            meta,
+            self.scale,
+            self.sliding_window,
+            self.soft_cap,
+        )
         return ops.linear(out.view(t, self.q_size), self.o_w, self.o_b, self.packed)
 
 
@@ -172,12 +202,26 @@ class TokenHead:
 def finish_layer(layer, eps: float) -> None:
     """After a decoder layer's weights are in: pack its projections and build its fused kernel (layer.fused)."""
     pack_layer(layer.attn, layer.mlp)
-    layer.fused = fused_layer(layer.in_norm, layer.post_norm, layer.attn, layer.mlp, eps,
-                              getattr(layer, "pre_ff_norm", None), getattr(layer, "post_ff_norm", None))
+    layer.fused = fused_layer(
+        layer.in_norm,
+        layer.post_norm,
+        layer.attn,
+        layer.mlp,
+        eps,
+        getattr(layer, "pre_ff_norm", None),
+        getattr(layer, "post_ff_norm", None),
+    )
 
 
-def fused_layer(in_norm: torch.Tensor, post_attn_norm: torch.Tensor, attn: Attention, mlp: GatedMLP, eps: float,
-                pre_ff_norm: torch.Tensor | None = None, post_ff_norm: torch.Tensor | None = None):
+def fused_layer(
+    in_norm: torch.Tensor,
+    post_attn_norm: torch.Tensor,
+    attn: Attention,
+    mlp: GatedMLP,
+    eps: float,
+    pre_ff_norm: torch.Tensor | None = None,
+    post_ff_norm: torch.Tensor | None = None,
+):
     """The layer as one kernel call (ops.DecoderLayer), or None where the per-op path runs instead.
 
     The fused layer calls the same kernels in the same order, so its results are identical; what it
@@ -192,16 +236,44 @@ def fused_layer(in_norm: torch.Tensor, post_attn_norm: torch.Tensor, attn: Atten
     if attn.q_norm is not None and attn.norm_eps != eps:
         return None  # one epsilon serves every norm of the fused layer
     return ops.DecoderLayer(
-        in_norm=in_norm, post_attn_norm=post_attn_norm, pre_ff_norm=pre_ff_norm, post_ff_norm=post_ff_norm,
-        qkv_w=attn.qkv_w, qkv_b=attn.qkv_b, o_w=attn.o_w, o_b=attn.o_b, q_norm=attn.q_norm, k_norm=attn.k_norm,
-        gate_up_w=mlp.gate_up_w, gate_up_b=mlp.gate_up_b, down_w=mlp.down_w, down_b=mlp.down_b, cos_sin=attn.cos_sin,
-        num_heads=attn.num_heads, num_kv_heads=attn.num_kv_heads, head_size=attn.head_dim, act=mlp.act_name,
-        eps=eps, scale=attn.scale, sliding_window=attn.sliding_window, soft_cap=attn.soft_cap, packed=attn.packed)
+        in_norm=in_norm,
+        post_attn_norm=post_attn_norm,
+        pre_ff_norm=pre_ff_norm,
+        post_ff_norm=post_ff_norm,
+        qkv_w=attn.qkv_w,
+        qkv_b=attn.qkv_b,
+        o_w=attn.o_w,
+        o_b=attn.o_b,
+        q_norm=attn.q_norm,
+        k_norm=attn.k_norm,
+        gate_up_w=mlp.gate_up_w,
+        gate_up_b=mlp.gate_up_b,
+        down_w=mlp.down_w,
+        down_b=mlp.down_b,
+        cos_sin=attn.cos_sin,
+        num_heads=attn.num_heads,
+        num_kv_heads=attn.num_kv_heads,
+        head_size=attn.head_dim,
+        act=mlp.act_name,
+        eps=eps,
+        scale=attn.scale,
+        sliding_window=attn.sliding_window,
+        soft_cap=attn.soft_cap,
+        packed=attn.packed,
+    )
 
 
-def decoder_stack(layers: list, h: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                  kv_caches: list[tuple[torch.Tensor, torch.Tensor]], sample_idx: torch.Tensor | None,
-                  final_norm: torch.Tensor, eps: float, per_op) -> torch.Tensor:
+def decoder_stack(
+    layers: list,
+    h: torch.Tensor,
+    positions: torch.Tensor,
+    meta: AttentionMetadata,
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    sample_idx: torch.Tensor | None,
+    final_norm: torch.Tensor,
+    eps: float,
+    per_op,
+) -> torch.Tensor:
     """Every layer, then the final norm of the rows at sample_idx (all rows when None).
 
     Each layer runs as its fused kernel when the step allows it (bf16/f16 layers, a kernel block size);
@@ -209,11 +281,17 @@ def decoder_stack(layers: list, h: torch.Tensor, positions: torch.Tensor, meta: 
     """
     if layers and layers[0].fused is not None and uses_kernels(block_size=meta.block_size):
         residual = torch.empty_like(h)
-        pos, slots, qsl, lens, tables = (positions, meta.slot_mapping, meta.query_start_loc, meta.seq_lens,
-                                         meta.block_tables)
+        pos, slots, qsl, lens, tables = (
+            positions,
+            meta.slot_mapping,
+            meta.query_start_loc,
+            meta.seq_lens,
+            meta.block_tables,
+        )
         for i, (layer, (k, v)) in enumerate(zip(layers, kv_caches, strict=True)):
-            layer.fused.forward(h, residual, i == 0, pos, slots, qsl, lens, tables, ops.cache_view(k),
-                                ops.cache_view(v))
+            layer.fused.forward(
+                h, residual, i == 0, pos, slots, qsl, lens, tables, ops.cache_view(k), ops.cache_view(v)
+            )
     else:
         residual = None
         for layer, kv in zip(layers, kv_caches, strict=True):
@@ -231,8 +309,9 @@ def norm_weight(bag: WeightBag, name: str, offset: float = 0.0) -> torch.Tensor:
     return w.to(bag.dtype).contiguous()
 
 
-def input_norm(h: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-               eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def input_norm(
+    h: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A pre-norm block's input: (rms_norm(residual + h), the new residual), in place after the first layer.
 
     The first layer has no residual yet: h itself starts the residual stream.

@@ -30,8 +30,11 @@ class LlamaForCausalLM:
         self.config = config
         n_layers = config["num_hidden_layers"]
         self.eps = float(config.get("rms_norm_eps", 1e-6))
-        heads, kv_heads, hs = config["num_attention_heads"], config.get("num_key_value_heads") or \
-            config["num_attention_heads"], head_dim(config)
+        heads, kv_heads, hs = (
+            config["num_attention_heads"],
+            config.get("num_key_value_heads") or config["num_attention_heads"],
+            head_dim(config),
+        )
         qkv_bias = bool(config.get("attention_bias", self.qkv_bias_default))
         o_bias = bool(config.get("attention_bias", False))
         mlp_bias = bool(config.get("mlp_bias", False))
@@ -44,8 +47,20 @@ class LlamaForCausalLM:
             layer = _Layer()
             layer.in_norm = norm_weight(bag, f"{p}.input_layernorm.weight")
             layer.post_norm = norm_weight(bag, f"{p}.post_attention_layernorm.weight")
-            layer.attn = Attention(bag, f"{p}.self_attn", heads, kv_heads, hs, cos_sin, hs ** -0.5, bias=qkv_bias,
-                                   o_bias=o_bias, qk_norm=self.qk_norm, norm_eps=self.eps, sliding_window=windows[i])
+            layer.attn = Attention(
+                bag,
+                f"{p}.self_attn",
+                heads,
+                kv_heads,
+                hs,
+                cos_sin,
+                hs**-0.5,
+                bias=qkv_bias,
+                o_bias=o_bias,
+                qk_norm=self.qk_norm,
+                norm_eps=self.eps,
+                sliding_window=windows[i],
+            )
             layer.mlp = GatedMLP(bag, f"{p}.mlp", config.get("hidden_act", "silu"), bias=mlp_bias)
             finish_layer(layer, self.eps)
             self.layers.append(layer)
@@ -55,8 +70,14 @@ class LlamaForCausalLM:
         bag.tensors.pop("lm_head.weight", None)
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], sample_idx: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        sample_idx: torch.Tensor | None,
+    ) -> torch.Tensor:
         """float32 logits for the tokens at sample_idx (all tokens when None)."""
         h = self.head.embed_tokens(input_ids)
 
@@ -71,7 +92,7 @@ class LlamaForCausalLM:
 
 
 class _Layer:
-    __slots__ = ("in_norm", "post_norm", "attn", "mlp", "pre_ff_norm", "post_ff_norm", "fused")
+    __slots__ = ("attn", "fused", "in_norm", "mlp", "post_ff_norm", "post_norm", "pre_ff_norm")
 
 
 class MistralForCausalLM(LlamaForCausalLM):

@@ -17,7 +17,7 @@ POSITION_OFFSET = 2  # OPT's learned position table starts at index 2 (a fairseq
 class OPTForCausalLM:
     """OPT decoder (pre- or post-LayerNorm variants, optional project_in/out)."""
 
-    def __init__(self, config: dict, bag: WeightBag, max_positions: int, rope_freq_factors=None):
+    def __init__(self, config: dict, bag: WeightBag, max_positions: int, rope_freq_factors=None):  # noqa: ARG002 - the registry's one signature
         # Some checkpoints (facebook/opt-*) name tensors "decoder.*" instead of "model.decoder.*".
         for name in [n for n in bag.tensors if n.startswith("decoder.")]:
             bag.tensors["model." + name] = bag.tensors.pop(name)
@@ -38,8 +38,7 @@ class OPTForCausalLM:
         self.project_out = bag.take_opt(f"{p}.project_out.weight")
 
         def ln(prefix):
-            return (bag.take(f"{prefix}.weight") if affine else None,
-                    bag.take(f"{prefix}.bias") if affine else None)
+            return (bag.take(f"{prefix}.weight") if affine else None, bag.take(f"{prefix}.bias") if affine else None)
 
         self.layers = []
         for i in range(config["num_hidden_layers"]):
@@ -47,8 +46,18 @@ class OPTForCausalLM:
             layer = _OPTLayer()
             layer.attn_ln = ln(f"{lp}.self_attn_layer_norm")
             layer.ff_ln = ln(f"{lp}.final_layer_norm")
-            layer.attn = Attention(bag, f"{lp}.self_attn", heads, heads, hs, None, hs ** -0.5, bias=bias,
-                                   o_bias=bias, names=("q_proj", "k_proj", "v_proj", "out_proj"))
+            layer.attn = Attention(
+                bag,
+                f"{lp}.self_attn",
+                heads,
+                heads,
+                hs,
+                None,
+                hs**-0.5,
+                bias=bias,
+                o_bias=bias,
+                names=("q_proj", "k_proj", "v_proj", "out_proj"),
+            )
             layer.fc1_w, layer.fc1_b = bag.take(f"{lp}.fc1.weight"), bag.take_opt(f"{lp}.fc1.bias")
             layer.fc2_w, layer.fc2_b = bag.take(f"{lp}.fc2.weight"), bag.take_opt(f"{lp}.fc2.bias")
             self.layers.append(layer)
@@ -62,8 +71,14 @@ class OPTForCausalLM:
         return F.layer_norm(x, (self.hidden,), wb[0], wb[1], 1e-5)
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], sample_idx: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        sample_idx: torch.Tensor | None,
+    ) -> torch.Tensor:
         """float32 logits for the tokens at sample_idx (all tokens when None)."""
         h = F.embedding(input_ids, self.embed)
         if self.project_in is not None:
@@ -87,4 +102,4 @@ class OPTForCausalLM:
 
 
 class _OPTLayer:
-    __slots__ = ("attn_ln", "ff_ln", "attn", "fc1_w", "fc1_b", "fc2_w", "fc2_b")
+    __slots__ = ("attn", "attn_ln", "fc1_b", "fc1_w", "fc2_b", "fc2_w", "ff_ln")

@@ -23,8 +23,9 @@ ARCHITECTURES = {
 def check_supported(architecture: str, source: str) -> None:
     """Raise a clear error for an architecture we have no implementation of."""
     if architecture not in ARCHITECTURES:
-        raise ModelLoadError(f"{source}: architecture {architecture!r} is not supported; supported: "
-                             f"{', '.join(ARCHITECTURES)}")
+        raise ModelLoadError(
+            f"{source}: architecture {architecture!r} is not supported; supported: {', '.join(ARCHITECTURES)}"
+        )
 
 
 def describe(architecture: str, config: dict, source: str) -> dict:
@@ -41,8 +42,14 @@ def describe(architecture: str, config: dict, source: str) -> dict:
         vocab, max_len = int(config["vocab_size"]), int(config.get("max_position_embeddings") or 2048)
     except KeyError as e:
         raise ModelLoadError(f"{source}: config lacks {e.args[0]!r}, needed for {architecture}") from None
-    return dict(num_layers=n_layers, num_kv_heads=kv_heads, head_size=hs, sliding_window_layers=windows,
-                vocab_size=vocab, max_model_len=max_len)
+    return dict(
+        num_layers=n_layers,
+        num_kv_heads=kv_heads,
+        head_size=hs,
+        sliding_window_layers=windows,
+        vocab_size=vocab,
+        max_model_len=max_len,
+    )
 
 
 def build_model(spec, tensors: dict[str, torch.Tensor], extras: dict):
@@ -56,6 +63,8 @@ def build_model(spec, tensors: dict[str, torch.Tensor], extras: dict):
     model = cls(spec.hf_config, bag, spec.max_model_len, extras.get("rope_freq_factors"))
     leftover = [n for n in bag.tensors if not n.endswith("rotary_emb.inv_freq")]
     if leftover:
-        raise ModelLoadError(f"{spec.path}: {len(leftover)} checkpoint tensor(s) were not used by {spec.architecture}, "
-                             f"e.g. {', '.join(sorted(leftover)[:5])}; the config and weights do not match")
+        raise ModelLoadError(
+            f"{spec.path}: {len(leftover)} checkpoint tensor(s) were not used by {spec.architecture}, "
+            f"e.g. {', '.join(sorted(leftover)[:5])}; the config and weights do not match"
+        )
     return model

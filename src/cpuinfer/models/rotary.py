@@ -93,8 +93,9 @@ def _inv_freq(params: dict, rot_dim: int) -> tuple[torch.Tensor, float]:
     return inv_freq, float(attention_factor)
 
 
-def cos_sin_cache(params: dict, rot_dim: int, max_positions: int,
-                  freq_factors: torch.Tensor | None = None) -> torch.Tensor:
+def cos_sin_cache(
+    params: dict, rot_dim: int, max_positions: int, freq_factors: torch.Tensor | None = None
+) -> torch.Tensor:
     """[max_positions, rot_dim] float32 table (cos | sin) for ops.rotary_embedding.
 
     max_positions is the engine's effective max_model_len, never the file's declared context: a model may
@@ -103,8 +104,10 @@ def cos_sin_cache(params: dict, rot_dim: int, max_positions: int,
     inv_freq, attention_factor = _inv_freq(params, rot_dim)
     if freq_factors is not None:  # llama.cpp stores llama3 scaling as per-frequency divisors (rope_freqs.weight)
         if freq_factors.shape != inv_freq.shape:
-            raise ModelLoadError(f"rope_freqs.weight has {freq_factors.numel()} factors, but the rotary dimension "
-                                 f"{rot_dim} has {inv_freq.numel()} frequencies; re-convert the model file")
+            raise ModelLoadError(
+                f"rope_freqs.weight has {freq_factors.numel()} factors, but the rotary dimension "
+                f"{rot_dim} has {inv_freq.numel()} frequencies; re-convert the model file"
+            )
         inv_freq = inv_freq / freq_factors.float()
     freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
     cache = torch.cat([freqs.cos() * attention_factor, freqs.sin() * attention_factor], dim=-1)

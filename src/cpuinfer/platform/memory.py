@@ -20,6 +20,7 @@ import torch
 MADV_HUGEPAGE = 14  # the same on every Linux architecture cpuinfer builds for
 HUGE_PAGE = 2 << 20
 
+
 @functools.cache
 def _madvise():
     madvise = ctypes.CDLL(None, use_errno=True).madvise

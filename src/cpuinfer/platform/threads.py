@@ -44,8 +44,9 @@ def parse_cpu_list(text: str, name: str = "cpu list") -> list[int]:
                     raise ValueError
                 cpus.append(c)
         except ValueError:
-            raise EnvError(f"{name}={text!r} is not a CPU list; use e.g. 0-29 or 0,2,4-7 ('|' between ranks), "
-                           "auto or nobind") from None
+            raise EnvError(
+                f"{name}={text!r} is not a CPU list; use e.g. 0-29 or 0,2,4-7 ('|' between ranks), auto or nobind"
+            ) from None
     if len(set(cpus)) != len(cpus):
         raise EnvError(f"{name}={text!r} lists a CPU twice")
     return cpus
@@ -106,8 +107,9 @@ def resolve_binding(rank: int = 0, world_size: int = 1) -> Binding:
         visible = parse_cpu_list(vvalue, vname)
         unknown = [n for n in visible if n not in nodes]
         if unknown:
-            raise EnvError(f"{vname}={vvalue!r} names NUMA node {unknown[0]}, but this machine has nodes "
-                           f"{sorted(nodes)}")
+            raise EnvError(
+                f"{vname}={vvalue!r} names NUMA node {unknown[0]}, but this machine has nodes {sorted(nodes)}"
+            )
     else:
         visible = [n for n in sorted(nodes) if nodes[n]]
     allowed = os.sched_getaffinity(0)
@@ -120,18 +122,24 @@ def resolve_binding(rank: int = 0, world_size: int = 1) -> Binding:
         node = visible[rank]
         cores = [c for c in physical_cores(nodes[node]) if c in allowed] or sorted(allowed)
         if n_reserved >= len(cores):
-            raise EnvError(f"VLLM_CPU_NUM_OF_RESERVED_CPU={n_reserved} leaves no core for inference on node {node} "
-                           f"({len(cores)} usable physical cores)")
-        return Binding(cores[:len(cores) - n_reserved] if n_reserved else cores, node)
+            raise EnvError(
+                f"VLLM_CPU_NUM_OF_RESERVED_CPU={n_reserved} leaves no core for inference on node {node} "
+                f"({len(cores)} usable physical cores)"
+            )
+        return Binding(cores[: len(cores) - n_reserved] if n_reserved else cores, node)
     per_rank = value.split("|")
     if len(per_rank) != world_size:
-        raise EnvError(f"{name}={value!r} gives {len(per_rank)} CPU lists for {world_size} rank(s); separate one "
-                       "list per tensor-parallel rank with '|'")
+        raise EnvError(
+            f"{name}={value!r} gives {len(per_rank)} CPU lists for {world_size} rank(s); separate one "
+            "list per tensor-parallel rank with '|'"
+        )
     cpus = parse_cpu_list(per_rank[rank], name)
     missing = [c for c in cpus if c not in allowed]
     if missing:
-        raise EnvError(f"{name}={value!r} names CPU {missing[0]}, which this process may not use "
-                       f"(allowed: {_fmt(sorted(allowed))})")
+        raise EnvError(
+            f"{name}={value!r} names CPU {missing[0]}, which this process may not use "
+            f"(allowed: {_fmt(sorted(allowed))})"
+        )
     node = next((n for n, cs in nodes.items() if cpus[0] in cs), None)
     return Binding(cpus, node)
 
@@ -171,8 +179,12 @@ def bind_memory(node: int) -> bool:
             _warned = True
         return False
     if err and not _warned:
-        logger.warning("cpuinfer: the OS denied binding memory to NUMA node %d (%s); continuing unbound "
-                       "(containers often need --cap-add SYS_NICE)", node, os.strerror(err))
+        logger.warning(
+            "cpuinfer: the OS denied binding memory to NUMA node %d (%s); continuing unbound "
+            "(containers often need --cap-add SYS_NICE)",
+            node,
+            os.strerror(err),
+        )
         _warned = True
     return err == 0
 

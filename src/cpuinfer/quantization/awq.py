@@ -55,8 +55,9 @@ def scheme(qcfg: dict, source: str) -> Scheme:
     if not qcfg.get("zero_point", True):
         raise ModelLoadError(f"{source}: AWQ without zero points (zero_point: false) is not supported")
     if not isinstance(group, int) or isinstance(group, bool) or group < 32 or group % 32:
-        raise ModelLoadError(f"{source}: AWQ group_size = {group!r} is not supported; use a multiple of 32 "
-                             "(64 and 128 are AWQ's)")
+        raise ModelLoadError(
+            f"{source}: AWQ group_size = {group!r} is not supported; use a multiple of 32 (64 and 128 are AWQ's)"
+        )
     return Scheme(group_size=group)
 
 
@@ -70,8 +71,15 @@ def read(t: LinearTensors, s: Scheme) -> QuantWeight:
         raise t.error("qweight", f"has {k} inputs, not a multiple of group_size {s.group_size}")
     groups = k // s.group_size
     u = unpack_words(t.words("qweight", (k, n // 8)), 4, axis=1, order=AWQ_ORDER).T  # [N, K]
-    z = unpack_words(t.words("qzeros", (groups, n // 8), f"{groups} groups x out_features / 8"), 4, axis=1,
-                     order=AWQ_ORDER)
+    z = unpack_words(
+        t.words("qzeros", (groups, n // 8), f"{groups} groups x out_features / 8"), 4, axis=1, order=AWQ_ORDER
+    )
     d = t.scales("scales", (groups, n), f"{groups} groups x out_features")
-    return QuantWeight.pack(np.ascontiguousarray(u), np.ascontiguousarray(d.T), np.ascontiguousarray(z.T), bits=4,
-                            group=s.group_size, kind=s.kind)
+    return QuantWeight.pack(
+        np.ascontiguousarray(u),
+        np.ascontiguousarray(d.T),
+        np.ascontiguousarray(z.T),
+        bits=4,
+        group=s.group_size,
+        kind=s.kind,
+    )

@@ -34,8 +34,10 @@ def declared(config: dict, source: str) -> str | None:
         return None
     method = qcfg.get("quant_method") if isinstance(qcfg, dict) else None
     if method not in HF_READERS:
-        raise ModelLoadError(f"{source}: quantization_config.quant_method {method!r} is not supported; cpuinfer "
-                             f"reads {', '.join(HF_READERS)} checkpoints (and GGUF files)")
+        raise ModelLoadError(
+            f"{source}: quantization_config.quant_method {method!r} is not supported; cpuinfer "
+            f"reads {', '.join(HF_READERS)} checkpoints (and GGUF files)"
+        )
     return method
 
 
@@ -46,13 +48,16 @@ def resolve(requested: str | None, found: str | None, source: str) -> str | None
     if requested is not None and requested != found:
         has = f"is a {found} checkpoint" if found else "is not quantized"
         fix = f"pass --quantization={found} or drop the flag" if found else f"pass a {requested} checkpoint"
-        raise ModelLoadError(f"--quantization={requested} but {source} {has}; {fix} (the method is read from the "
-                             "checkpoint when the flag is omitted)")
+        raise ModelLoadError(
+            f"--quantization={requested} but {source} {has}; {fix} (the method is read from the "
+            "checkpoint when the flag is omitted)"
+        )
     return found
 
 
-def quantized_weights(method: str, config: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
-                      source: str) -> dict[str, torch.Tensor | QuantWeight]:
+def quantized_weights(
+    method: str, config: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype, source: str
+) -> dict[str, torch.Tensor | QuantWeight]:
     """tensors (as stored) with each quantized linear's tensors replaced by `<prefix>.weight`: a QuantWeight
     (or, in float32 runs, the reference mode, its float32 dequantization); other matrices in dtype."""
     reader = HF_READERS[method]
@@ -75,8 +80,10 @@ def quantized_weights(method: str, config: dict, tensors: dict[str, torch.Tensor
         if not isinstance(v, QuantWeight) and v.dim() >= 2 and v.is_floating_point():
             tensors[name] = v.to(dtype)
     if not prefixes:
-        raise ModelLoadError(f"{source}: quantization_config says {method} but no tensor ends in {marker}; the "
-                             "checkpoint is not quantized as its config says: re-download it")
+        raise ModelLoadError(
+            f"{source}: quantization_config says {method} but no tensor ends in {marker}; the "
+            "checkpoint is not quantized as its config says: re-download it"
+        )
     log_kinds(os.path.basename(os.path.normpath(source)), method, kinds, dtype)
     return tensors
 
@@ -85,8 +92,12 @@ def log_kinds(name: str, method: str, kinds: Counter, dtype: torch.dtype) -> Non
     """One load-log line: the format, and which kernel path its linear layers take."""
     counts = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
     if dtype == torch.float32:
-        logger.info("%s: %s; %s linear layers dequantized to float32 (float32 runs are the reference mode)", name,
-                    method, counts)
+        logger.info(
+            "%s: %s; %s linear layers dequantized to float32 (float32 runs are the reference mode)",
+            name,
+            method,
+            counts,
+        )
     else:
         logger.info("%s: %s; %s linear layers kept quantized (%s)", name, method, counts, kernel_path())
 
@@ -119,5 +130,9 @@ def describe(path: str) -> dict[str, str]:
     kept = {k: n for k, n in types.items() if k in KEPT_TYPES}
     rest = {k: n for k, n in types.items() if k not in KEPT_TYPES}
     parts = [f"{n} {k}" for k, n in sorted(kept.items())] + [f"{n} {k} (dequantized)" for k, n in sorted(rest.items())]
-    return {"path": path, "quantization": "gguf", "linear layers": ", ".join(parts),
-            "kernel": kernel_path() if kept else "bf16/f16 GEMM"}
+    return {
+        "path": path,
+        "quantization": "gguf",
+        "linear layers": ", ".join(parts),
+        "kernel": kernel_path() if kept else "bf16/f16 GEMM",
+    }

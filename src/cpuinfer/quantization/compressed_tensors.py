@@ -42,8 +42,16 @@ from .linear_tensors import LinearTensors, group_order, unpack_words
 from .weight import QuantWeight
 
 MARKER = "weight_scale"
-SUFFIXES = ("weight", "weight_packed", "weight_shape", "weight_scale", "weight_zero_point", "weight_g_idx",
-            "input_scale", "input_zero_point")
+SUFFIXES = (
+    "weight",
+    "weight_packed",
+    "weight_shape",
+    "weight_scale",
+    "weight_zero_point",
+    "weight_g_idx",
+    "input_scale",
+    "input_zero_point",
+)
 INT_FORMATS = ("int-quantized", "naive-quantized")
 FORMATS = (*INT_FORMATS, "pack-quantized")
 STRATEGIES = ("channel", "group", "tensor")
@@ -78,13 +86,17 @@ class Scheme:
     def for_layer(self, prefix: str, source: str) -> WeightScheme:
         """The scheme of the first config group whose targets match the layer (and it is not ignored)."""
         if any(_matches(prefix, t) for t in self.ignore):
-            raise ModelLoadError(f"{source}: layer {prefix!r} holds quantized tensors but quantization_config's "
-                                 "ignore list names it; the checkpoint and its config do not match")
+            raise ModelLoadError(
+                f"{source}: layer {prefix!r} holds quantized tensors but quantization_config's "
+                "ignore list names it; the checkpoint and its config do not match"
+            )
         for targets, ws in self.groups:
             if any(_matches(prefix, t) for t in targets):
                 return ws
-        raise ModelLoadError(f"{source}: layer {prefix!r} holds quantized tensors but no config_groups entry "
-                             "targets it; the checkpoint and its config do not match")
+        raise ModelLoadError(
+            f"{source}: layer {prefix!r} holds quantized tensors but no config_groups entry "
+            "targets it; the checkpoint and its config do not match"
+        )
 
 
 def _matches(name: str, target: str) -> bool:
@@ -114,14 +126,18 @@ def _weight_scheme(g: dict, default_format: str | None, where: str) -> WeightSch
     bits, kind = w.get("num_bits"), w.get("type", "int")
     strategy, group_size = w.get("strategy"), w.get("group_size")
     if fmt not in FORMATS:
-        raise ModelLoadError(f"{where}: compressed-tensors format {fmt!r} is not supported; cpuinfer reads "
-                             f"{', '.join(FORMATS)}")
+        raise ModelLoadError(
+            f"{where}: compressed-tensors format {fmt!r} is not supported; cpuinfer reads {', '.join(FORMATS)}"
+        )
     if kind != "int" or bits not in (4, 8) or (fmt in INT_FORMATS and bits != 8):
-        raise ModelLoadError(f"{where}: {bits}-bit {kind} weights in {fmt} are not supported; cpuinfer reads int8 "
-                             "(int-quantized) and int4/int8 (pack-quantized) weights")
+        raise ModelLoadError(
+            f"{where}: {bits}-bit {kind} weights in {fmt} are not supported; cpuinfer reads int8 "
+            "(int-quantized) and int4/int8 (pack-quantized) weights"
+        )
     if strategy not in STRATEGIES:
-        raise ModelLoadError(f"{where}: weight strategy {strategy!r} is not supported; use one of "
-                             f"{', '.join(STRATEGIES)}")
+        raise ModelLoadError(
+            f"{where}: weight strategy {strategy!r} is not supported; use one of {', '.join(STRATEGIES)}"
+        )
     if strategy == "group" and (not isinstance(group_size, int) or group_size < 32 or group_size % 32):
         raise ModelLoadError(f"{where}: group_size = {group_size!r} is not supported; use a multiple of 32")
     if w.get("dynamic"):
@@ -132,10 +148,18 @@ def _weight_scheme(g: dict, default_format: str | None, where: str) -> WeightSch
     elif a.get("type", "int") == "int" and a.get("num_bits") == 8:
         acts = "int8 dynamic" if a.get("dynamic") else "int8 static"
     else:
-        raise ModelLoadError(f"{where}: input activations {a.get('num_bits')}-bit {a.get('type')} are not "
-                             "supported; cpuinfer runs int8 (W8A8) or unquantized (W4A16, W8A16) activations")
-    return WeightScheme(format=fmt, bits=bits, strategy=strategy, group_size=group_size if strategy == "group"
-                        else None, symmetric=bool(w.get("symmetric", True)), activations=acts)
+        raise ModelLoadError(
+            f"{where}: input activations {a.get('num_bits')}-bit {a.get('type')} are not "
+            "supported; cpuinfer runs int8 (W8A8) or unquantized (W4A16, W8A16) activations"
+        )
+    return WeightScheme(
+        format=fmt,
+        bits=bits,
+        strategy=strategy,
+        group_size=group_size if strategy == "group" else None,
+        symmetric=bool(w.get("symmetric", True)),
+        activations=acts,
+    )
 
 
 def read(t: LinearTensors, s: Scheme) -> QuantWeight:
@@ -149,8 +173,9 @@ def read(t: LinearTensors, s: Scheme) -> QuantWeight:
             raise t.error("weight_shape", f"is {[n, k]}, not a positive shape")
         if k * bits % 32:
             raise t.error("weight_shape", f"has {k} inputs; {bits}-bit packing needs a multiple of {32 // bits}")
-        u = unpack_words(t.words("weight_packed", (n, k * bits // 32), f"weight_shape {[n, k]}, {bits} bits"),
-                         bits, axis=1)
+        u = unpack_words(
+            t.words("weight_packed", (n, k * bits // 32), f"weight_shape {[n, k]}, {bits} bits"), bits, axis=1
+        )
     else:
         q = t.get("weight", (torch.int8,))
         if q.dim() != 2:
@@ -158,8 +183,10 @@ def read(t: LinearTensors, s: Scheme) -> QuantWeight:
         n, k = q.shape
         u = (q.numpy().astype(np.int16) + offset).astype(np.uint8)
     if k % 32:
-        raise t.error("weight_packed" if ws.format == "pack-quantized" else "weight",
-                      f"has {k} inputs, not a multiple of 32 (the kernels' block)")
+        raise t.error(
+            "weight_packed" if ws.format == "pack-quantized" else "weight",
+            f"has {k} inputs, not a multiple of 32 (the kernels' block)",
+        )
     group = ws.group_size or k
     if k % group:
         raise t.error("weight_scale", f"cannot group {k} inputs by group_size {group}")
@@ -174,8 +201,9 @@ def read(t: LinearTensors, s: Scheme) -> QuantWeight:
     perm = group_order(t, "weight_g_idx", k, group, groups) if t.has("weight_g_idx") else None
     if perm is not None:
         u = u[:, perm]
-    return QuantWeight.pack(np.ascontiguousarray(u), d, z.astype(np.uint8), bits=bits, group=group, kind=ws.kind,
-                            perm=perm)
+    return QuantWeight.pack(
+        np.ascontiguousarray(u), d, z.astype(np.uint8), bits=bits, group=group, kind=ws.kind, perm=perm
+    )
 
 
 def _zero_points(t: LinearTensors, ws: WeightScheme, n: int, groups: int) -> np.ndarray:
@@ -188,8 +216,9 @@ def _zero_points(t: LinearTensors, ws: WeightScheme, n: int, groups: int) -> np.
     zp = t.tensors[t.name("weight_zero_point")]
     if ws.format == "pack-quantized" and zp.dtype == torch.int32:
         rows = -(-n * ws.bits // 32)
-        u = unpack_words(t.words("weight_zero_point", (rows, groups), f"out_features * {ws.bits} / 32 x groups"),
-                         ws.bits, axis=0)[:n]
+        u = unpack_words(
+            t.words("weight_zero_point", (rows, groups), f"out_features * {ws.bits} / 32 x groups"), ws.bits, axis=0
+        )[:n]
         return u.astype(np.int16) + lo
     zp = t.get("weight_zero_point", (torch.int8, torch.int32), (n, groups), f"out_features x {groups} groups")
     z = zp.numpy().astype(np.int16)

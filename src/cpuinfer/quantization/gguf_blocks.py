@@ -29,8 +29,16 @@ import numpy as np
 from .weight import QuantWeight, scale16
 
 KEPT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
-_BLOCK_BYTES = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34),
-                "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210)}
+_BLOCK_BYTES = {
+    "Q4_0": (32, 18),
+    "Q4_1": (32, 20),
+    "Q5_0": (32, 22),
+    "Q5_1": (32, 24),
+    "Q8_0": (32, 34),
+    "Q4_K": (256, 144),
+    "Q5_K": (256, 176),
+    "Q6_K": (256, 210),
+}
 
 
 def _f16(b: np.ndarray) -> np.ndarray:
@@ -115,4 +123,3 @@ def unpack(type_name: str, data: np.ndarray, rows: int, cols: int, row_order: np
         zs = None if zs is None else zs[row_order]
         ms = None if ms is None else ms[row_order]
     return QuantWeight.pack(u, d, zs, ms, bits=bits, group=group, kind=type_name)
-

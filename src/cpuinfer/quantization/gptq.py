@@ -66,11 +66,14 @@ def scheme(qcfg: dict, source: str) -> Scheme:
     if bits not in (4, 8):
         raise ModelLoadError(f"{source}: GPTQ with bits = {bits!r} is not supported; cpuinfer runs 4- and 8-bit GPTQ")
     if not isinstance(group, int) or isinstance(group, bool) or not (group == -1 or (group >= 32 and group % 32 == 0)):
-        raise ModelLoadError(f"{source}: GPTQ group_size = {group!r} is not supported; use -1 or a multiple of 32 "
-                             "(32, 64, 128, ...)")
+        raise ModelLoadError(
+            f"{source}: GPTQ group_size = {group!r} is not supported; use -1 or a multiple of 32 (32, 64, 128, ...)"
+        )
     if fmt not in FORMATS:
-        raise ModelLoadError(f"{source}: GPTQ checkpoint_format {fmt!r} is not supported; cpuinfer reads "
-                             f"{' and '.join(FORMATS)} (re-save the model in the gptq format)")
+        raise ModelLoadError(
+            f"{source}: GPTQ checkpoint_format {fmt!r} is not supported; cpuinfer reads "
+            f"{' and '.join(FORMATS)} (re-save the model in the gptq format)"
+        )
     if qcfg.get("pack_dtype", "int32") not in ("int32", "torch.int32"):
         raise ModelLoadError(f"{source}: GPTQ pack_dtype {qcfg['pack_dtype']!r} is not supported; only int32 words")
     if qcfg.get("dynamic"):
@@ -83,23 +86,25 @@ def read(t: LinearTensors, s: Scheme) -> QuantWeight:
     bits, per = s.bits, 32 // s.bits
     qweight = t.get("qweight", (torch.int32,))
     if qweight.dim() != 2:
-        raise t.error("qweight", f"has shape {list(qweight.shape)}, expected [in_features * {bits} / 32, "
-                      "out_features]")
+        raise t.error("qweight", f"has shape {list(qweight.shape)}, expected [in_features * {bits} / 32, out_features]")
     k, n = qweight.shape[0] * per, qweight.shape[1]
     if k % 32:
         raise t.error("qweight", f"packs {k} inputs, not a multiple of 32 (the kernels' block)")
     if n * bits % 32:
-        raise t.error("qweight", f"has {n} outputs; qzeros packs them {per} to an int32, so it must be a multiple "
-                      f"of {per}")
+        raise t.error(
+            "qweight", f"has {n} outputs; qzeros packs them {per} to an int32, so it must be a multiple of {per}"
+        )
     group = k if s.group_size == -1 else s.group_size
     groups = -(-k // group)  # GPTQ's last group may be short (SmolLM2's 576 inputs in groups of 128)
     sub = math.gcd(k, group)  # the QuantWeight's group: divides k, and each GPTQ group is whole sub-groups
     if sub % 32:
-        raise t.error("qweight", f"packs {k} inputs; with group_size {group} the groups do not fall on the "
-                      "kernels' blocks of 32")
+        raise t.error(
+            "qweight", f"packs {k} inputs; with group_size {group} the groups do not fall on the kernels' blocks of 32"
+        )
     u = unpack_words(t.words("qweight", (k // per, n)), bits, axis=0).T  # [N, K]
-    z = unpack_words(t.words("qzeros", (groups, n // per), f"{groups} groups x out_features * {bits} / 32"),
-                     bits, axis=1).astype(np.int32) + (1 if s.v1_zeros else 0)
+    z = unpack_words(
+        t.words("qzeros", (groups, n // per), f"{groups} groups x out_features * {bits} / 32"), bits, axis=1
+    ).astype(np.int32) + (1 if s.v1_zeros else 0)
     d = t.scales("scales", (groups, n), f"{groups} groups x out_features")
     perm = group_order(t, "g_idx", k, group, groups) if t.has("g_idx") else None
     if perm is not None:
@@ -112,6 +117,6 @@ def read(t: LinearTensors, s: Scheme) -> QuantWeight:
         except ValueError:
             raise t.error("scales", "times a zero point of 256 overflows float16") from None
         return QuantWeight.pack(np.ascontiguousarray(u), d, m=m, bits=bits, group=sub, kind=s.kind, perm=perm)
-    return QuantWeight.pack(np.ascontiguousarray(u), d, z.astype(np.uint8), bits=bits, group=sub, kind=s.kind,
-                            perm=perm)
-
+    return QuantWeight.pack(
+        np.ascontiguousarray(u), d, z.astype(np.uint8), bits=bits, group=sub, kind=s.kind, perm=perm
+    )

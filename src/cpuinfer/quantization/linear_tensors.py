@@ -32,11 +32,14 @@ class LinearTensors:
 
     def error(self, suffix: str, problem: str) -> ModelLoadError:
         """A ModelLoadError naming the tensor and the format."""
-        return ModelLoadError(f"{self.source}: {self.method} tensor {self.name(suffix)!r} {problem}; the checkpoint is "
-                              "corrupt or does not match its quantization_config: re-download or re-quantize it")
+        return ModelLoadError(
+            f"{self.source}: {self.method} tensor {self.name(suffix)!r} {problem}; the checkpoint is "
+            "corrupt or does not match its quantization_config: re-download or re-quantize it"
+        )
 
-    def get(self, suffix: str, dtypes: tuple[torch.dtype, ...], shape: tuple[int, ...] | None = None,
-            what: str = "") -> torch.Tensor:
+    def get(
+        self, suffix: str, dtypes: tuple[torch.dtype, ...], shape: tuple[int, ...] | None = None, what: str = ""
+    ) -> torch.Tensor:
         """The tensor, checked to have one of dtypes and (where given) exactly shape."""
         t = self.tensors.get(self.name(suffix))
         if t is None:
@@ -55,8 +58,11 @@ class LinearTensors:
         try:
             return scale16(t.float().numpy())
         except ValueError:
-            raise self.error(suffix, f"holds a scale of magnitude {t.float().abs().max().item():g}, past "
-                             "float16's 65504, which the quantized kernels store scales in") from None
+            raise self.error(
+                suffix,
+                f"holds a scale of magnitude {t.float().abs().max().item():g}, past "
+                "float16's 65504, which the quantized kernels store scales in",
+            ) from None
 
     def words(self, suffix: str, shape: tuple[int, ...], what: str = "") -> np.ndarray:
         """An int32 tensor of packed values as uint32 numpy (the bits as stored)."""
@@ -75,7 +81,7 @@ def unpack_words(words: np.ndarray, bits: int, axis: int, order: tuple[int, ...]
     interleave); None is the plain order. The result is uint8 with the axis 32 / bits times longer.
     """
     per = 32 // bits
-    shifts = (np.arange(per, dtype=np.uint32) * bits)
+    shifts = np.arange(per, dtype=np.uint32) * bits
     w = np.moveaxis(words, axis, -1)
     vals = ((w[..., None] >> shifts) & np.uint32((1 << bits) - 1)).astype(np.uint8)  # [..., words, per]
     if order is not None:

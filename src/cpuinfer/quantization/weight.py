@@ -64,15 +64,31 @@ class QuantWeight:
     def empty(cls, n: int, k: int, bits: int, group: int, has_min: bool, kind: str) -> QuantWeight:
         """An unfilled weight of this shape and form (quant_pack fills it)."""
         panels, groups = _panels(n), k // group
-        return cls(qs=torch.empty(panels * (k // BLOCK) * LANES * BLOCK * bits // 8, dtype=torch.uint8),
-                   d=torch.empty(panels * groups * LANES, dtype=torch.float16),
-                   z=None if has_min else torch.empty(panels * groups * LANES, dtype=torch.uint8),
-                   m=torch.empty(panels * groups * LANES, dtype=torch.float16) if has_min else None,
-                   bits=bits, group=group, n=n, k=k, kind=kind)
+        return cls(
+            qs=torch.empty(panels * (k // BLOCK) * LANES * BLOCK * bits // 8, dtype=torch.uint8),
+            d=torch.empty(panels * groups * LANES, dtype=torch.float16),
+            z=None if has_min else torch.empty(panels * groups * LANES, dtype=torch.uint8),
+            m=torch.empty(panels * groups * LANES, dtype=torch.float16) if has_min else None,
+            bits=bits,
+            group=group,
+            n=n,
+            k=k,
+            kind=kind,
+        )
 
     @classmethod
-    def pack(cls, u: np.ndarray, d: np.ndarray, z: np.ndarray | None = None, m: np.ndarray | None = None, *,
-             bits: int, group: int, kind: str, perm: np.ndarray | None = None) -> QuantWeight:
+    def pack(
+        cls,
+        u: np.ndarray,
+        d: np.ndarray,
+        z: np.ndarray | None = None,
+        m: np.ndarray | None = None,
+        *,
+        bits: int,
+        group: int,
+        kind: str,
+        perm: np.ndarray | None = None,
+    ) -> QuantWeight:
         """From values u [n, k] (uint8, < 2**bits) and per-group d and z or m [n, k / group], all in perm's k order."""
         n, k = u.shape
         if (z is None) == (m is None):
@@ -83,8 +99,13 @@ class QuantWeight:
             if perm.shape != (k,) or not np.array_equal(np.sort(perm), np.arange(k)):
                 raise ValueError(f"perm must be a permutation of 0..{k - 1}")
             w.perm = _tensor(perm, np.int32)
-        _C.quant_pack(w, _tensor(u, np.uint8), _tensor(d, np.float16), None if z is None else _tensor(z, np.uint8),
-                      None if m is None else _tensor(m, np.float16))
+        _C.quant_pack(
+            w,
+            _tensor(u, np.uint8),
+            _tensor(d, np.float16),
+            None if z is None else _tensor(z, np.uint8),
+            None if m is None else _tensor(m, np.float16),
+        )
         return w
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -161,11 +182,17 @@ def concat(weights: list[QuantWeight]) -> Quantized:
         last = merged[-1] if merged else None
         if last is not None and _same_form(last, w) and last.n % LANES == 0:
             merged[-1] = QuantWeight(
-                qs=torch.cat([last.qs, w.qs]), d=torch.cat([last.d, w.d]),
+                qs=torch.cat([last.qs, w.qs]),
+                d=torch.cat([last.d, w.d]),
                 z=None if w.z is None else torch.cat([last.z, w.z]),
-                m=None if w.m is None else torch.cat([last.m, w.m]), bits=w.bits, group=w.group,
-                n=last.n + w.n, k=w.k, kind=last.kind if last.kind == w.kind else f"{last.kind}+{w.kind}",
-                perm=last.perm)
+                m=None if w.m is None else torch.cat([last.m, w.m]),
+                bits=w.bits,
+                group=w.group,
+                n=last.n + w.n,
+                k=w.k,
+                kind=last.kind if last.kind == w.kind else f"{last.kind}+{w.kind}",
+                perm=last.perm,
+            )
         else:
             merged.append(w)
     if len(merged) == 1:

@@ -40,8 +40,14 @@ class SampleResult:
     logprobs: list[tuple[float, int, list[int], list[float]] | None]
 
 
-def apply_penalties(logits: torch.Tensor, prompt_ids: list[int], output_ids: list[int], repetition: float,
-                    frequency: float, presence: float) -> None:
+def apply_penalties(
+    logits: torch.Tensor,
+    prompt_ids: list[int],
+    output_ids: list[int],
+    repetition: float,
+    frequency: float,
+    presence: float,
+) -> None:
     """In place on one row [V]: vLLM's repetition (prompt+output), frequency and presence (output) penalties."""
     vocab = logits.shape[-1]
     out = torch.tensor(output_ids, dtype=torch.long)
@@ -116,14 +122,17 @@ class Sampler:
                 if not masked:
                     logits = logits.clone()
                     masked = True
-                apply_penalties(logits[i], r.prompt_token_ids, r.output_token_ids, p.repetition_penalty,
-                                p.frequency_penalty, p.presence_penalty)
+                apply_penalties(
+                    logits[i],
+                    r.prompt_token_ids,
+                    r.output_token_ids,
+                    p.repetition_penalty,
+                    p.frequency_penalty,
+                    p.presence_penalty,
+                )
 
         greedy = [p.greedy for p in params]
-        if all(greedy):
-            tokens = logits.argmax(-1).tolist()
-        else:
-            tokens = self._sample(logits, reqs, params, greedy)
+        tokens = logits.argmax(-1).tolist() if all(greedy) else self._sample(logits, reqs, params, greedy)
         lps: list = [None] * len(reqs)
         if any(want_lp):
             lps = self._logprobs(raw, tokens, params, want_lp)

@@ -97,14 +97,20 @@ def _check_unicode(kind: str, value: Any) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise invalid(kind, f"it holds an unpaired surrogate (U+{ord(text[e.start]):04X}), which is not valid "
-                            "Unicode; remove it") from None
+        raise invalid(
+            kind, f"it holds an unpaired surrogate (U+{ord(text[e.start]):04X}), which is not valid Unicode; remove it"
+        ) from None
 
 
 def invalid(kind: str, detail: str) -> InvalidRequestError:
     """The error for a constraint that does not compile, naming its field."""
-    what = {"json": "JSON schema", "regex": "regex", "grammar": "grammar", "choice": "choice list",
-            "json_object": "json_object"}[kind]
+    what = {
+        "json": "JSON schema",
+        "regex": "regex",
+        "grammar": "grammar",
+        "choice": "choice list",
+        "json_object": "json_object",
+    }[kind]
     return InvalidRequestError(f"The {what} cannot be compiled: {detail}", f"structured_outputs.{kind}")
 
 

@@ -40,8 +40,9 @@ class LLGuidanceBackend(GrammarBackend):
 
         self._llg = llguidance
         # The tokenizers.Tokenizer serialized is exactly what llguidance reads (as from a tokenizer.json).
-        self.tokenizer = llguidance.LLTokenizer(tokenizer.to_str(), n_vocab=vocab_size,
-                                                eos_token=list(eos_token_ids) or None)
+        self.tokenizer = llguidance.LLTokenizer(
+            tokenizer.to_str(), n_vocab=vocab_size, eos_token=list(eos_token_ids) or None
+        )
         self.executor = llguidance.LLExecutor(max(1, min(8, (os.cpu_count() or 1))))
 
     def _compile(self, kind: str, text: str) -> Any:
@@ -64,8 +65,11 @@ class LLGuidanceBackend(GrammarBackend):
         if matcher.is_error():  # also set by the first mask, for an empty language
             raise invalid(kind, matcher.get_error())
         if not can_start:
-            raise invalid(kind, "no output can match it with this model's vocabulary (no token it allows at its "
-                                "start is accepted; a character it requires may have no token in this model)")
+            raise invalid(
+                kind,
+                "no output can match it with this model's vocabulary (no token it allows at its "
+                "start is accepted; a character it requires may have no token in this model)",
+            )
         return matcher
 
     def _can_start(self, matcher: Any) -> bool:
@@ -89,5 +93,6 @@ class LLGuidanceBackend(GrammarBackend):
         # torch.compile at import, which loads torch._dynamo (1-2 s, measured: the first request paid it).
         if bitmask.dtype != torch.int32 or not bitmask.is_contiguous() or bitmask.shape[0] < len(states):
             raise ValueError("the bitmask must be a contiguous int32 tensor with a row per state")
-        self.executor.unsafe_compute_mask_ptr([(s.matcher, i) for i, s in enumerate(states)], bitmask.data_ptr(),
-                                              bitmask.shape[1] * 4, bitmask.shape[0])
+        self.executor.unsafe_compute_mask_ptr(
+            [(s.matcher, i) for i, s in enumerate(states)], bitmask.data_ptr(), bitmask.shape[1] * 4, bitmask.shape[0]
+        )

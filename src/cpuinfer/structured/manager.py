@@ -33,8 +33,9 @@ class MaskJob:
 class StructuredOutputManager:
     """Grammar compilation and masking for one model; the backend is built on first use (imported lazily)."""
 
-    def __init__(self, backend_name: str, tokenizer: Any, vocab_size: int, eos_token_ids: list[int],
-                 overlap: bool = True):
+    def __init__(
+        self, backend_name: str, tokenizer: Any, vocab_size: int, eos_token_ids: list[int], overlap: bool = True
+    ):
         self.backend_name = backend_name
         self.overlap = overlap  # fill masks during the forward pass (start_masks); False: only in mask()
         self._pool: ThreadPoolExecutor | None = None
@@ -49,14 +50,17 @@ class StructuredOutputManager:
         """The grammar backend (built on the first structured request)."""
         if self._backend is None:
             if self.tokenizer is None:
-                raise InvalidRequestError("structured outputs need the model's tokenizer, and this model has none",
-                                          "structured_outputs")
+                raise InvalidRequestError(
+                    "structured outputs need the model's tokenizer, and this model has none", "structured_outputs"
+                )
             try:
                 self._backend = make_backend(self.backend_name, self.tokenizer, self.vocab_size, self.eos_token_ids)
             except ImportError as e:  # a broken install: say which package, refuse the request, keep serving
-                raise InvalidRequestError(f"structured outputs need the {self.backend_name} package, which cannot "
-                                          f"be imported here ({e}); pip install {self.backend_name}",
-                                          "structured_outputs") from e
+                raise InvalidRequestError(
+                    f"structured outputs need the {self.backend_name} package, which cannot "
+                    f"be imported here ({e}); pip install {self.backend_name}",
+                    "structured_outputs",
+                ) from e
         return self._backend
 
     def compile(self, params: StructuredOutputsParams) -> Any:
@@ -84,15 +88,18 @@ class StructuredOutputManager:
         rows = [i for i, s in enumerate(states) if s is not None]
         if not rows:
             return
-        if job is not None and len(job.states) == len(states) and all(
-                a is b for a, b in zip(job.states, states, strict=True)):
+        if (
+            job is not None
+            and len(job.states) == len(states)
+            and all(a is b for a, b in zip(job.states, states, strict=True))
+        ):
             job.done.result()
             with torch.inference_mode():
                 apply_bitmask_(logits, job.bitmask, None if len(rows) == len(states) else rows)
             return
         if self._bitmask.shape[0] < len(rows):
             self._bitmask = allocate_bitmask(max(len(rows), 2 * self._bitmask.shape[0]), self.vocab_size)
-        bitmask = self._bitmask[:len(rows)]
+        bitmask = self._bitmask[: len(rows)]
         self.backend.fill_bitmask([states[i] for i in rows], bitmask)
         with torch.inference_mode():  # the runner's logits are inference tensors
             apply_bitmask_(logits, bitmask, None if len(rows) == len(states) else rows)

@@ -41,8 +41,13 @@ class XGrammarBackend(GrammarBackend):
         for tok, i in tokenizer.get_vocab(with_added_tokens=True).items():
             if i < n:
                 vocab[i] = tok
-        info = xgr.TokenizerInfo(vocab, xgr.VocabType(metadata["vocab_type"]), vocab_size=vocab_size,
-                                 stop_token_ids=list(eos_token_ids), add_prefix_space=metadata["add_prefix_space"])
+        info = xgr.TokenizerInfo(
+            vocab,
+            xgr.VocabType(metadata["vocab_type"]),
+            vocab_size=vocab_size,
+            stop_token_ids=list(eos_token_ids),
+            add_prefix_space=metadata["add_prefix_space"],
+        )
         threads = max(1, min(8, os.cpu_count() or 1))
         self.compiler = xgr.GrammarCompiler(info, max_threads=threads)
         self.batch = xgr.BatchGrammarMatcher(threads)

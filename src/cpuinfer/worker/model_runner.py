@@ -39,8 +39,9 @@ class ModelRunner:
             cache_dtype = None
         elif isinstance(cache_dtype, str):
             if cache_dtype not in CACHE_DTYPES:
-                raise ValueError(f"cache dtype {cache_dtype!r} is not supported; use one of auto, "
-                                 f"{', '.join(CACHE_DTYPES)}")
+                raise ValueError(
+                    f"cache dtype {cache_dtype!r} is not supported; use one of auto, {', '.join(CACHE_DTYPES)}"
+                )
             cache_dtype = CACHE_DTYPES[cache_dtype]
         if block_size <= 0 or num_blocks <= 0:
             raise ValueError(f"block_size and num_blocks must be positive, got {block_size} and {num_blocks}")
@@ -53,8 +54,9 @@ class ModelRunner:
         del tensors
         shape = (num_blocks, spec.num_kv_heads, block_size, spec.head_size)
         # Huge pages where the OS offers them: attention reads the cache block by block at scattered places.
-        self.kv_caches = [(zeros_huge(shape, self.cache_dtype), zeros_huge(shape, self.cache_dtype))
-                          for _ in range(spec.num_layers)]
+        self.kv_caches = [
+            (zeros_huge(shape, self.cache_dtype), zeros_huge(shape, self.cache_dtype)) for _ in range(spec.num_layers)
+        ]
 
     def _prepare(self, seqs: list[ScheduledSeq]):
         """Flat tensors and attention metadata for one step (built once, shared by every layer)."""
@@ -71,19 +73,28 @@ class ModelRunner:
         for i, (s, n, c) in enumerate(zip(seqs, qlens, ctx, strict=False)):
             need = -(-c // bs)
             if len(s.block_table) < need:
-                raise ValueError(f"sequence {i}: block_table has {len(s.block_table)} blocks but positions up to "
-                                 f"{c - 1} need {need} (block_size {bs})")
+                raise ValueError(
+                    f"sequence {i}: block_table has {len(s.block_table)} blocks but positions up to "
+                    f"{c - 1} need {need} (block_size {bs})"
+                )
             table = np.asarray(s.block_table[:need], dtype=np.int64)
             pos = np.arange(s.start_pos, c, dtype=np.int64)
-            positions[start:start + n] = pos
-            slots[start:start + n] = table[pos // bs] * bs + pos % bs
+            positions[start : start + n] = pos
+            slots[start : start + n] = table[pos // bs] * bs + pos % bs
             tables[i, :need] = table
             start += n
         qsl = np.zeros(len(seqs) + 1, dtype=np.int32)
         np.cumsum(qlens, out=qsl[1:])
-        meta = AttentionMetadata(slot_mapping=torch.from_numpy(slots), query_start_loc=torch.from_numpy(qsl),
-                                 seq_lens=torch.tensor(ctx, dtype=torch.int32), block_tables=torch.from_numpy(tables),
-                                 block_size=bs, query_lens=qlens, context_lens=ctx, max_query_len=max(qlens))
+        meta = AttentionMetadata(
+            slot_mapping=torch.from_numpy(slots),
+            query_start_loc=torch.from_numpy(qsl),
+            seq_lens=torch.tensor(ctx, dtype=torch.int32),
+            block_tables=torch.from_numpy(tables),
+            block_size=bs,
+            query_lens=qlens,
+            context_lens=ctx,
+            max_query_len=max(qlens),
+        )
         sample_rows = [int(qsl[i + 1]) - 1 for i, s in enumerate(seqs) if s.sample]
         sample_idx = None if len(sample_rows) == total else torch.tensor(sample_rows, dtype=torch.int64)
         return input_ids, torch.from_numpy(positions), meta, sample_idx, len(sample_rows)
@@ -97,8 +108,10 @@ class ModelRunner:
             if not s.token_ids:
                 raise ValueError("every scheduled sequence must compute at least one token")
             if s.start_pos + len(s.token_ids) > self.spec.max_model_len:
-                raise ValueError(f"position {s.start_pos + len(s.token_ids) - 1} exceeds the model's maximum length "
-                                 f"{self.spec.max_model_len}")
+                raise ValueError(
+                    f"position {s.start_pos + len(s.token_ids) - 1} exceeds the model's maximum length "
+                    f"{self.spec.max_model_len}"
+                )
         input_ids, positions, meta, sample_idx, n_sample = self._prepare(seqs)
         if n_sample == 0:
             sample_idx = torch.empty(0, dtype=torch.int64)

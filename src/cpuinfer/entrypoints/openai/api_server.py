@@ -31,9 +31,10 @@ import uvicorn
 from fastapi import Body, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from cpuinfer.engine.messages import EngineStats
 from cpuinfer.entrypoints.openai.engine_adapter import EngineAdapter
 from cpuinfer.entrypoints.openai.errors import APIError, error_body, error_response, install_error_handlers
-from cpuinfer.entrypoints.openai.metrics import CONTENT_TYPE, EngineStats, ServerMetrics
+from cpuinfer.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
 from cpuinfer.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -117,8 +118,10 @@ class BodyLimitAndAuth:
             got = headers.get(b"authorization", b"")
             if not secrets.compare_digest(got, self.expected):
                 what = "missing" if not got else "invalid"
-                msg = (f"Unauthorized: {what} API key; send the header 'Authorization: Bearer <key>' with the "
-                       "key the server was started with (--api-key / VLLM_API_KEY).")
+                msg = (
+                    f"Unauthorized: {what} API key; send the header 'Authorization: Bearer <key>' with the "
+                    "key the server was started with (--api-key / VLLM_API_KEY)."
+                )
                 return await error_response(msg, 401)(scope, receive, send)
         declared = headers.get(b"content-length")
         too_big = f"Request body too large: the limit is {limit} bytes (--max-request-body-bytes)."
@@ -141,12 +144,11 @@ class BodyLimitAndAuth:
             await error_response(e.message, e.status, e.param)(scope, receive, send)
 
 
-def build_app(state: ServerState,
-              start_engine: Callable[[], Awaitable[EngineAdapter]] | None = None) -> FastAPI:
+def build_app(state: ServerState, start_engine: Callable[[], Awaitable[EngineAdapter]] | None = None) -> FastAPI:
     """The app; `start_engine` runs in the background after startup and returns the ready engine."""
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(_app: FastAPI):
         if start_engine is not None:
             state.background.append(asyncio.create_task(_load(state, start_engine)))
         try:
@@ -240,8 +242,10 @@ async def _watch_engine(state: ServerState, interval: float = 0.25) -> None:
         engine = state.engine
         if engine is not None and engine.dead:
             state.engine_failure = engine.status_text()
-            logger.error("the engine failed (%s): in-flight requests failed; exiting with code 1 so the server "
-                         "can be restarted", state.engine_failure)
+            logger.error(
+                "the engine failed (%s): in-flight requests failed; exiting with code 1 so the server can be restarted",
+                state.engine_failure,
+            )
             await asyncio.sleep(ENGINE_DEATH_EXIT_DELAY)
             signal.raise_signal(signal.SIGTERM)
             return
@@ -263,11 +267,21 @@ async def _load(state: ServerState, start_engine: Callable[[], Awaitable[EngineA
     state.engine = engine
     names = state.config.served_model_names
     state.metrics = ServerMetrics(names[0], lambda: state.last_stats)
-    state.serving = OpenAIServing(engine, names, state.metrics, state.config.log_requests,
-                                  state.config.tool_call_parser, state.config.chat_template)
+    state.serving = OpenAIServing(
+        engine,
+        names,
+        state.metrics,
+        state.config.log_requests,
+        state.config.tool_call_parser,
+        state.config.chat_template,
+    )
     state.background.append(asyncio.create_task(_watch_engine(state)))
-    logger.info("engine ready in %.1fs: serving %s (max_model_len=%d)", time.monotonic() - t0, ", ".join(names),
-                engine.max_model_len)
+    logger.info(
+        "engine ready in %.1fs: serving %s (max_model_len=%d)",
+        time.monotonic() - t0,
+        ", ".join(names),
+        engine.max_model_len,
+    )
     if state.config.log_stats_interval > 0:
         state.background.append(asyncio.create_task(_log_stats(state, state.config.log_stats_interval)))
 
@@ -291,10 +305,18 @@ async def _log_stats(state: ServerState, interval: float) -> None:
         prompt, gen = m.prompt_tokens._value.get(), m.generation_tokens._value.get()
         dt = max(now - last_t, 1e-9)
         if prompt != last_prompt or gen != last_gen or s.num_running or s.num_waiting:
-            logger.info("Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, "
-                        "Running: %d reqs, Waiting: %d reqs, KV cache usage: %.1f%%, Prefix cache hit rate: %.1f%%, "
-                        "Preemptions: %d", (prompt - last_prompt) / dt, (gen - last_gen) / dt, s.num_running,
-                        s.num_waiting, 100 * s.kv_usage, 100 * s.prefix_cache_hit_rate, s.num_preemptions)
+            logger.info(
+                "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, "
+                "Running: %d reqs, Waiting: %d reqs, KV cache usage: %.1f%%, Prefix cache hit rate: %.1f%%, "
+                "Preemptions: %d",
+                (prompt - last_prompt) / dt,
+                (gen - last_gen) / dt,
+                s.num_running,
+                s.num_waiting,
+                100 * s.kv_cache_usage,
+                100 * s.prefix_cache_hit_rate,
+                s.num_preemptions,
+            )
         last_prompt, last_gen, last_t = prompt, gen, now
 
 
@@ -321,18 +343,33 @@ class _Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-def run_server(state: ServerState, start_engine: Callable[[], Awaitable[EngineAdapter]], host: str, port: int,
-               shutdown_timeout: float, log_level: str = "info", sock=None, limit_concurrency: int | None = None
-               ) -> int:
+def run_server(
+    state: ServerState,
+    start_engine: Callable[[], Awaitable[EngineAdapter]],
+    host: str,
+    port: int,
+    shutdown_timeout: float,
+    log_level: str = "info",
+    sock=None,
+    limit_concurrency: int | None = None,
+) -> int:
     """Serve until SIGINT/SIGTERM; in-flight requests get `shutdown_timeout` seconds to finish, then are aborted.
 
     Returns the exit code: 1 if the engine failed to load or died while serving, else 0.
     `limit_concurrency`: connections + in-flight requests past which uvicorn answers 503 at once.
     """
     app = build_app(state, start_engine)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
-                            timeout_graceful_shutdown=max(1, round(shutdown_timeout)), lifespan="on",
-                            timeout_keep_alive=5, limit_concurrency=limit_concurrency)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=False,
+        timeout_graceful_shutdown=max(1, round(shutdown_timeout)),
+        lifespan="on",
+        timeout_keep_alive=5,
+        limit_concurrency=limit_concurrency,
+    )
     server = _Server(config)
     asyncio.run(server.serve(sockets=[sock] if sock is not None else None))
     return 1 if (state.load_error or state.engine_failure) else 0

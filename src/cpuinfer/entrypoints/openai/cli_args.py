@@ -13,40 +13,82 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     """Add every `serve` flag to `parser`."""
     from cpuinfer.entrypoints.openai.engine_binding import add_engine_arguments
 
-    parser.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
-                        help="HF model directory or .gguf file (default: the bundled SmolLM2-135M-Instruct); "
-                             "same as --model")
+    parser.add_argument(
+        "model_tag",
+        nargs="?",
+        default=None,
+        metavar="MODEL",
+        help="HF model directory or .gguf file (default: the bundled SmolLM2-135M-Instruct); same as --model",
+    )
     add_engine_arguments(parser)
     g = parser.add_argument_group("HTTP server")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     g.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
-    g.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' on every route but /health and /ping "
-                        "(default: $CPUINFER_API_KEY/$VLLM_API_KEY)")
-    g.add_argument("--allow-unauthenticated-routes", nargs="+", default=[], metavar="PATH",
-                   help="routes that need no API key even with --api-key, e.g. /metrics /docs /openapi.json "
-                        "(deny by default; vLLM leaves /tokenize, /detokenize, /metrics and /docs open)")
-    g.add_argument("--limit-concurrency", type=_positive_int, default=None,
-                   help="connections + in-flight requests past which the server answers 503 at once "
-                        "(uvicorn's limit; default: 2 x (--max-num-seqs + --max-waiting-requests) + 64)")
-    g.add_argument("--served-model-name", nargs="+", default=None,
-                   help="model name(s) the API answers to (default: the model argument)")
-    g.add_argument("--max-request-body-bytes", type=_positive_int, default=8 * 1024 * 1024,
-                   help="larger request bodies get 413 (default 8 MiB)")
-    g.add_argument("--shutdown-timeout", type=float, default=10.0,
-                   help="seconds in-flight requests may run after SIGINT/SIGTERM before they are aborted")
+    g.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on every route but /health and /ping "
+        "(default: $CPUINFER_API_KEY/$VLLM_API_KEY)",
+    )
+    g.add_argument(
+        "--allow-unauthenticated-routes",
+        nargs="+",
+        default=[],
+        metavar="PATH",
+        help="routes that need no API key even with --api-key, e.g. /metrics /docs /openapi.json "
+        "(deny by default; vLLM leaves /tokenize, /detokenize, /metrics and /docs open)",
+    )
+    g.add_argument(
+        "--limit-concurrency",
+        type=_positive_int,
+        default=None,
+        help="connections + in-flight requests past which the server answers 503 at once "
+        "(uvicorn's limit; default: 2 x (--max-num-seqs + --max-waiting-requests) + 64)",
+    )
+    g.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        help="model name(s) the API answers to (default: the model argument)",
+    )
+    g.add_argument(
+        "--max-request-body-bytes",
+        type=_positive_int,
+        default=8 * 1024 * 1024,
+        help="larger request bodies get 413 (default 8 MiB)",
+    )
+    g.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=10.0,
+        help="seconds in-flight requests may run after SIGINT/SIGTERM before they are aborted",
+    )
     g.add_argument("--disable-log-requests", action="store_true", help="no per-request log line")
     g.add_argument("--disable-log-stats", action="store_true", help="no periodic throughput log line")
     g.add_argument("--log-stats-interval", type=float, default=10.0, help="seconds between throughput lines")
-    g.add_argument("--enable-auto-tool-choice", action="store_true",
-                   help='let the model decide when to call tools (tool_choice "auto"); needs --tool-call-parser')
-    g.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_PARSERS),
-                   help="how tool calls are found in the model's replies: hermes (<tool_call>{json}</tool_call>: "
-                        "Qwen 2.5/3, Hermes, SmolLM3) or llama3_json (Llama 3.x)")
-    g.add_argument("--chat-template", default=None,
-                   help="a Jinja chat template (file path or the template itself) used instead of the model's")
-    g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"],
-                   help="log level of the server and uvicorn")
+    g.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help='let the model decide when to call tools (tool_choice "auto"); needs --tool-call-parser',
+    )
+    g.add_argument(
+        "--tool-call-parser",
+        default=None,
+        choices=sorted(TOOL_PARSERS),
+        help="how tool calls are found in the model's replies: hermes (<tool_call>{json}</tool_call>: "
+        "Qwen 2.5/3, Hermes, SmolLM3) or llama3_json (Llama 3.x)",
+    )
+    g.add_argument(
+        "--chat-template",
+        default=None,
+        help="a Jinja chat template (file path or the template itself) used instead of the model's",
+    )
+    g.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error", "critical"],
+        help="log level of the server and uvicorn",
+    )
 
 
 def resolve_model(args: argparse.Namespace) -> None:
@@ -70,8 +112,9 @@ def served_names(args: argparse.Namespace) -> list[str]:
 def tool_call_parser(args: argparse.Namespace) -> str | None:
     """The parser for tool_choice "auto", or None when auto tool choice is off (as vLLM: both flags, or neither)."""
     if args.enable_auto_tool_choice and not args.tool_call_parser:
-        raise SystemExit("cpuinfer serve: --enable-auto-tool-choice needs --tool-call-parser "
-                         f"({', '.join(sorted(TOOL_PARSERS))})")
+        raise SystemExit(
+            f"cpuinfer serve: --enable-auto-tool-choice needs --tool-call-parser ({', '.join(sorted(TOOL_PARSERS))})"
+        )
     return args.tool_call_parser if args.enable_auto_tool_choice else None
 
 
@@ -89,5 +132,3 @@ def _positive_int(value: str) -> int:
     if x < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return x
-
-

@@ -21,13 +21,24 @@ def request_constraint(req: SamplingFields) -> tuple[StructuredOutputsParams | N
     so = req.structured_outputs
     if so is not None:
         try:
-            found.append((StructuredOutputsParams(json=so.json_, regex=so.regex, choice=so.choice, grammar=so.grammar,
-                                                  json_object=so.json_object), "structured_outputs"))
+            found.append(
+                (
+                    StructuredOutputsParams(
+                        json=so.json_, regex=so.regex, choice=so.choice, grammar=so.grammar, json_object=so.json_object
+                    ),
+                    "structured_outputs",
+                )
+            )
         except ValueError as e:
-            raise APIError(str(e).replace("StructuredOutputsParams", "structured_outputs"), 400,
-                           "structured_outputs") from e
-    for name, field in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
-                        ("guided_grammar", "grammar")):
+            raise APIError(
+                str(e).replace("StructuredOutputsParams", "structured_outputs"), 400, "structured_outputs"
+            ) from e
+    for name, field in (
+        ("guided_json", "json"),
+        ("guided_regex", "regex"),
+        ("guided_choice", "choice"),
+        ("guided_grammar", "grammar"),
+    ):
         value = getattr(req, name)
         if value is not None:
             try:

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from cpuinfer.entrypoints.openai.metrics import EngineStats
+from cpuinfer.engine.messages import EngineStats
 from cpuinfer.errors import EngineDeadError  # noqa: F401 - re-exported: what the streams raise
 from cpuinfer.sampling_params import SamplingParams
 
@@ -61,8 +61,9 @@ class EngineAdapter:
         """Why the engine is not healthy (or 'ready')."""
         raise NotImplementedError
 
-    def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
-               ) -> AsyncIterator[list[ChoiceDelta]]:
+    def submit(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> AsyncIterator[list[ChoiceDelta]]:
         """Start one request (all n choices) now and return its deltas; leaving the iterator early aborts it.
 
         Raises at once, before anything is sent to the client: InvalidRequestError (a limit),

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator
 
+from cpuinfer.engine.messages import EngineStats
 from cpuinfer.entrypoints.openai.engine_adapter import ChoiceDelta, EngineAdapter, TokenLogprob
-from cpuinfer.entrypoints.openai.metrics import EngineStats
 from cpuinfer.entrypoints.openai.tokenization import Tokenization
 from cpuinfer.errors import EngineDeadError
 from cpuinfer.sampling_params import SamplingParams
@@ -51,7 +52,6 @@ class AsyncLLMAdapter(EngineAdapter):
         self.max_model_len = engine.max_model_len
         self.tokenization = Tokenization(spec)
         self.generation_defaults = dict(getattr(spec, "generation_defaults", None) or {})
-        self.num_blocks = getattr(engine, "num_blocks", 0)
         self._shut = False
 
     @property
@@ -76,8 +76,9 @@ class AsyncLLMAdapter(EngineAdapter):
         dead = self.engine.dead_reason
         return f"engine core died: {dead}" if dead else "ready"
 
-    def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
-               ) -> AsyncIterator[list[ChoiceDelta]]:
+    def submit(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> AsyncIterator[list[ChoiceDelta]]:
         """Start a request now (validated by the engine) and return its deltas."""
         if not self.healthy:
             raise EngineDeadError(self.status_text())
@@ -98,8 +99,7 @@ class AsyncLLMAdapter(EngineAdapter):
                     lps = None
                     if o.logprobs is not None:
                         lps = _logprobs(list(zip(o.token_ids, o.logprobs, strict=False)))
-                    deltas.append(ChoiceDelta(o.index, o.text, list(o.token_ids), lps, o.finish_reason,
-                                              o.stop_reason))
+                    deltas.append(ChoiceDelta(o.index, o.text, list(o.token_ids), lps, o.finish_reason, o.stop_reason))
                 finished = out.finished
                 if deltas:
                     yield deltas
@@ -113,15 +113,8 @@ class AsyncLLMAdapter(EngineAdapter):
         self.engine.abort_nowait(request_id)
 
     async def stats(self) -> EngineStats:
-        """The engine core's counters, in the server's terms."""
-        s = await self.engine.get_stats()
-        total = s.num_kv_blocks or self.num_blocks
-        used = round(s.kv_cache_usage * total)
-        return EngineStats(num_running=s.num_running, num_waiting=s.num_waiting, kv_usage=s.kv_cache_usage,
-                           num_blocks_total=total, num_blocks_free=total - int(used),
-                           prefix_cache_queries=s.prefix_cache_queries, prefix_cache_hits=s.prefix_cache_hits,
-                           num_preemptions=s.num_preemptions, prompt_tokens=s.prompt_tokens,
-                           generation_tokens=s.generation_tokens)
+        """The engine core's counters."""
+        return await self.engine.get_stats()
 
     async def shutdown(self) -> None:
         """Abort what is left and stop the core process."""
@@ -144,10 +137,8 @@ def pin_front_end() -> None:
     if not front:
         return  # no reserved cores: share them (the OS schedules the light HTTP work in between)
     for tid in os.listdir("/proc/self/task"):
-        try:
+        with contextlib.suppress(OSError):  # the thread ended since listdir
             os.sched_setaffinity(int(tid), front)
-        except OSError:
-            pass
     logger.info("front end pinned to CPUs %s (inference cores: %s)", sorted(front), binding.cpus)
 
 
@@ -162,8 +153,12 @@ def make_engine_starter(args: argparse.Namespace):
         # Loading takes seconds: keep the loop free so /health can answer 503 meanwhile.
         engine = await asyncio.to_thread(AsyncLLM.from_engine_args, engine_args)
         adapter = AsyncLLMAdapter(engine)
-        logger.info("engine core process pid %s: %d KV blocks of %d tokens", adapter.pid, adapter.num_blocks,
-                    engine.config.block_size)
+        logger.info(
+            "engine core process pid %s: %d KV blocks of %d tokens",
+            adapter.pid,
+            engine.num_blocks,
+            engine.config.block_size,
+        )
         pin_front_end()
         return adapter
 

@@ -42,8 +42,9 @@ ERROR_TYPES = {
 class APIError(Exception):
     """A request failure with its HTTP status and the offending field, if any."""
 
-    def __init__(self, message: str, status: int = 400, param: str | None = None,
-                 headers: dict[str, str] | None = None):
+    def __init__(
+        self, message: str, status: int = 400, param: str | None = None, headers: dict[str, str] | None = None
+    ):
         super().__init__(message)
         self.message = message
         self.status = status
@@ -63,7 +64,7 @@ def _sampling_param(message: str) -> str | None:
     """The field a SamplingParams error names ("SamplingParams.top_p=2 is invalid: ...")."""
     prefix = "SamplingParams."
     if message.startswith(prefix):
-        return message[len(prefix):].split("=", 1)[0] or None
+        return message[len(prefix) :].split("=", 1)[0] or None
     return None
 
 
@@ -81,8 +82,11 @@ def to_api_error(exc: BaseException, request_id: str | None = None) -> APIError:
     if isinstance(exc, RequestFailedError):
         if exc.reason is not None:  # the request's own fault (found while generating): a client error
             return APIError(exc.reason, 400, exc.param)
-        return APIError(f"Internal error while generating (error id {exc.error_id}); the server log has the "
-                        "details. Other requests are unaffected; retry.", 500)
+        return APIError(
+            f"Internal error while generating (error id {exc.error_id}); the server log has the "
+            "details. Other requests are unaffected; retry.",
+            500,
+        )
     if isinstance(exc, EngineDeadError):
         what = "while running the request" if request_id else "before the request could start"
         return APIError(f"The engine is not running: it failed {what}. Retry on another replica.", 503)
@@ -97,8 +101,9 @@ def error_body(message: str, status: int, param: str | None = None) -> dict:
     return dump(ErrorResponse.make(message, type_, status, param))
 
 
-def error_response(message: str, status: int, param: str | None = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(
+    message: str, status: int, param: str | None = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
     """A JSONResponse carrying an OpenAI error body."""
     return JSONResponse(error_body(message, status, param), status_code=status, headers=headers)
 
@@ -119,9 +124,16 @@ def describe_validation_errors(errors: list[dict]) -> tuple[str, str | None]:
             continue
         # Union members each report; keep the field path without the union branch tags.
         # A union of models (the /tokenize body) tags the path with the model's name: CamelCase, unlike fields.
-        field = ".".join(x for x in loc if not x.startswith(("function-", "list[", "str", "int", "float"))
-                         and x not in ("constrained-int", "constrained-float")
-                         and not (x[:1].isupper() and x.isalnum())) or None
+        field = (
+            ".".join(
+                x
+                for x in loc
+                if not x.startswith(("function-", "list[", "str", "int", "float"))
+                and x not in ("constrained-int", "constrained-float")
+                and not (x[:1].isupper() and x.isalnum())
+            )
+            or None
+        )
         if kind == "missing":
             text = f"field '{field}' is required" if field else "a required field is missing"
         elif kind == "extra_forbidden":

@@ -10,42 +10,84 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from cpuinfer.engine.messages import EngineStats
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # vLLM's buckets, so dashboards built for vLLM read the same.
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-               40.0, 80.0)
-E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
-               480.0, 960.0, 1920.0, 7680.0)
-
-
-@dataclass
-class EngineStats:
-    """A snapshot of the engine's state, as the engine client reports it."""
-
-    num_running: int = 0
-    num_waiting: int = 0
-    kv_usage: float = 0.0  # fraction of KV blocks in use, 0..1
-    num_blocks_total: int = 0
-    num_blocks_free: int = 0
-    prefix_cache_queries: int = 0  # tokens looked up in the prefix cache (cumulative)
-    prefix_cache_hits: int = 0  # of those, tokens found (cumulative)
-    num_preemptions: int = 0  # cumulative
-    prompt_tokens: int = 0  # cumulative, engine side
-    generation_tokens: int = 0  # cumulative, engine side
-
-    @property
-    def prefix_cache_hit_rate(self) -> float:
-        """Hits over queries since start (0 when nothing was looked up)."""
-        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+E2E_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 
 
 class _EngineCollector(Collector):
@@ -69,16 +111,21 @@ class _EngineCollector(Collector):
         s = self.snapshot()
         yield self._gauge("vllm:num_requests_running", "Number of requests in model execution batches.", s.num_running)
         yield self._gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", s.num_waiting)
-        yield self._gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", s.kv_usage)
+        yield self._gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", s.kv_cache_usage)
         # vLLM < 0.10 spelling, still read by many dashboards.
-        yield self._gauge("vllm:gpu_cache_usage_perc", "KV-cache usage (legacy name).", s.kv_usage)
-        yield self._gauge("vllm:gpu_prefix_cache_hit_rate", "Prefix-cache hit rate since start (legacy name).",
-                          s.prefix_cache_hit_rate)
-        yield self._gauge("cpuinfer:prefix_cache_hit_rate", "Prefix-cache token hit rate since start.",
-                          s.prefix_cache_hit_rate)
-        yield self._gauge("cpuinfer:kv_cache_blocks_total", "KV-cache blocks in the pool.", s.num_blocks_total)
-        yield self._gauge("cpuinfer:kv_cache_blocks_free", "KV-cache blocks not held by any request.",
-                          s.num_blocks_free)
+        yield self._gauge("vllm:gpu_cache_usage_perc", "KV-cache usage (legacy name).", s.kv_cache_usage)
+        yield self._gauge(
+            "vllm:gpu_prefix_cache_hit_rate",
+            "Prefix-cache hit rate since start (legacy name).",
+            s.prefix_cache_hit_rate,
+        )
+        yield self._gauge(
+            "cpuinfer:prefix_cache_hit_rate", "Prefix-cache token hit rate since start.", s.prefix_cache_hit_rate
+        )
+        yield self._gauge("cpuinfer:kv_cache_blocks_total", "KV-cache blocks in the pool.", s.num_kv_blocks)
+        yield self._gauge(
+            "cpuinfer:kv_cache_blocks_free", "KV-cache blocks not held by any request.", s.num_free_kv_blocks
+        )
         yield self._counter("vllm:prefix_cache_queries", "Prefix-cache queries, in tokens.", s.prefix_cache_queries)
         yield self._counter("vllm:prefix_cache_hits", "Prefix-cache hits, in tokens.", s.prefix_cache_hits)
         yield self._counter("vllm:num_preemptions", "Cumulative number of preemptions.", s.num_preemptions)
@@ -91,31 +138,64 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         labels = ["model_name"]
         r = self.registry
-        self.prompt_tokens = Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", labels,
-                                     registry=r).labels(model_name)
-        self.generation_tokens = Counter("vllm:generation_tokens", "Number of generation tokens processed.",
-                                         labels, registry=r).labels(model_name)
-        self._success = Counter("vllm:request_success", "Count of successfully processed requests.",
-                                labels + ["finished_reason"], registry=r)
-        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                              labels, buckets=TTFT_BUCKETS, registry=r).labels(model_name)
-        self.itl = Histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-                             labels, buckets=ITL_BUCKETS, registry=r).labels(model_name)
+        self.prompt_tokens = Counter(
+            "vllm:prompt_tokens", "Number of prefill tokens processed.", labels, registry=r
+        ).labels(model_name)
+        self.generation_tokens = Counter(
+            "vllm:generation_tokens", "Number of generation tokens processed.", labels, registry=r
+        ).labels(model_name)
+        self._success = Counter(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            [*labels, "finished_reason"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            labels,
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        ).labels(model_name)
+        self.itl = Histogram(
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            labels,
+            buckets=ITL_BUCKETS,
+            registry=r,
+        ).labels(model_name)
         # vLLM < 0.10 name of the same measurement.
-        self.tpot = Histogram("vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.",
-                              labels, buckets=ITL_BUCKETS, registry=r).labels(model_name)
-        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Histogram of end-to-end request latency in seconds.",
-                             labels, buckets=E2E_BUCKETS, registry=r).labels(model_name)
+        self.tpot = Histogram(
+            "vllm:time_per_output_token_seconds",
+            "Histogram of time per output token in seconds.",
+            labels,
+            buckets=ITL_BUCKETS,
+            registry=r,
+        ).labels(model_name)
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of end-to-end request latency in seconds.",
+            labels,
+            buckets=E2E_BUCKETS,
+            registry=r,
+        ).labels(model_name)
         self.request_prompt_tokens = Histogram(
-            "vllm:request_prompt_tokens", "Number of prefill tokens per request.", labels,
+            "vllm:request_prompt_tokens",
+            "Number of prefill tokens per request.",
+            labels,
             buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000),
-            registry=r).labels(model_name)
+            registry=r,
+        ).labels(model_name)
         self.request_generation_tokens = Histogram(
-            "vllm:request_generation_tokens", "Number of generation tokens per request.", labels,
+            "vllm:request_generation_tokens",
+            "Number of generation tokens per request.",
+            labels,
             buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000),
-            registry=r).labels(model_name)
-        self.aborted = Counter("cpuinfer:requests_aborted", "Requests aborted (client gone or shutdown).", labels,
-                               registry=r).labels(model_name)
+            registry=r,
+        ).labels(model_name)
+        self.aborted = Counter(
+            "cpuinfer:requests_aborted", "Requests aborted (client gone or shutdown).", labels, registry=r
+        ).labels(model_name)
         self.model_name = model_name
         self.registry.register(_EngineCollector(model_name, snapshot))
 

@@ -131,8 +131,12 @@ class SamplingFields(OpenAIModel):
 class CompletionRequest(SamplingFields):
     """POST /v1/completions."""
 
-    prompt: (str | list[str] | list[Annotated[int, Field(ge=0, le=INT32_MAX)]]
-              | list[list[Annotated[int, Field(ge=0, le=INT32_MAX)]]])
+    prompt: (
+        str
+        | list[str]
+        | list[Annotated[int, Field(ge=0, le=INT32_MAX)]]
+        | list[list[Annotated[int, Field(ge=0, le=INT32_MAX)]]]
+    )
     max_tokens: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = 16
     echo: bool = False
     logprobs: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = None  # at most --max-logprobs (the engine's)
@@ -222,9 +226,14 @@ class ChatMessage(OpenAIModel):
         if self.name is not None:
             d["name"] = self.name
         if self.tool_calls:
-            d["tool_calls"] = [{"id": c.id, "type": "function",
-                                "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
-                               for c in self.tool_calls]
+            d["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)},
+                }
+                for c in self.tool_calls
+            ]
         if self.tool_call_id is not None:
             d["tool_call_id"] = self.tool_call_id
         return d

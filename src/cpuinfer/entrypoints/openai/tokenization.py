@@ -36,9 +36,23 @@ class Tokenization:
         """The text of one token on its own (for logprobs)."""
         return self._token_text(int(token_id))
 
-    def encode_chat(self, messages: list[dict], add_generation_prompt: bool, continue_final_message: bool,
-                    add_special_tokens: bool, tools: list[dict] | None = None, chat_template: str | None = None,
-                    template_kwargs: dict | None = None) -> tuple[str, list[int]]:
+    def encode_chat(
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool,
+        continue_final_message: bool,
+        add_special_tokens: bool,
+        tools: list[dict] | None = None,
+        chat_template: str | None = None,
+        template_kwargs: dict | None = None,
+    ) -> tuple[str, list[int]]:
         """(prompt text, token ids) of chat messages after the chat template (the model spec's helper)."""
-        return self.spec.encode_chat(messages, add_generation_prompt, continue_final_message, add_special_tokens,
-                                     tools, chat_template, **(template_kwargs or {}))
+        return self.spec.encode_chat(
+            messages,
+            add_generation_prompt,
+            continue_final_message,
+            add_special_tokens,
+            tools,
+            chat_template,
+            **(template_kwargs or {}),
+        )

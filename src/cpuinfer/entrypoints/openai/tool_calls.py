@@ -60,9 +60,18 @@ def tool_constraint(req: ChatCompletionRequest) -> StructuredOutputsParams | Non
         fn = next(t.function for t in req.tools if t.function.name == choice.function.name)
         return StructuredOutputsParams(json=_parameters(fn))
     if choice == "required":
-        one_of = [{"type": "object", "properties": {"name": {"type": "string", "enum": [t.function.name]},
-                                                    "parameters": _parameters(t.function)},
-                   "required": ["name", "parameters"], "additionalProperties": False} for t in req.tools]
+        one_of = [
+            {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "enum": [t.function.name]},
+                    "parameters": _parameters(t.function),
+                },
+                "required": ["name", "parameters"],
+                "additionalProperties": False,
+            }
+            for t in req.tools
+        ]
         schema = {"type": "array", "minItems": 1, "items": {"anyOf": one_of}}
         if req.parallel_tool_calls is False:
             schema["maxItems"] = 1
@@ -80,22 +89,32 @@ def tool_parser_for(req: ChatCompletionRequest, auto_parser: str | None) -> Tool
     if isinstance(req.tool_choice, NamedToolChoice):
         names = [t.function.name for t in req.tools]
         if req.tool_choice.function.name not in names:
-            raise APIError(f"tool_choice names the function {req.tool_choice.function.name!r}, which is not in "
-                           f"tools ({', '.join(names)})", 400, "tool_choice")
+            raise APIError(
+                f"tool_choice names the function {req.tool_choice.function.name!r}, which is not in "
+                f"tools ({', '.join(names)})",
+                400,
+                "tool_choice",
+            )
         return NamedCallParser(req.tool_choice.function.name)
     if req.tool_choice == "required":
         return RequiredCallsParser()
     if auto_parser is None:
-        raise APIError('"auto" tool choice needs the server started with --enable-auto-tool-choice and '
-                       '--tool-call-parser; or set tool_choice to "required", "none" or a named function.',
-                       400, "tool_choice")
+        raise APIError(
+            '"auto" tool choice needs the server started with --enable-auto-tool-choice and '
+            '--tool-call-parser; or set tool_choice to "required", "none" or a named function.',
+            400,
+            "tool_choice",
+        )
     return TOOL_PARSERS[auto_parser]()
 
 
 def tool_calls_of(parsed: ParsedOutput, ids: list[str]) -> list[ToolCall]:
     """The complete calls as OpenAI tool_calls (ids given, so a stream and its final message agree)."""
-    return [ToolCall(id=ids[i], function=ToolCallFunction(name=c.name, arguments=c.arguments))
-            for i, c in enumerate(parsed.calls) if c.complete and c.name]
+    return [
+        ToolCall(id=ids[i], function=ToolCallFunction(name=c.name, arguments=c.arguments))
+        for i, c in enumerate(parsed.calls)
+        if c.complete and c.name
+    ]
 
 
 @dataclass
@@ -112,7 +131,7 @@ class ToolCallStream:
         """Add the newly generated text; returns (new content, new tool-call pieces)."""
         self.text += delta
         parsed = self.parser.parse(self.text, final)
-        content = parsed.content[self.sent_content:]
+        content = parsed.content[self.sent_content :]
         self.sent_content = max(self.sent_content, len(parsed.content))
         pieces = []
         for i, call in enumerate(parsed.calls):
@@ -121,9 +140,15 @@ class ToolCallStream:
             if i == len(self.ids):
                 self.ids.append(random_id("chatcmpl-tool"))
                 self.sent_args.append(0)
-                pieces.append(DeltaToolCall(index=i, id=self.ids[i], type="function",
-                                            function=DeltaFunctionCall(name=call.name, arguments="")))
-            new = call.arguments[self.sent_args[i]:]
+                pieces.append(
+                    DeltaToolCall(
+                        index=i,
+                        id=self.ids[i],
+                        type="function",
+                        function=DeltaFunctionCall(name=call.name, arguments=""),
+                    )
+                )
+            new = call.arguments[self.sent_args[i] :]
             if new:
                 self.sent_args[i] = len(call.arguments)
                 if pieces and pieces[-1].index == i:

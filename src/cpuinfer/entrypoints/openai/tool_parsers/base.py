@@ -140,7 +140,7 @@ def call_from_object(s: str, obj: ScannedObject, args_keys: tuple[str, ...]) -> 
     name = None
     span = obj.fields.get("name")
     if span is not None and span[1] is not None:
-        value = json.loads(s[span[0]:span[1]])
+        value = json.loads(s[span[0] : span[1]])
         name = value if isinstance(value, str) else None
     args_span = next((obj.fields[k] for k in args_keys if k in obj.fields), None)
     if args_span is None:

@@ -27,7 +27,7 @@ class HermesToolParser(ToolParser):
             i = text.find(START, pos)
             if i < 0:
                 rest = text[pos:]
-                out.content += rest if final else rest[:len(rest) - _held_back(rest, START)]
+                out.content += rest if final else rest[: len(rest) - _held_back(rest, START)]
                 return out
             out.content += text[pos:i]
             body_start = i + len(START)
@@ -46,7 +46,7 @@ class HermesToolParser(ToolParser):
                     out.content += text[i:]
                 return out
             if call is None or not call.complete:
-                out.content += text[i:j + len(END)]  # malformed: keep the text, report no call
+                out.content += text[i : j + len(END)]  # malformed: keep the text, report no call
             else:
                 out.calls.append(call)
             pos = j + len(END)

@@ -15,7 +15,7 @@ class Llama3JsonToolParser(ToolParser):
         """Content and calls of `text`."""
         body = text.lstrip()
         if body.startswith(PYTHON_TAG):
-            body = body[len(PYTHON_TAG):]
+            body = body[len(PYTHON_TAG) :]
         elif not final and PYTHON_TAG.startswith(body) and body:
             return ParsedOutput("")  # may be the tag's start
         if not body.lstrip().startswith("{"):

@@ -1,0 +1,246 @@
+"""How a route shapes what its job produced: completions and chat each have a ResponseFormat, which makes
+the stream's chunks and the whole non-streaming response. Everything else about responding (the event
+stream, usage, the error event, the request log, [DONE]) is the responder's, shared by both routes."""
+
+from __future__ import annotations
+
+import math
+import time
+
+from pydantic import BaseModel
+
+from cpuinfer.entrypoints.openai.engine_adapter import ChoiceDelta, TokenLogprob
+from cpuinfer.entrypoints.openai.job import ChoiceState, Job
+from cpuinfer.entrypoints.openai.protocol import (
+    ChatChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatLogProbs,
+    ChatResponseMessage,
+    ChatStreamChoice,
+    ChatTokenLogprob,
+    CompletionChoice,
+    CompletionLogProbs,
+    CompletionRequest,
+    CompletionResponse,
+    DeltaMessage,
+    SamplingFields,
+    TopLogprob,
+    UsageInfo,
+    dump,
+)
+from cpuinfer.entrypoints.openai.tokenization import Tokenization
+from cpuinfer.entrypoints.openai.tool_calls import ToolCallStream
+from cpuinfer.entrypoints.openai.tool_parsers import ToolParser
+
+MIN_LOGPROB = -9999.0  # JSON has no -inf; vLLM clamps to this too
+
+
+def _lp(x: float) -> float:
+    return MIN_LOGPROB if (math.isnan(x) or x < MIN_LOGPROB) else float(x)
+
+
+def continuous_usage(req: SamplingFields) -> bool:
+    """Whether every chunk of the stream carries the usage so far."""
+    return bool(req.stream_options and req.stream_options.continuous_usage_stats)
+
+
+class ResponseFormat:
+    """How one route shapes its chunks and its response."""
+
+    def __init__(self, job: Job, model_name: str, tokenization: Tokenization):
+        self.job = job
+        self.model_name = model_name
+        self.tokenization = tokenization
+        self.created = int(time.time())
+
+    def opening(self) -> list[dict]:
+        """Chunks sent before the first delta."""
+        return []
+
+    def chunk(self, d: ChoiceDelta) -> dict | None:
+        """The chunk for one delta (called before the delta is absorbed), or None when it carries nothing."""
+        raise NotImplementedError
+
+    def usage_chunk(self, usage: UsageInfo) -> dict:
+        """The final usage-only chunk."""
+        raise NotImplementedError
+
+    def response(self) -> BaseModel:
+        """The whole non-streaming response."""
+        raise NotImplementedError
+
+
+class CompletionFormat(ResponseFormat):
+    """/v1/completions: text choices, legacy logprobs, optional echo of the prompt."""
+
+    def __init__(self, job: Job, model_name: str, tokenization: Tokenization, req: CompletionRequest):
+        super().__init__(job, model_name, tokenization)
+        self.req = req
+
+    def _body(self, choices: list[CompletionChoice], usage: UsageInfo | None) -> dict:
+        return dump(
+            CompletionResponse(
+                id=self.job.request_id, created=self.created, model=self.model_name, choices=choices, usage=usage
+            )
+        )
+
+    def _echo(self, i: int) -> str:
+        return (self.job.prompts[i // self.job.n].text or "") if self.req.echo else ""
+
+    def _logprobs(self, entries: list[TokenLogprob], offset: int) -> CompletionLogProbs | None:
+        """Legacy completions logprobs of generated tokens, text offsets from `offset`."""
+        k = self.req.logprobs
+        if k is None:
+            return None
+        token_text = self.tokenization.token_text
+        out = CompletionLogProbs()
+        for e in entries:
+            text = token_text(e.token_id)
+            out.tokens.append(text)
+            out.token_logprobs.append(_lp(e.logprob))
+            top = {token_text(t): _lp(lp) for t, lp in e.top[:k]}
+            top.setdefault(text, _lp(e.logprob))
+            out.top_logprobs.append(top)
+            out.text_offset.append(offset)
+            offset += len(text)
+        return out
+
+    def opening(self) -> list[dict]:
+        if not self.req.echo:
+            return []
+        return [self._body([CompletionChoice(index=i, text=self._echo(i))], None) for i in range(len(self.job.states))]
+
+    def chunk(self, d: ChoiceDelta) -> dict | None:
+        lp = self._logprobs(d.logprobs or [], len(self.job.states[d.index].text))
+        if not (d.text or d.finish_reason is not None or (lp and lp.tokens)):
+            return None
+        choice = CompletionChoice(
+            index=d.index, text=d.text, logprobs=lp, finish_reason=d.finish_reason, stop_reason=d.stop_reason
+        )
+        return self._body([choice], None)
+
+    def usage_chunk(self, usage: UsageInfo) -> dict:
+        return self._body([], usage)
+
+    def response(self) -> CompletionResponse:
+        choices = []
+        for i, s in enumerate(self.job.states):
+            prefix = self._echo(i)
+            lp = self._logprobs(s.logprobs, len(prefix))
+            choices.append(
+                CompletionChoice(
+                    index=i, text=prefix + s.text, logprobs=lp, finish_reason=s.finish_reason, stop_reason=s.stop_reason
+                )
+            )
+        return CompletionResponse(
+            id=self.job.request_id, model=self.model_name, choices=choices, usage=self.job.usage()
+        )
+
+
+def chat_chunk_json(chunk: ChatCompletionChunk) -> dict:
+    """A chat chunk as OpenAI sends it: the delta carries only the fields it sets."""
+    body = dump(chunk)
+    for choice in body["choices"]:
+        choice["delta"] = {k: v for k, v in choice["delta"].items() if v is not None}
+    return body
+
+
+def _finish_reason(reason: str | None, called: bool) -> str | None:
+    """OpenAI's "tool_calls" for a reply that ended on its own with calls in it."""
+    return "tool_calls" if called and reason == "stop" else reason
+
+
+class ChatFormat(ResponseFormat):
+    """/v1/chat/completions: assistant messages, chat logprobs, tool calls parsed out of the text."""
+
+    def __init__(
+        self,
+        job: Job,
+        model_name: str,
+        tokenization: Tokenization,
+        req: ChatCompletionRequest,
+        parser: ToolParser | None,
+    ):
+        super().__init__(job, model_name, tokenization)
+        self.req = req
+        self.k = (req.top_logprobs or 0) if req.logprobs else None
+        self.parser = parser  # None: the reply is plain content
+        self.streams = [ToolCallStream(parser) for _ in job.states] if parser else []
+
+    def _body(self, choices: list[ChatStreamChoice], usage: UsageInfo | None) -> dict:
+        return chat_chunk_json(
+            ChatCompletionChunk(
+                id=self.job.request_id, created=self.created, model=self.model_name, choices=choices, usage=usage
+            )
+        )
+
+    def _logprobs(self, entries: list[TokenLogprob]) -> ChatLogProbs | None:
+        """Chat logprobs of generated tokens."""
+        if self.k is None:
+            return None
+        token_text = self.tokenization.token_text
+        content = []
+        for e in entries:
+            text = token_text(e.token_id)
+            top = [(token_text(t), lp) for t, lp in e.top[: self.k]]
+            content.append(
+                ChatTokenLogprob(
+                    token=text,
+                    logprob=_lp(e.logprob),
+                    bytes=list(text.encode("utf-8")),
+                    top_logprobs=[TopLogprob(token=t, logprob=_lp(lp), bytes=list(t.encode("utf-8"))) for t, lp in top],
+                )
+            )
+        return ChatLogProbs(content=content)
+
+    def opening(self) -> list[dict]:
+        usage = self.job.usage() if continuous_usage(self.req) else None
+        return [
+            self._body([ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))], usage)
+            for i in range(len(self.job.states))
+        ]
+
+    def chunk(self, d: ChoiceDelta) -> dict | None:
+        lp = self._logprobs(d.logprobs or [])
+        text, calls, finish = d.text, None, d.finish_reason
+        if self.parser is not None:
+            stream = self.streams[d.index]
+            text, calls = stream.feed(d.text, d.finish_reason is not None)
+            finish = _finish_reason(finish, bool(stream.ids))
+        if not (text or calls or finish is not None or (lp and lp.content)):
+            return None
+        delta = DeltaMessage(content=text or None, tool_calls=calls or None)
+        choice = ChatStreamChoice(
+            index=d.index, delta=delta, logprobs=lp, finish_reason=finish, stop_reason=d.stop_reason
+        )
+        return self._body([choice], None)
+
+    def usage_chunk(self, usage: UsageInfo) -> dict:
+        return self._body([], usage)
+
+    def _message(self, s: ChoiceState) -> tuple[ChatResponseMessage, str | None]:
+        if self.parser is None:
+            return ChatResponseMessage(content=s.text), s.finish_reason
+        content, calls = ToolCallStream(self.parser, s.text).final_calls()
+        return ChatResponseMessage(content=content or None, tool_calls=calls), _finish_reason(
+            s.finish_reason, bool(calls)
+        )
+
+    def response(self) -> ChatCompletionResponse:
+        choices = []
+        for i, s in enumerate(self.job.states):
+            message, finish = self._message(s)
+            choices.append(
+                ChatChoice(
+                    index=i,
+                    message=message,
+                    finish_reason=finish,
+                    stop_reason=s.stop_reason,
+                    logprobs=self._logprobs(s.logprobs),
+                )
+            )
+        return ChatCompletionResponse(
+            id=self.job.request_id, model=self.model_name, choices=choices, usage=self.job.usage()
+        )

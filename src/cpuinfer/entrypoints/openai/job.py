@@ -1,0 +1,70 @@
+"""One HTTP generation request while it runs: its prompts, the engine requests started for them, and what
+each choice has produced so far."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from cpuinfer.entrypoints.openai.engine_adapter import ChoiceDelta, TokenLogprob
+from cpuinfer.entrypoints.openai.metrics import RequestTimer
+from cpuinfer.entrypoints.openai.protocol import UsageInfo
+
+
+@dataclass
+class Prompt:
+    """One tokenized prompt (text kept for echo)."""
+
+    token_ids: list[int]
+    text: str | None
+
+
+@dataclass
+class ChoiceState:
+    """What one choice has produced so far."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    def absorb(self, d: ChoiceDelta) -> None:
+        """Add a delta."""
+        self.text += d.text
+        self.token_ids += d.token_ids
+        if d.logprobs:
+            self.logprobs += d.logprobs
+        if d.finish_reason is not None:
+            self.finish_reason, self.stop_reason = d.finish_reason, d.stop_reason
+
+
+@dataclass
+class Job:
+    """One HTTP request running on the engine: one engine request per prompt, n choices each (choice i
+    of prompt p is states[p * n + i])."""
+
+    request_id: str
+    prompts: list[Prompt]
+    n: int
+    streams: list[tuple[str, AsyncIterator[list[ChoiceDelta]]]]  # (engine request id, its deltas)
+    timer: RequestTimer
+    states: list[ChoiceState] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.states = [ChoiceState() for _ in range(self.n * len(self.prompts))]
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Prompt tokens of all prompts."""
+        return sum(len(p.token_ids) for p in self.prompts)
+
+    @property
+    def completion_tokens(self) -> int:
+        """Tokens generated so far, all choices."""
+        return sum(len(s.token_ids) for s in self.states)
+
+    def usage(self) -> UsageInfo:
+        """Token counts so far."""
+        c = self.completion_tokens
+        return UsageInfo(prompt_tokens=self.prompt_tokens, completion_tokens=c, total_tokens=self.prompt_tokens + c)

@@ -1,0 +1,236 @@
+"""Starting a generation request on the engine and answering it, the same way for every route.
+
+Every prompt is started (and so validated, by the engine's one request check) before any byte of the
+response is sent: an invalid streaming request gets the same 400 as a non-streaming one. Then one
+streaming generator or one non-streaming responder runs the job; both end it in one place (`_end`:
+engine requests aborted, which frees their KV blocks when the client left; metrics; the request log).
+A failure after the start ends a stream with an OpenAI-shaped error event, and every stream ends with
+`data: [DONE]`. A client that disconnects cancels the job at once, even while no token is being sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
+
+import anyio
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from starlette.responses import StreamingResponse
+
+from cpuinfer.entrypoints.openai.constraints import engine_param
+from cpuinfer.entrypoints.openai.engine_adapter import ChoiceDelta, EngineAdapter
+from cpuinfer.entrypoints.openai.errors import to_api_error
+from cpuinfer.entrypoints.openai.formats import ResponseFormat, continuous_usage
+from cpuinfer.entrypoints.openai.job import Job, Prompt
+from cpuinfer.entrypoints.openai.metrics import RequestTimer, ServerMetrics
+from cpuinfer.entrypoints.openai.protocol import SamplingFields, dump
+from cpuinfer.sampling_params import SamplingParams
+
+logger = logging.getLogger("cpuinfer.server")
+
+
+def sse(payload: dict | str) -> str:
+    """One server-sent event line."""
+    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {data}\n\n"
+
+
+class DisconnectAwareStream(StreamingResponse):
+    """A streaming response that notices a client leaving even while no token is being sent.
+
+    Starlette's default only finds out at the next write; we listen for
+    ``http.disconnect`` the whole time so the generator is cancelled (and the
+    engine request aborted, KV blocks freed) at once.
+    """
+
+    async def __call__(self, scope, receive, send) -> None:  # noqa: ARG002 - the ASGI signature
+        async with anyio.create_task_group() as tg:
+
+            async def stream_then_stop():
+                with contextlib.suppress(OSError):  # peer gone mid-write
+                    await self.stream_response(send)
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(stream_then_stop)
+            await self.listen_for_disconnect(receive)
+            tg.cancel_scope.cancel()
+
+
+async def run_until_disconnect(request: Request, coro: Coroutine) -> Any:
+    """Await `coro` unless the client disconnects first (then it is cancelled and None returned)."""
+    task = asyncio.ensure_future(coro)
+
+    async def wait_disconnect():
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    watcher = asyncio.ensure_future(wait_disconnect())
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return None
+
+
+class Responder:
+    """Runs jobs on one engine and answers them as SSE or one JSON body."""
+
+    def __init__(self, engine: EngineAdapter, metrics: ServerMetrics | None, log_requests: bool):
+        self.engine = engine
+        self.metrics = metrics
+        self.log_requests = log_requests
+
+    def start(
+        self,
+        request_id: str,
+        prompts: list[Prompt],
+        params: SamplingParams,
+        max_tokens_name: str = "max_tokens",
+        constraint_source: str | None = None,
+    ) -> Job:
+        """Start every prompt on the engine, all or none (each is validated as it starts); a refusal is the
+        APIError naming the request's own field."""
+        timer = RequestTimer(self.metrics)
+        streams: list[tuple[str, AsyncIterator[list[ChoiceDelta]]]] = []
+        try:
+            for i, p in enumerate(prompts):
+                rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
+                streams.append((rid, self.engine.submit(rid, p.token_ids, params)))
+        except Exception as e:
+            for rid, _ in streams:
+                self.engine.abort(rid)
+            err = to_api_error(e)
+            err.param = engine_param(err.param, constraint_source)
+            if err.param == "max_tokens" and max_tokens_name != "max_tokens":
+                err.param = max_tokens_name
+                err.message = err.message.replace("'max_tokens'", f"'{max_tokens_name}'")
+            raise err from e
+        return Job(request_id, prompts, params.n, streams, timer)
+
+    async def respond(self, raw: Request, req: SamplingFields, fmt: ResponseFormat) -> Response:
+        """A started job as SSE (stream) or one JSON body."""
+        if req.stream:
+            return DisconnectAwareStream(self._events(fmt, req), media_type="text/event-stream")
+        if not await run_until_disconnect(raw, self._collect(fmt.job)):
+            return JSONResponse({}, status_code=499)  # the client left (nginx's code); nobody reads this
+        return JSONResponse(dump(fmt.response()))
+
+    async def _events(self, fmt: ResponseFormat, req: SamplingFields) -> AsyncIterator[str]:
+        """The server-sent events of a streaming response; always ends with [DONE] (after an error event if the
+        request failed), unless the client is gone."""
+        job = fmt.job
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        continuous = continuous_usage(req)
+        outcome = "aborted"
+        try:
+            for chunk in fmt.opening():
+                yield sse(chunk)
+            async for d in self._deltas(job):
+                body = fmt.chunk(d)
+                job.states[d.index].absorb(d)
+                if body is not None:
+                    if continuous:
+                        body["usage"] = dump(job.usage())
+                    yield sse(body)
+            if include_usage:
+                yield sse(fmt.usage_chunk(job.usage()))
+            outcome = "ok"
+        except Exception as e:  # noqa: BLE001 - any failure mid-stream becomes an OpenAI error event
+            outcome = "failed"
+            yield sse(to_api_error(e, job.request_id).body())
+        finally:
+            self._end(job, outcome)
+        yield sse("[DONE]")
+
+    async def _collect(self, job: Job) -> bool:
+        """Run to completion (the non-streaming responder's work); True when done."""
+        outcome = "aborted"
+        try:
+            async for d in self._deltas(job):
+                job.states[d.index].absorb(d)
+            outcome = "ok"
+            return True
+        except Exception as e:
+            outcome = "failed"
+            raise to_api_error(e, job.request_id) from e
+        finally:
+            self._end(job, outcome)
+
+    async def _deltas(self, job: Job) -> AsyncIterator[ChoiceDelta]:
+        """Every prompt's deltas as they arrive, with choice indexes over the whole request."""
+        if len(job.streams) == 1:
+            async for deltas in job.streams[0][1]:
+                job.timer.tokens(sum(len(d.token_ids) for d in deltas))
+                for d in deltas:
+                    yield d
+            return
+        queue: asyncio.Queue = asyncio.Queue()
+        done = object()
+
+        async def pump(i: int, stream: AsyncIterator[list[ChoiceDelta]]):
+            try:
+                async for deltas in stream:
+                    await queue.put((i, deltas))
+                await queue.put((i, done))
+            except Exception as e:  # noqa: BLE001 - forwarded to the consumer
+                await queue.put((i, e))
+
+        tasks = [asyncio.ensure_future(pump(i, stream)) for i, (_, stream) in enumerate(job.streams)]
+        remaining = len(tasks)
+        try:
+            while remaining:
+                i, item = await queue.get()
+                if item is done:
+                    remaining -= 1
+                    continue
+                if isinstance(item, Exception):
+                    raise item
+                job.timer.tokens(sum(len(d.token_ids) for d in item))
+                for d in item:
+                    yield ChoiceDelta(
+                        i * job.n + d.index, d.text, d.token_ids, d.logprobs, d.finish_reason, d.stop_reason
+                    )
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    def _end(self, job: Job, outcome: str) -> None:
+        """Abort whatever still runs (idempotent: frees KV blocks on a disconnect), count and log the request."""
+        for rid, _ in job.streams:
+            self.engine.abort(rid)
+        completion = job.completion_tokens
+        if self.metrics:
+            m = self.metrics
+            m.prompt_tokens.inc(job.prompt_tokens)
+            m.generation_tokens.inc(completion)
+            m.request_prompt_tokens.observe(job.prompt_tokens)
+            m.request_generation_tokens.observe(completion)
+            if outcome == "ok":
+                m.e2e.observe(job.timer.elapsed())
+                for s in job.states:
+                    m.request_finished(s.finish_reason)
+            else:
+                m.aborted.inc()
+        if self.log_requests:
+            ttft = f"{job.timer.ttft * 1000:.1f}ms" if job.timer.ttft is not None else "-"
+            logger.info(
+                "request %s %s: prompt_tokens=%d completion_tokens=%d ttft=%s total=%.1fms",
+                job.request_id,
+                outcome,
+                job.prompt_tokens,
+                completion,
+                ttft,
+                job.timer.elapsed() * 1000,
+            )
