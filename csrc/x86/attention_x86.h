@@ -100,12 +100,15 @@ inline void qk_tile_dpbf16(const bf16_t *q, int64_t D, const bf16_t *k, int64_t 
 constexpr int64_t kFlashKeys = 32;
 
 
-// Per-thread buffers of the AMX path.
+// Per-thread buffers of the AMX path: packed chunks (chunk c at c * D * 16 of
+// each), as many as the unit has when the accumulator stays in tiles (D <= 64).
 struct FlashScratch {
     std::vector<uint32_t> kt;  // K^T chunk: [D/32][2 key halves][16 d-pairs][16 keys]
     std::vector<uint16_t> vv;  // V chunk: [D/16][16 key-pairs][16 d][2]
-    void reserve(int64_t D) {
-        if (int64_t(kt.size()) < D * 16) kt.resize(size_t(D * 16)), vv.resize(size_t(D * 32));
+    std::vector<uint8_t> packed;  // per chunk: packed yet
+    void reserve(int64_t D, int64_t chunks) {
+        if (int64_t(kt.size()) < chunks * D * 16) kt.resize(size_t(chunks * D * 16)), vv.resize(size_t(chunks * D * 32));
+        packed.assign(size_t(chunks), 0);
     }
 };
 
@@ -163,7 +166,7 @@ inline void transpose16(__m512i r[16]) {
 // Packs keys [c0, c0 + n) (n <= 32; the rest zero) as K^T and V tiles.
 // key(j) and value(j) give the rows of absolute key j.
 template <typename KeyRow, typename ValueRow>
-inline void flash_pack(int64_t D, int64_t c0, int64_t n, KeyRow &&key, ValueRow &&value, FlashScratch &f) {
+inline void flash_pack(int64_t D, int64_t c0, int64_t n, KeyRow &&key, ValueRow &&value, uint32_t *kt, uint16_t *vv) {
     const __m512i zero = _mm512_setzero_si512();
     for (int h = 0; h < 2; ++h) {
         const bf16_t *rows[16];
@@ -172,7 +175,7 @@ inline void flash_pack(int64_t D, int64_t c0, int64_t n, KeyRow &&key, ValueRow 
             __m512i r[16];
             for (int j = 0; j < 16; ++j) r[j] = rows[j] ? _mm512_loadu_si512(rows[j] + ch * 32) : zero;
             transpose16(r);
-            uint32_t *dst = f.kt.data() + (ch * 2 + h) * 256;
+            uint32_t *dst = kt + (ch * 2 + h) * 256;
             for (int i = 0; i < 16; ++i) _mm512_storeu_si512(dst + i * 16, r[i]);
         }
     }
@@ -184,103 +187,199 @@ inline void flash_pack(int64_t D, int64_t c0, int64_t n, KeyRow &&key, ValueRow 
         const bf16_t *a = 2 * i < n ? value(c0 + 2 * i) : nullptr, *b = 2 * i + 1 < n ? value(c0 + 2 * i + 1) : nullptr;
         for (int64_t g = 0; g < D / 32; ++g) {
             const __m512i va = a ? _mm512_loadu_si512(a + 32 * g) : zero, vb = b ? _mm512_loadu_si512(b + 32 * g) : zero;
-            _mm512_storeu_si512(f.vv.data() + ((2 * g) * 16 + i) * 32, _mm512_permutex2var_epi16(va, ilo, vb));
-            _mm512_storeu_si512(f.vv.data() + ((2 * g + 1) * 16 + i) * 32, _mm512_permutex2var_epi16(va, ihi, vb));
+            _mm512_storeu_si512(vv + ((2 * g) * 16 + i) * 32, _mm512_permutex2var_epi16(va, ilo, vb));
+            _mm512_storeu_si512(vv + ((2 * g + 1) * 16 + i) * 32, _mm512_permutex2var_epi16(va, ihi, vb));
         }
     }
 }
 
-// The whole unit: every chunk of 32 keys against every 16-row tile that sees
-// any of them. Rows are token-major, so positions never decrease with the row.
-template <typename KeyRow, typename ValueRow>
-inline void flash_unit_amx(const FlashUnit &u, KeyRow &&key, ValueRow &&value) {
+// One 16-row tile's softmax step over a chunk: S (16 x 32 f32, from the QK
+// tiles) -> the weights as bf16 hi + lo parts, the rows' m and l updated, and
+// alpha[r] the factor of row r's accumulator. Returns whether any alpha is not 1.
+inline bool flash_softmax(const FlashUnit &u, int64_t r0, int R, int64_t c0, int64_t n, const float *s,
+                          bf16_t *p_hi, bf16_t *p_lo, float *alpha) {
     using namespace vec;
-    const int64_t D = u.D, W = u.window;
-    thread_local FlashScratch tls;
-    FlashScratch &f = tls;  // one TLS lookup: each access to a thread_local in a shared library calls
-    f.reserve(D);           // __tls_get_addr (it was in the PV loop, with a vzeroupper)
-    const uint32_t *kt = f.kt.data();
-    const uint16_t *vv = f.vv.data();
-    alignas(64) float s[16 * 32], o[16 * 16];
-    alignas(64) bf16_t p_hi[16 * 32], p_lo[16 * 32];
+    const int64_t W = u.window;
+    const int64_t *pos = u.pos + r0;
     const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const vf ninf = splat(-std::numeric_limits<float>::infinity());
+    bool any_rescale = false;
+    for (int r = 0; r < 16; ++r) {
+        const float *sr = s + r * 32;
+        int64_t lo = c0, hi = c0 + n;
+        if (r < R) {
+            lo = std::max(lo, W > 0 ? pos[r] - W + 1 : int64_t(0));
+            hi = std::min(hi, pos[r] + 1);
+        }
+        alpha[r] = 1.f;
+        if (r >= R || lo >= hi) {  // nothing to add: zero weights
+            _mm512_storeu_si512(p_hi + r * 32, _mm512_setzero_si512());
+            _mm512_storeu_si512(p_lo + r * 32, _mm512_setzero_si512());
+            continue;
+        }
+        vf e0, e1;
+        float mold = u.m[r0 + r], mnew;
+        if (u.soft_cap <= 0.f && lo == c0 && hi == c0 + kFlashKeys) {
+            // Every key of a full chunk visible (all but the diagonal chunks): no masks, and the
+            // scale folded into the exponent, max(s) * scale being max(s * scale) for scale > 0.
+            const vf s0 = load(sr), s1 = load(sr + 16);
+            mnew = std::max(mold, reduce_max(max(s0, s1)) * u.qscale);
+            const vf qs = splat(u.qscale), nm = splat(-mnew);
+            e0.v = exp_nonpos(vec::fma(s0, qs, nm).v);
+            e1.v = exp_nonpos(vec::fma(s1, qs, nm).v);
+        } else {
+            // Keys [lo, hi) of the chunk, as lane indices.
+            const vf vlo = splat(float(lo - c0)), vhi = splat(float(hi - c0));
+            vf x0 = mul(load(sr), splat(u.qscale)), x1 = mul(load(sr + 16), splat(u.qscale));
+            if (u.soft_cap > 0.f) {
+                x0 = mul(splat(u.soft_cap), vec::tanh(x0));
+                x1 = mul(splat(u.soft_cap), vec::tanh(x1));
+            }
+            const vf j0 = {iota}, j1 = {_mm512_add_ps(iota, _mm512_set1_ps(16.f))};
+            const __mmask16 m0 = _mm512_cmp_ps_mask(j0.v, vlo.v, _CMP_GE_OQ) & _mm512_cmp_ps_mask(j0.v, vhi.v, _CMP_LT_OQ);
+            const __mmask16 m1 = _mm512_cmp_ps_mask(j1.v, vlo.v, _CMP_GE_OQ) & _mm512_cmp_ps_mask(j1.v, vhi.v, _CMP_LT_OQ);
+            x0.v = _mm512_mask_mov_ps(ninf.v, m0, x0.v);
+            x1.v = _mm512_mask_mov_ps(ninf.v, m1, x1.v);
+            mnew = std::max(mold, reduce_max(max(x0, x1)));
+            e0.v = _mm512_maskz_mov_ps(m0, exp_nonpos(sub(x0, splat(mnew)).v));
+            e1.v = _mm512_maskz_mov_ps(m1, exp_nonpos(sub(x1, splat(mnew)).v));
+        }
+        // hi and lo parts of the weights (see above).
+        store(p_hi + r * 32, e0);
+        store(p_hi + r * 32 + 16, e1);
+        store(p_lo + r * 32, sub(e0, load(p_hi + r * 32)));
+        store(p_lo + r * 32 + 16, sub(e1, load(p_hi + r * 32 + 16)));
+        alpha[r] = mold == mnew ? 1.f : std::exp(mold - mnew);  // 0 when mold is -inf
+        u.l[r0 + r] = u.l[r0 + r] * alpha[r] + reduce_add(add(e0, e1));
+        u.m[r0 + r] = mnew;
+        any_rescale |= alpha[r] != 1.f;
+    }
+    return any_rescale;
+}
+
+// S of rows [r0, r0 + 16) against a packed chunk, into s (tiles 0-3).
+inline void flash_qk(const FlashUnit &u, int64_t r0, const uint32_t *kt, float *s) {
+    _tile_zero(0);
+    _tile_zero(1);
+    for (int64_t ch = 0; ch < u.D / 32; ++ch) {
+        _tile_loadd(2, u.q + r0 * u.D + ch * 32, u.D * 2);
+        _tile_loadd(3, kt + (ch * 2) * 256, 64);
+        _tile_dpbf16ps(0, 2, 3);
+        _tile_loadd(3, kt + (ch * 2 + 1) * 256, 64);
+        _tile_dpbf16ps(1, 2, 3);
+    }
+    _tile_stored(0, s, 128);
+    _tile_stored(1, s + 16, 128);
+}
+
+// The whole unit: every chunk of 32 keys against every 16-row tile that sees
+// any of them. Rows are token-major, so positions never decrease with the row.
+// D <= 64: tile after tile, each through all its chunks with its accumulator
+// in tiles 4-7 (D / 16 of them), out to memory only when a row's max grows
+// (then scaled there) and at the end; the chunks are packed once for the unit.
+// Larger D: chunk after chunk, the products of each added to the accumulator
+// in memory. A row's operations do not depend on the other rows of its tile
+// (a chunk only other rows see adds exact zeros, a factor of 1 is exact), so
+// its result does not depend on its batch.
+template <typename KeyRow, typename ValueRow>
+inline void flash_unit_amx(const FlashUnit &u, KeyRow &&key, ValueRow &&value) {
+    const int64_t D = u.D, W = u.window;
+    const int64_t chunks = (u.k1 - u.k0 + kFlashKeys - 1) / kFlashKeys;
+    const bool in_tiles = D <= 64;
+    thread_local FlashScratch tls;
+    FlashScratch &f = tls;  // one TLS lookup: each access to a thread_local in a shared library calls
+    f.reserve(D, in_tiles ? chunks : 1);  // __tls_get_addr (it was in the PV loop, with a vzeroupper)
+    alignas(64) float s[16 * 32], o[16 * 16], alpha[16], ta[16 * 64];
+    alignas(64) bf16_t p_hi[16 * 32], p_lo[16 * 32];
+    auto sees = [&](int64_t r0, int R, int64_t c0, int64_t n) {  // some row of the tile sees a key of the chunk
+        const int64_t *pos = u.pos + r0;
+        return !(pos[R - 1] < c0 || (W > 0 && pos[0] - W + 1 >= c0 + n));
+    };
     amx_begin();
+    if (in_tiles) {
+        const int64_t oc = D / 16;  // accumulator tiles
+        for (int64_t r0 = 0; r0 < u.rows; r0 += 16) {
+            const int R = int(std::min<int64_t>(16, u.rows - r0));
+            // The tile's accumulator rows, 64 floats apart (rows past R zero, never copied back).
+            float *acc = u.acc + r0 * D;
+            for (int r = 0; r < 16; ++r)
+                for (int64_t d = 0; d < 64; d += 16)
+                    _mm512_store_ps(ta + r * 64 + d, r < R && d < D ? _mm512_loadu_ps(acc + r * D + d) : _mm512_setzero_ps());
+            auto load_acc = [&] {
+                _tile_loadd(4, ta, 256);
+                _tile_loadd(5, ta + 16, 256);
+                if (oc > 2) {
+                    _tile_loadd(6, ta + 32, 256);
+                    _tile_loadd(7, ta + 48, 256);
+                }
+            };
+            auto store_acc = [&] {
+                _tile_stored(4, ta, 256);
+                _tile_stored(5, ta + 16, 256);
+                if (oc > 2) {
+                    _tile_stored(6, ta + 32, 256);
+                    _tile_stored(7, ta + 48, 256);
+                }
+            };
+            load_acc();
+            for (int64_t c = 0; c < chunks; ++c) {
+                const int64_t c0 = u.k0 + c * kFlashKeys, n = std::min(kFlashKeys, u.k1 - c0);
+                if (!sees(r0, R, c0, n)) continue;
+                uint32_t *kt = f.kt.data() + c * D * 16;
+                uint16_t *vv = f.vv.data() + c * D * 32;
+                if (!f.packed[size_t(c)]) {
+                    flash_pack(D, c0, n, key, value, kt, vv);
+                    f.packed[size_t(c)] = 1;
+                }
+                flash_qk(u, r0, kt, s);
+                if (flash_softmax(u, r0, R, c0, n, s, p_hi, p_lo, alpha)) {
+                    store_acc();
+                    for (int r = 0; r < R; ++r) {
+                        if (alpha[r] == 1.f) continue;
+                        const __m512 al = _mm512_set1_ps(alpha[r]);
+                        for (int64_t d = 0; d < D; d += 16)
+                            _mm512_store_ps(ta + r * 64 + d, _mm512_mul_ps(_mm512_load_ps(ta + r * 64 + d), al));
+                    }
+                    load_acc();
+                }
+                _tile_loadd(0, p_hi, 64);
+                _tile_loadd(1, p_lo, 64);
+                _tile_loadd(2, vv, 64);
+                _tile_dpbf16ps(4, 0, 2);
+                _tile_dpbf16ps(4, 1, 2);
+                _tile_loadd(3, vv + 16 * 32, 64);
+                _tile_dpbf16ps(5, 0, 3);
+                _tile_dpbf16ps(5, 1, 3);
+                if (oc > 2) {
+                    _tile_loadd(2, vv + 2 * 16 * 32, 64);
+                    _tile_dpbf16ps(6, 0, 2);
+                    _tile_dpbf16ps(6, 1, 2);
+                    _tile_loadd(3, vv + 3 * 16 * 32, 64);
+                    _tile_dpbf16ps(7, 0, 3);
+                    _tile_dpbf16ps(7, 1, 3);
+                }
+            }
+            store_acc();
+            for (int r = 0; r < R; ++r)
+                for (int64_t d = 0; d < D; d += 16) _mm512_storeu_ps(acc + r * D + d, _mm512_load_ps(ta + r * 64 + d));
+        }
+        amx_end();
+        return;
+    }
+    uint32_t *kt = f.kt.data();
+    uint16_t *vv = f.vv.data();
     for (int64_t c0 = u.k0; c0 < u.k1; c0 += kFlashKeys) {
         const int64_t n = std::min(kFlashKeys, u.k1 - c0);
         bool packed = false;
         for (int64_t r0 = 0; r0 < u.rows; r0 += 16) {
             const int R = int(std::min<int64_t>(16, u.rows - r0));
-            const int64_t *pos = u.pos + r0;
-            // Keys of the chunk some row of the tile sees (causal: the last row sees most).
-            if (pos[R - 1] < c0 || (W > 0 && pos[0] - W + 1 >= c0 + n)) continue;
+            if (!sees(r0, R, c0, n)) continue;
             if (!packed) {
-                flash_pack(D, c0, n, key, value, f);
+                flash_pack(D, c0, n, key, value, kt, vv);
                 packed = true;
             }
-            _tile_zero(0);
-            _tile_zero(1);
-            for (int64_t ch = 0; ch < D / 32; ++ch) {
-                _tile_loadd(2, u.q + r0 * D + ch * 32, D * 2);
-                _tile_loadd(3, kt + (ch * 2) * 256, 64);
-                _tile_loadd(4, kt + (ch * 2 + 1) * 256, 64);
-                _tile_dpbf16ps(0, 2, 3);
-                _tile_dpbf16ps(1, 2, 4);
-            }
-            _tile_stored(0, s, 128);
-            _tile_stored(1, s + 16, 128);
-            bool any_rescale = false;
-            alignas(64) float alpha[16];
-            for (int r = 0; r < 16; ++r) {
-                float *sr = s + r * 32;
-                int64_t lo = c0, hi = c0 + n;
-                if (r < R) {
-                    lo = std::max(lo, W > 0 ? pos[r] - W + 1 : int64_t(0));
-                    hi = std::min(hi, pos[r] + 1);
-                }
-                alpha[r] = 1.f;
-                if (r >= R || lo >= hi) {  // nothing to add: zero weights
-                    _mm512_storeu_si512(p_hi + r * 32, _mm512_setzero_si512());
-                    _mm512_storeu_si512(p_lo + r * 32, _mm512_setzero_si512());
-                    continue;
-                }
-                vf e0, e1;
-                float mold = u.m[r0 + r], mnew;
-                if (u.soft_cap <= 0.f && lo == c0 && hi == c0 + kFlashKeys) {
-                    // Every key of a full chunk visible (all but the diagonal chunks): no masks, and the
-                    // scale folded into the exponent, max(s) * scale being max(s * scale) for scale > 0.
-                    const vf s0 = load(sr), s1 = load(sr + 16);
-                    mnew = std::max(mold, reduce_max(max(s0, s1)) * u.qscale);
-                    const vf qs = splat(u.qscale), nm = splat(-mnew);
-                    e0.v = exp_nonpos(vec::fma(s0, qs, nm).v);
-                    e1.v = exp_nonpos(vec::fma(s1, qs, nm).v);
-                } else {
-                    // Keys [lo, hi) of the chunk, as lane indices.
-                    const vf vlo = splat(float(lo - c0)), vhi = splat(float(hi - c0));
-                    vf x0 = mul(load(sr), splat(u.qscale)), x1 = mul(load(sr + 16), splat(u.qscale));
-                    if (u.soft_cap > 0.f) {
-                        x0 = mul(splat(u.soft_cap), vec::tanh(x0));
-                        x1 = mul(splat(u.soft_cap), vec::tanh(x1));
-                    }
-                    const vf j0 = {iota}, j1 = {_mm512_add_ps(iota, _mm512_set1_ps(16.f))};
-                    const __mmask16 m0 = _mm512_cmp_ps_mask(j0.v, vlo.v, _CMP_GE_OQ) & _mm512_cmp_ps_mask(j0.v, vhi.v, _CMP_LT_OQ);
-                    const __mmask16 m1 = _mm512_cmp_ps_mask(j1.v, vlo.v, _CMP_GE_OQ) & _mm512_cmp_ps_mask(j1.v, vhi.v, _CMP_LT_OQ);
-                    x0.v = _mm512_mask_mov_ps(ninf.v, m0, x0.v);
-                    x1.v = _mm512_mask_mov_ps(ninf.v, m1, x1.v);
-                    mnew = std::max(mold, reduce_max(max(x0, x1)));
-                    e0.v = _mm512_maskz_mov_ps(m0, exp_nonpos(sub(x0, splat(mnew)).v));
-                    e1.v = _mm512_maskz_mov_ps(m1, exp_nonpos(sub(x1, splat(mnew)).v));
-                }
-                // hi and lo parts of the weights (see above).
-                store(p_hi + r * 32, e0);
-                store(p_hi + r * 32 + 16, e1);
-                store(p_lo + r * 32, sub(e0, load(p_hi + r * 32)));
-                store(p_lo + r * 32 + 16, sub(e1, load(p_hi + r * 32 + 16)));
-                alpha[r] = mold == mnew ? 1.f : std::exp(mold - mnew);  // 0 when mold is -inf
-                u.l[r0 + r] = u.l[r0 + r] * alpha[r] + reduce_add(add(e0, e1));
-                u.m[r0 + r] = mnew;
-                any_rescale |= alpha[r] != 1.f;
-            }
+            flash_qk(u, r0, kt, s);
+            const bool any_rescale = flash_softmax(u, r0, R, c0, n, s, p_hi, p_lo, alpha);
             _tile_loadd(5, p_hi, 64);
             _tile_loadd(4, p_lo, 64);
             for (int64_t dc = 0; dc < D / 16; ++dc) {
@@ -291,9 +390,9 @@ inline void flash_unit_amx(const FlashUnit &u, KeyRow &&key, ValueRow &&value) {
                 _tile_stored(7, o, 64);
                 for (int r = 0; r < R; ++r) {
                     float *a = u.acc + (r0 + r) * D + dc * 16;
-                    vf prev = load(a);
-                    if (any_rescale) prev = mul(prev, splat(alpha[r]));
-                    store(a, add(prev, load(o + r * 16)));
+                    __m512 prev = _mm512_loadu_ps(a);
+                    if (any_rescale) prev = _mm512_mul_ps(prev, _mm512_set1_ps(alpha[r]));
+                    _mm512_storeu_ps(a, _mm512_add_ps(prev, _mm512_load_ps(o + r * 16)));
                 }
             }
         }
