@@ -30,7 +30,7 @@
 namespace cpuinfer::quant {
 
 template <int Bits, bool Min, bool G16>
-struct NeonQuantTile {
+struct NeonQuantTile : UnrolledRows<NeonQuantTile<Bits, Min, G16>, 4> {
     static_assert(!(Min && G16), "group 16 comes with zero points only (Q6_K)");
 #if defined(__ARM_FEATURE_MATMUL_INT8)
     static constexpr const char *kName = "neon_i8mm";
@@ -39,10 +39,6 @@ struct NeonQuantTile {
     static constexpr const char *kName = "neon_dotprod";
     static constexpr bool kUnsignedDot = false;
 #endif
-    static constexpr int kMaxRows = 4;
-    static constexpr int64_t kChunkBytes = 192 * 1024;  // as the portable tile's
-    static void begin() {}
-    static void end() {}
     // 8-bit values through SDOT are u - 128: each half's sum is short by 128 * sum(x).
     static constexpr bool kBias = Bits == 8 && !kUnsignedDot;
 
@@ -190,16 +186,6 @@ struct NeonQuantTile {
         } else {
             part<MR, 2, 0>(x, w, acc);
             part<MR, 2, 2>(x, w, acc);
-        }
-    }
-
-    static void run(int mr, const QuantRows &x, const QuantPanel &w, float *acc) {
-        switch (mr) {
-            case 1: tile<1>(x, w, acc); break;
-            case 2: tile<2>(x, w, acc); break;
-            case 3: tile<3>(x, w, acc); break;
-            case 4: tile<4>(x, w, acc); break;
-            default: break;
         }
     }
 };

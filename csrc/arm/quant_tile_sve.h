@@ -27,13 +27,10 @@
 namespace cpuinfer::quant {
 
 template <int Bits, bool Min, bool G16>
-struct SveQuantTile {
+struct SveQuantTile : TileDefaults {
     static_assert(!(Min && G16), "group 16 comes with zero points only (Q6_K)");
     static constexpr const char *kName = "sve_dotprod";
     static constexpr int kMaxRows = 8;
-    static constexpr int64_t kChunkBytes = 192 * 1024;  // as the portable tile's
-    static void begin() {}
-    static void end() {}
 
     // n f16 -> f32 (exact), one per 32-bit lane.
     static svfloat32_t half(svbool_t pw, const f16_t *p) {

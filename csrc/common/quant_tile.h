@@ -32,12 +32,13 @@
 // csrc/s390x/quant_tile_s390x.h (VXE byte multiply-and-add).
 // tests/cpp/test_quant.cpp holds each to the portable tile's bits.
 // A tile may read up to kTileReadRows rows of x from where its call starts,
-// whatever its row count: the x buffer is padded for that. A tile has
-// begin()/end() (per thread around a run of calls) and kChunkBytes (the
-// driver's x bytes per row chunk).
+// whatever its row count: the x buffer is padded for that. TileDefaults
+// gives a tile the driver's begin()/end() and kChunkBytes; UnrolledRows its
+// run(mr) over a tile<MR> per row count.
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <utility>
 
 #include "dtype.h"
 
@@ -87,18 +88,37 @@ inline void unpack_block(const uint8_t *b, uint8_t u[kLanes][kBlock]) {
     }
 }
 
+// What the driver (linear_quant.cpp) asks of every tile, and what most need.
+struct TileDefaults {
+    // int8 x bytes per row chunk: a share of L2 next to the panel.
+    static constexpr int64_t kChunkBytes = 192 * 1024;
+    // Per thread, around a run of calls (a tile on matrix registers loads their configuration here).
+    static void begin() {}
+    static void end() {}
+};
+
+// run(mr, ...) for a tile written as Tile::tile<MR> per row count 1..MaxRows
+// (rows in registers need the count at compile time).
+template <typename Tile, int MaxRows>
+struct UnrolledRows : TileDefaults {
+    static constexpr int kMaxRows = MaxRows;
+    static void run(int mr, const QuantRows &x, const QuantPanel &w, float *acc) {
+        run_rows(mr, x, w, acc, std::make_integer_sequence<int, MaxRows>{});
+    }
+
+  private:
+    template <int... I>
+    static void run_rows(int mr, const QuantRows &x, const QuantPanel &w, float *acc, std::integer_sequence<int, I...>) {
+        (void)((mr == I + 1 && (Tile::template tile<I + 1>(x, w, acc), true)) || ...);
+    }
+};
+
 template <int Bits, bool Min, bool G16>
-struct QuantTile {
+struct QuantTile : TileDefaults {
     static_assert(Bits == 4 || Bits == 8, "4- or 8-bit values");
     static_assert(!(Min && G16), "group 16 comes with zero points only (Q6_K)");
     static constexpr int kMaxRows = 4;
     static constexpr const char *kName = "portable";
-    // int8 x bytes per row chunk (linear_quant.cpp): a share of L2 next to the panel.
-    static constexpr int64_t kChunkBytes = 192 * 1024;
-
-    // Per thread, around a run of calls (a tile on matrix registers loads their configuration here).
-    static void begin() {}
-    static void end() {}
 
     // acc[r * 16 + f] = the panel's feature f against row r of x, r < mr.
     static void run(int mr, const QuantRows &x, const QuantPanel &w, float *acc) {

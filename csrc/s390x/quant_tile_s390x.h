@@ -88,13 +88,9 @@ inline i32x4 widen(i32x4 s, i16x8 p) {
 }  // namespace vxe
 
 template <int Bits, bool Min, bool G16>
-struct VxeQuantTile {
+struct VxeQuantTile : UnrolledRows<VxeQuantTile<Bits, Min, G16>, 4> {
     static_assert(!(Min && G16), "group 16 comes with zero points only (Q6_K)");
     static constexpr const char *kName = "vxe";
-    static constexpr int kMaxRows = 4;
-    static constexpr int64_t kChunkBytes = 192 * 1024;  // as the portable tile's
-    static void begin() {}
-    static void end() {}
     // A running sum of one row and quad: int32 (8-bit), or 16-bit pair sums widened at the epilogue (4-bit).
     using Sum = std::conditional_t<Bits == 8, vxe::i32x4, vxe::i16x8>;
 
@@ -231,16 +227,6 @@ struct VxeQuantTile {
     template <int MR>
     static void tile(const QuantRows &x, const QuantPanel &w, float *acc) {
         parts<MR, MR == 1 ? 4 : MR == 2 ? 2 : 1>(x, w, acc);
-    }
-
-    static void run(int mr, const QuantRows &x, const QuantPanel &w, float *acc) {
-        switch (mr) {
-            case 1: tile<1>(x, w, acc); break;
-            case 2: tile<2>(x, w, acc); break;
-            case 3: tile<3>(x, w, acc); break;
-            case 4: tile<4>(x, w, acc); break;
-            default: break;
-        }
     }
 };
 

@@ -113,16 +113,11 @@ struct Lanes {
 #endif
 
 template <int Bits, bool Min, bool G16>
-struct IsaQuantTile {
+struct IsaQuantTile : UnrolledRows<IsaQuantTile<Bits, Min, G16>, Lanes::kMaxRows> {
     static_assert(!(Min && G16), "group 16 comes with zero points only (Q6_K)");
-    static constexpr int kMaxRows = Lanes::kMaxRows;
     static constexpr const char *kName = Lanes::kName;
-    static constexpr int64_t kChunkBytes = 192 * 1024;  // as the portable tile's
     using I = typename Lanes::I;
     using F = typename Lanes::F;
-
-    static void begin() {}
-    static void end() {}
 
     // The f32 epilogue of one row's block (quant_tile.h's numerics, step by step): s0 / s1 the integer sums
     // of k 0-15 / 16-31 (G16), or s the block's sum (the other forms); g0 the block's group.
@@ -183,22 +178,6 @@ struct IsaQuantTile {
             if (!G16 && ++in_group == w.bpg) in_group = 0, ++g;
         }
         for (int r = 0; r < MR; ++r) Lanes::store(acc + r * kLanes, a[r]);
-    }
-
-    static void run(int mr, const QuantRows &x, const QuantPanel &w, float *acc) {
-        switch (mr) {
-            case 1: tile<1>(x, w, acc); break;
-            case 2: tile<2>(x, w, acc); break;
-            case 3: tile<3>(x, w, acc); break;
-            case 4: tile<4>(x, w, acc); break;
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-            case 5: tile<5>(x, w, acc); break;
-            case 6: tile<6>(x, w, acc); break;
-            case 7: tile<7>(x, w, acc); break;
-            case 8: tile<8>(x, w, acc); break;
-#endif
-            default: break;
-        }
     }
 };
 
