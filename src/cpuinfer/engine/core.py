@@ -81,12 +81,16 @@ class EngineCore:
     @classmethod
     def from_config(cls, config) -> EngineCore:
         """Bind threads, load the model and allocate the KV cache as `config` (an EngineConfig) says."""
+        from cpuinfer.distributed.executor import TPExecutor, global_rank, machine_ranks
         from cpuinfer.platform.threads import bind_from_env
         from cpuinfer.worker.model_runner import ModelRunner
 
-        bind_from_env()
         spec = config.spec
-        runner = ModelRunner(spec, config.block_size, config.num_blocks, config.cache_dtype)
+        if config.args.tensor_parallel_size > 1:
+            runner = TPExecutor(config)  # binds each rank, this process as rank 0
+        else:
+            bind_from_env(global_rank(config.args, 0), machine_ranks(config.args))
+            runner = ModelRunner(spec, config.block_size, config.num_blocks, config.cache_dtype)
         sched = SchedulerConfig(
             config.max_num_batched_tokens,
             config.max_num_seqs,
@@ -160,6 +164,8 @@ class EngineCore:
             masks = self.grammars.start_masks([r.grammar for r in sched.sampled])  # during the forward pass
         try:
             logits = self.runner.execute(sched.seqs)
+        except EngineBrokenError:
+            raise  # a rank of a tensor-parallel group died: no request can run
         except Exception as exc:  # noqa: BLE001 - isolated below: one request's failure is not the engine's
             if masks is not None:
                 masks.done.exception()  # wait: the states must not be read while the next step runs

@@ -109,7 +109,12 @@ class ModelSpec:
         )
         return text, list(self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids)
 
-    def kv_bytes_per_token(self, cache_dtype: torch.dtype) -> int:
-        """KV-cache bytes one token takes across all layers (K and V)."""
+    def kv_heads_per_rank(self, tp: int = 1) -> int:
+        """KV heads each of `tp` tensor-parallel ranks holds: its share, or one replicated head when the model
+        has fewer KV heads than ranks (every rank needs the head its query heads attend to)."""
+        return max(1, self.num_kv_heads // tp)
+
+    def kv_bytes_per_token(self, cache_dtype: torch.dtype, tp: int = 1) -> int:
+        """KV-cache bytes one token takes across all layers (K and V), on one of `tp` tensor-parallel ranks."""
         item = torch.empty(0, dtype=cache_dtype).element_size()
-        return self.num_layers * 2 * self.num_kv_heads * self.head_size * item
+        return self.num_layers * 2 * self.kv_heads_per_rank(tp) * self.head_size * item

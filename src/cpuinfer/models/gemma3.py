@@ -72,7 +72,7 @@ class Gemma3ForCausalLM:
         lm_head = None
         if bag.has("lm_head.weight") and not config.get("tie_word_embeddings", True):
             lm_head = bag.take("lm_head.weight")
-        self.head = TokenHead(embed, lm_head, bag.dtype)
+        self.head = TokenHead(embed, lm_head, bag.dtype, bag.tp)
         bag.tensors.pop("lm_head.weight", None)
 
     @torch.inference_mode()

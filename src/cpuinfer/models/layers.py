@@ -12,6 +12,7 @@ import torch
 from .. import envs, ops
 from ..attention import AttentionMetadata, paged_attention, reshape_and_cache
 from ..attention.backend import uses_kernels
+from ..distributed.tensor_parallel import SINGLE, TPGroup, kv_head_range, narrow, shard_vocab_rows, vocab_shard
 from ..model_loader.errors import ModelLoadError
 from ..quantization import concat, is_quantized
 
@@ -19,10 +20,11 @@ from ..quantization import concat, is_quantized
 class WeightBag:
     """The checkpoint's tensors by Hugging Face name; models take() what they need, then check nothing is missing."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor], dtype: torch.dtype, source: str):
+    def __init__(self, tensors: dict[str, torch.Tensor], dtype: torch.dtype, source: str, tp: TPGroup = SINGLE):
         self.tensors = tensors
         self.dtype = dtype
         self.source = source
+        self.tp = tp  # this process's tensor-parallel rank: models take only its share of each weight
 
     def has(self, name: str) -> bool:
         """True if the checkpoint holds this tensor."""
@@ -42,11 +44,20 @@ class WeightBag:
         """Like take(), but None when the checkpoint has no such tensor."""
         return self.take(name, dtype) if name in self.tensors else None
 
-    def take_cat(self, names: list[str], required: bool = True) -> torch.Tensor | None:
-        """Concatenate tensors along dim 0 (fused QKV / gate_up), freeing the pieces."""
+    def take_shard(self, name: str, dim: int, start: int, length: int) -> torch.Tensor:
+        """take(name) cut to [start, start + length) along dim (a tensor-parallel share)."""
+        return self.take(name) if self.tp.size == 1 else narrow(self.take(name), dim, start, length, name)
+
+    def take_cat(
+        self, names: list[str], required: bool = True, rows: list[tuple[int, int]] | None = None
+    ) -> torch.Tensor | None:
+        """Concatenate tensors along dim 0 (fused QKV / gate_up), freeing the pieces; rows[i] = (start, length)
+        keeps only those rows of names[i] (this rank's tensor-parallel share)."""
         if not required and not all(n in self.tensors for n in names):
             return None
         parts = [self.tensors.pop(n) if n in self.tensors else self.take(n) for n in names]
+        if rows is not None:
+            parts = [narrow(p, 0, a, n, name) for p, (a, n), name in zip(parts, rows, names, strict=True)]
         if all(is_quantized(p) for p in parts):
             return concat([q for p in parts for q in p.parts])
         parts = [p.dequantize(self.dtype) if is_quantized(p) else p for p in parts]  # mixed: all dense
@@ -78,10 +89,19 @@ class Attention:
         names: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj"),
     ):
         q, k, v, o = (f"{prefix}.{n}" for n in names)
-        self.qkv_w = bag.take_cat([f"{q}.weight", f"{k}.weight", f"{v}.weight"])
-        self.qkv_b = bag.take_cat([f"{q}.bias", f"{k}.bias", f"{v}.bias"]) if bias else None
-        self.o_w = bag.take(f"{o}.weight")
+        tp = self.tp = bag.tp
+        if tp.size > 1:  # this rank's query heads and the KV heads they attend to; o_proj's matching columns
+            (h0, num_heads), (kv0, local_kv) = tp.share(num_heads), kv_head_range(num_kv_heads, tp)
+            rows = [(h0 * head_dim, num_heads * head_dim)] + [(kv0 * head_dim, local_kv * head_dim)] * 2
+            num_kv_heads = local_kv
+        else:
+            rows = None
+        self.qkv_w = bag.take_cat([f"{q}.weight", f"{k}.weight", f"{v}.weight"], rows=rows)
+        self.qkv_b = bag.take_cat([f"{q}.bias", f"{k}.bias", f"{v}.bias"], rows=rows) if bias else None
+        self.o_w = bag.take_shard(f"{o}.weight", 1, tp.rank * num_heads * head_dim, num_heads * head_dim)
         self.o_b = bag.take(f"{o}.bias") if o_bias else None
+        if self.o_b is not None and tp.rank > 0:
+            self.o_b = None  # added once, by rank 0, before the all-reduce
         self.q_norm = self.k_norm = None
         if qk_norm:
             self.q_norm = norm_weight(bag, f"{prefix}.q_norm.weight", norm_offset)
@@ -132,17 +152,28 @@ class Attention:
             self.sliding_window,
             self.soft_cap,
         )
-        return ops.linear(out.view(t, self.q_size), self.o_w, self.o_b, self.packed)
+        return self.tp.all_reduce_(ops.linear(out.view(t, self.q_size), self.o_w, self.o_b, self.packed))
 
 
 class GatedMLP:
     """down(act(gate(x)) * up(x)) with gate and up fused into one GEMM."""
 
     def __init__(self, bag: WeightBag, prefix: str, act: str, bias: bool = False):
-        self.gate_up_w = bag.take_cat([f"{prefix}.gate_proj.weight", f"{prefix}.up_proj.weight"])
-        self.gate_up_b = bag.take_cat([f"{prefix}.gate_proj.bias", f"{prefix}.up_proj.bias"]) if bias else None
-        self.down_w = bag.take(f"{prefix}.down_proj.weight")
-        self.down_b = bag.take(f"{prefix}.down_proj.bias") if bias else None
+        tp = self.tp = bag.tp
+        rows = None
+        if tp.size > 1:  # this rank's intermediate features: its gate rows, its up rows, down's matching columns
+            inter = bag.tensors[f"{prefix}.down_proj.weight"].shape[1]
+            rows = [tp.share(inter)] * 2
+        gate_up = [f"{prefix}.gate_proj.weight", f"{prefix}.up_proj.weight"]
+        self.gate_up_w = bag.take_cat(gate_up, rows=rows)
+        self.gate_up_b = (
+            bag.take_cat([f"{prefix}.gate_proj.bias", f"{prefix}.up_proj.bias"], rows=rows) if bias else None
+        )
+        start, length = rows[0] if rows else (0, 0)
+        self.down_w = bag.take_shard(f"{prefix}.down_proj.weight", 1, start, length)
+        self.down_b = bag.take(f"{prefix}.down_proj.bias") if bias and tp.rank == 0 else None
+        if bias and tp.rank > 0:
+            bag.take(f"{prefix}.down_proj.bias")  # added once, by rank 0
         self.packed = False  # gate_up_w / down_w in ops.pack_weight's layout (see pack_layer)
         if act in ("silu", "swish"):
             self.act, self.act_name = ops.silu_and_mul, "silu"
@@ -156,7 +187,7 @@ class GatedMLP:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """MLP output for x [T, hidden]."""
         gate_up = ops.linear(x, self.gate_up_w, self.gate_up_b, self.packed)
-        return ops.linear(self.act(gate_up), self.down_w, self.down_b, self.packed)
+        return self.tp.all_reduce_(ops.linear(self.act(gate_up), self.down_w, self.down_b, self.packed))
 
 
 def pack_layer(attn: Attention, mlp: GatedMLP) -> None:
@@ -172,11 +203,20 @@ def pack_layer(attn: Attention, mlp: GatedMLP) -> None:
 
 
 class TokenHead:
-    """The embedding table and the lm_head (the same tensor when tied), the lm_head packed for ops.linear."""
+    """The embedding table and the lm_head (the same tensor when tied), the lm_head packed for ops.linear.
 
-    def __init__(self, embed: torch.Tensor, lm_head: torch.Tensor | None, dtype: torch.dtype):
+    Under tensor parallelism both are vocabulary-parallel (see distributed.tensor_parallel): this rank holds
+    rows [vocab_start, vocab_start + shard rows) of each.
+    """
+
+    def __init__(self, embed: torch.Tensor, lm_head: torch.Tensor | None, dtype: torch.dtype, tp: TPGroup = SINGLE):
         self.dtype = dtype  # of the activations (quantized tables are dequantized to it row by row)
+        self.tp = tp
         tied = lm_head is None or lm_head is embed
+        self.vocab_size = embed.shape[0]
+        self.vocab_start, self.shard_rows = vocab_shard(self.vocab_size, tp)
+        embed = shard_vocab_rows(embed, tp, "embed_tokens", dtype)
+        lm_head = None if tied else shard_vocab_rows(lm_head, tp, "lm_head", dtype)
         head = embed if tied else lm_head
         self.packed = ops.can_pack(head)
         if self.packed:
@@ -188,6 +228,15 @@ class TokenHead:
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
         """Embedding rows for ids, as a new tensor."""
+        if self.tp.size == 1:
+            return self._rows(ids)
+        local = ids - self.vocab_start
+        outside = (local < 0) | (local >= self.shard_rows)
+        rows = self._rows(local.masked_fill(outside, 0))
+        rows[outside] = 0  # another rank's row: it adds it in the all-reduce (x + 0 is exact)
+        return self.tp.all_reduce_(rows)
+
+    def _rows(self, ids: torch.Tensor) -> torch.Tensor:
         if self.embed_packed:
             return ops.packed_rows(self.embed, ids)
         if is_quantized(self.embed):
@@ -196,7 +245,10 @@ class TokenHead:
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """float32 logits for hidden states h [T, hidden]."""
-        return ops.linear(h, self.lm_head, None, self.packed).float()
+        logits = ops.linear(h, self.lm_head, None, self.packed)
+        if self.tp.size > 1:
+            logits = self.tp.all_gather(logits.contiguous(), -1)[:, : self.vocab_size]
+        return logits.float()
 
 
 def finish_layer(layer, eps: float) -> None:
@@ -232,6 +284,8 @@ def fused_layer(
         return None
     if not uses_kernels(attn.head_dim):
         return None  # attention runs on torch for this head size
+    if attn.tp.size > 1:
+        return None  # the fused kernel has no all-reduce: tensor-parallel layers run op by op
     assert attn.packed == mlp.packed, "pack_layer packs a layer's four projections together"
     if attn.q_norm is not None and attn.norm_eps != eps:
         return None  # one epsilon serves every norm of the fused layer

@@ -66,7 +66,7 @@ class LlamaForCausalLM:
             self.layers.append(layer)
         self.norm = norm_weight(bag, "model.norm.weight")
         tied = config.get("tie_word_embeddings", False) or not bag.has("lm_head.weight")
-        self.head = TokenHead(embed, None if tied else bag.take("lm_head.weight"), bag.dtype)
+        self.head = TokenHead(embed, None if tied else bag.take("lm_head.weight"), bag.dtype, bag.tp)
         bag.tensors.pop("lm_head.weight", None)
 
     @torch.inference_mode()

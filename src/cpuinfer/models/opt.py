@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from .. import ops
 from ..attention import AttentionMetadata
 from ..model_loader.errors import ModelLoadError
-from .layers import Attention, WeightBag, select_rows
+from .layers import Attention, TokenHead, WeightBag, select_rows
 
 _ACTS = {"relu": F.relu, "gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh")}
 POSITION_OFFSET = 2  # OPT's learned position table starts at index 2 (a fairseq padding leftover)
@@ -32,7 +32,8 @@ class OPTForCausalLM:
         self.act = _ACTS[act]
         self.hidden = hidden
         p = "model.decoder"
-        self.embed = bag.take(f"{p}.embed_tokens.weight")
+        embed = bag.take(f"{p}.embed_tokens.weight")
+        self.tp = tp = bag.tp
         self.pos_embed = bag.take(f"{p}.embed_positions.weight")
         self.project_in = bag.take_opt(f"{p}.project_in.weight")
         self.project_out = bag.take_opt(f"{p}.project_out.weight")
@@ -58,13 +59,19 @@ class OPTForCausalLM:
                 o_bias=bias,
                 names=("q_proj", "k_proj", "v_proj", "out_proj"),
             )
-            layer.fc1_w, layer.fc1_b = bag.take(f"{lp}.fc1.weight"), bag.take_opt(f"{lp}.fc1.bias")
-            layer.fc2_w, layer.fc2_b = bag.take(f"{lp}.fc2.weight"), bag.take_opt(f"{lp}.fc2.bias")
+            # fc1 column-parallel, fc2 row-parallel (its bias added once, by rank 0, before the all-reduce)
+            f0, fn = tp.share(bag.tensors[f"{lp}.fc2.weight"].shape[1])
+            layer.fc1_w = bag.take_shard(f"{lp}.fc1.weight", 0, f0, fn)
+            layer.fc1_b = bag.take_shard(f"{lp}.fc1.bias", 0, f0, fn) if bag.has(f"{lp}.fc1.bias") else None
+            layer.fc2_w = bag.take_shard(f"{lp}.fc2.weight", 1, f0, fn)
+            layer.fc2_b = bag.take_opt(f"{lp}.fc2.bias")
+            if tp.rank > 0:
+                layer.fc2_b = None
             self.layers.append(layer)
         has_final = self.pre_norm and not config.get("_remove_final_layer_norm", False)
         self.final_ln = ln(f"{p}.final_layer_norm") if has_final else None
         tied = config.get("tie_word_embeddings", True) or not bag.has("lm_head.weight")
-        self.lm_head = self.embed if tied else bag.take("lm_head.weight")
+        self.head = TokenHead(embed, None if tied else bag.take("lm_head.weight"), bag.dtype, tp)
         bag.tensors.pop("lm_head.weight", None)
 
     def _ln(self, x: torch.Tensor, wb) -> torch.Tensor:
@@ -80,7 +87,7 @@ class OPTForCausalLM:
         sample_idx: torch.Tensor | None,
     ) -> torch.Tensor:
         """float32 logits for the tokens at sample_idx (all tokens when None)."""
-        h = F.embedding(input_ids, self.embed)
+        h = self.head.embed_tokens(input_ids)
         if self.project_in is not None:
             h = ops.linear(h, self.project_in)
         h = h + F.embedding(positions + POSITION_OFFSET, self.pos_embed)
@@ -90,7 +97,8 @@ class OPTForCausalLM:
             if not self.pre_norm:
                 h = self._ln(h, layer.attn_ln)
             x = self._ln(h, layer.ff_ln) if self.pre_norm else h
-            h = h + ops.linear(self.act(ops.linear(x, layer.fc1_w, layer.fc1_b)), layer.fc2_w, layer.fc2_b)
+            ff = ops.linear(self.act(ops.linear(x, layer.fc1_w, layer.fc1_b)), layer.fc2_w, layer.fc2_b)
+            h = h + self.tp.all_reduce_(ff)
             if not self.pre_norm:
                 h = self._ln(h, layer.ff_ln)
         h = select_rows(h, sample_idx)
@@ -98,7 +106,7 @@ class OPTForCausalLM:
             h = self._ln(h, self.final_ln)
         if self.project_out is not None:
             h = ops.linear(h, self.project_out)
-        return ops.linear(h, self.lm_head).float()
+        return self.head.logits(h)
 
 
 class _OPTLayer:

@@ -52,14 +52,17 @@ def describe(architecture: str, config: dict, source: str) -> dict:
     )
 
 
-def build_model(spec, tensors: dict[str, torch.Tensor], extras: dict):
-    """Instantiate the model class for spec from its loaded tensors (consumed), checking nothing is left over."""
+def build_model(spec, tensors: dict[str, torch.Tensor], extras: dict, tp=None):
+    """Instantiate the model class for spec from its loaded tensors (consumed), checking nothing is left over.
+
+    tp (distributed.tensor_parallel.TPGroup): the tensor-parallel rank whose share of the weights to keep."""
+    from ..distributed.tensor_parallel import SINGLE
     from .layers import WeightBag
 
     check_supported(spec.architecture, spec.path)
     module, name = ARCHITECTURES[spec.architecture]
     cls = getattr(importlib.import_module(f"{__package__}.{module}"), name)
-    bag = WeightBag(tensors, spec.dtype, spec.path)
+    bag = WeightBag(tensors, spec.dtype, spec.path, tp or SINGLE)
     model = cls(spec.hf_config, bag, spec.max_model_len, extras.get("rope_freq_factors"))
     leftover = [n for n in bag.tensors if not n.endswith("rotary_emb.inv_freq")]
     if leftover:

@@ -15,6 +15,7 @@ import torch
 
 from ..attention import AttentionMetadata
 from ..attention.cache_dtypes import CACHE_DTYPES
+from ..distributed.tensor_parallel import SINGLE, TPGroup
 from ..model_loader import ModelSpec, load_weights
 from ..models import build_model
 from ..platform.memory import zeros_huge
@@ -33,8 +34,18 @@ class ScheduledSeq:
 class ModelRunner:
     """Weights + KV cache of one model; execute() runs one scheduled step."""
 
-    def __init__(self, spec: ModelSpec, block_size: int, num_blocks: int, cache_dtype: torch.dtype | str | None = None):
-        """Load weights, allocate the KV cache ([num_blocks, kv_heads, block_size, head_size] K and V per layer)."""
+    def __init__(
+        self,
+        spec: ModelSpec,
+        block_size: int,
+        num_blocks: int,
+        cache_dtype: torch.dtype | str | None = None,
+        tp: TPGroup = SINGLE,
+    ):
+        """Load weights, allocate the KV cache ([num_blocks, kv_heads, block_size, head_size] K and V per layer).
+
+        Under tensor parallelism (tp.size > 1) this process keeps rank tp.rank's share of the weights and its
+        KV heads; every rank runs the same steps, and each returns the full logits."""
         if cache_dtype == "auto":
             cache_dtype = None
         elif isinstance(cache_dtype, str):
@@ -50,9 +61,10 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.cache_dtype = cache_dtype or spec.dtype
         tensors, extras = load_weights(spec)
-        self.model = build_model(spec, tensors, extras)
+        self.tp = tp
+        self.model = build_model(spec, tensors, extras, tp)
         del tensors
-        shape = (num_blocks, spec.num_kv_heads, block_size, spec.head_size)
+        shape = (num_blocks, spec.kv_heads_per_rank(tp.size), block_size, spec.head_size)
         # Huge pages where the OS offers them: attention reads the cache block by block at scattered places.
         self.kv_caches = [
             (zeros_huge(shape, self.cache_dtype), zeros_huge(shape, self.cache_dtype)) for _ in range(spec.num_layers)
@@ -99,11 +111,8 @@ class ModelRunner:
         sample_idx = None if len(sample_rows) == total else torch.tensor(sample_rows, dtype=torch.int64)
         return input_ids, torch.from_numpy(positions), meta, sample_idx, len(sample_rows)
 
-    @torch.inference_mode()
-    def execute(self, seqs: list[ScheduledSeq]) -> torch.Tensor:
-        """Run one flat step; float32 logits [number of seqs with sample=True, vocab], in order."""
-        if not seqs:
-            return torch.empty(0, self.spec.vocab_size, dtype=torch.float32)
+    def check(self, seqs: list[ScheduledSeq]) -> None:
+        """Raise ValueError for a step the model cannot run (before any rank starts it)."""
         for s in seqs:
             if not s.token_ids:
                 raise ValueError("every scheduled sequence must compute at least one token")
@@ -112,6 +121,14 @@ class ModelRunner:
                     f"position {s.start_pos + len(s.token_ids) - 1} exceeds the model's maximum length "
                     f"{self.spec.max_model_len}"
                 )
+
+    @torch.inference_mode()
+    def execute(self, seqs: list[ScheduledSeq], checked: bool = False) -> torch.Tensor:
+        """Run one flat step; float32 logits [number of seqs with sample=True, vocab], in order."""
+        if not seqs:
+            return torch.empty(0, self.spec.vocab_size, dtype=torch.float32)
+        if not checked:
+            self.check(seqs)
         input_ids, positions, meta, sample_idx, n_sample = self._prepare(seqs)
         if n_sample == 0:
             sample_idx = torch.empty(0, dtype=torch.int64)

@@ -1,0 +1,221 @@
+"""The ranks of one engine core: rank 0 in the core's own process, ranks 1..N-1 in worker processes.
+
+`TPExecutor` stands where a `ModelRunner` stands in the engine core (`execute(seqs) -> logits`). The
+scheduler runs once, in the core; each step's scheduled sequences go to every worker through its pipe,
+then all ranks run the same forward pass on their share of the weights and KV heads, meeting in the
+shared-memory all-reduces (`cpuinfer.distributed.shm`). Every rank ends with the full logits; rank 0's are
+sampled.
+
+Each rank binds its threads and memory first (`VLLM_CPU_OMP_THREADS_BIND`, rank = its global index among
+the data-parallel x tensor-parallel ranks of this machine), then loads the weights, so its share is
+allocated on its own NUMA node.
+
+Failure: a worker that dies makes rank 0's next all-reduce fail within the communicator's timeout checks
+(a dead peer's pid is noticed within milliseconds); the executor then raises `EngineBrokenError` naming the
+rank, and the engine core exits with that message. Workers exit when rank 0's pipe closes or when rank 0
+dies in a collective. A step that fails on rank 0 after the workers started it leaves the ranks out of
+step, so it is fatal too; steps are checked (`ModelRunner.check`) before they are sent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing as mp
+import signal
+import time
+from dataclasses import dataclass
+
+logger = logging.getLogger("cpuinfer.distributed")
+
+STARTUP_TIMEOUT_S = 600.0  # loading a large checkpoint on a busy machine
+
+
+@dataclass
+class _Ready:
+    rank: int
+    cpus: list[int] | None
+    node: int | None
+
+
+@dataclass
+class _Failed:
+    rank: int
+    message: str
+
+
+def global_rank(args, tp_rank: int) -> int:
+    """This rank's index among every rank on the machine (data-parallel rank x tensor-parallel size + rank)."""
+    return args.data_parallel_rank * args.tensor_parallel_size + tp_rank
+
+
+def machine_ranks(args) -> int:
+    """Ranks on this machine: data-parallel engine cores (mp backend) x their tensor-parallel ranks."""
+    dp = args.data_parallel_size if args.data_parallel_backend == "mp" else 1
+    return dp * args.tensor_parallel_size
+
+
+def _build_rank(config, rank: int, comm_name: str):
+    """Bind, attach to the communicator, load this rank's share; returns (runner, binding)."""
+    from cpuinfer.distributed.shm import ShmCommunicator
+    from cpuinfer.distributed.tensor_parallel import TPGroup
+    from cpuinfer.platform.threads import bind_from_env
+    from cpuinfer.worker.model_runner import ModelRunner
+
+    args = config.args
+    binding = bind_from_env(global_rank(args, rank), machine_ranks(args))
+    size = args.tensor_parallel_size
+    comm = ShmCommunicator(comm_name, rank, size)
+    runner = ModelRunner(
+        config.spec, config.block_size, config.num_blocks, config.cache_dtype, TPGroup(rank, size, comm)
+    )
+    return runner, binding
+
+
+def _worker_main(args, rank: int, comm_name: str, conn) -> None:
+    """Entry point of tensor-parallel rank `rank` >= 1: build, report, then run every step rank 0 sends."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the engine core decides when ranks stop
+    logging.basicConfig(level=logging.INFO, format=f"%(levelname)s %(asctime)s tp-rank-{rank}: %(message)s")
+    try:
+        config = args.create_engine_config(serving=False)
+        runner, binding = _build_rank(config, rank, comm_name)
+        conn.send(_Ready(rank, binding.cpus, binding.node))
+    except BaseException as exc:  # report, then die
+        logger.critical("tensor-parallel rank %d failed to start", rank, exc_info=exc)
+        with contextlib.suppress(OSError):
+            conn.send(_Failed(rank, f"{type(exc).__name__}: {exc}"))
+        return
+    try:
+        while True:
+            seqs = conn.recv()
+            if seqs is None:
+                return
+            runner.execute(seqs, checked=True)
+    except (EOFError, OSError, KeyboardInterrupt):
+        return  # rank 0 is gone
+    except BaseException:
+        logger.critical("tensor-parallel rank %d failed in a step and exits", rank, exc_info=True)
+        raise
+    finally:
+        runner.tp.comm.close()
+
+
+class TPExecutor:
+    """Runs every step on all tensor-parallel ranks; `execute` returns rank 0's logits."""
+
+    def __init__(self, config):
+        from cpuinfer.distributed.shm import unique_name
+
+        args = config.args
+        self.size = args.tensor_parallel_size
+        name = unique_name()
+        ctx = mp.get_context("spawn")  # never fork a process that holds OpenMP threads
+        self.workers: list[tuple[mp.Process, object]] = []
+        for rank in range(1, self.size):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(
+                target=_worker_main, args=(args, rank, name, child), name=f"cpuinfer-tp-rank-{rank}", daemon=True
+            )
+            _start(proc)
+            child.close()
+            self.workers.append((proc, parent))
+        try:
+            self.runner, binding = _build_rank(config, 0, name)
+            layout = [_Ready(0, binding.cpus, binding.node), *self._wait_ready()]
+        except BaseException:
+            self.shutdown()
+            raise
+        for r in layout:
+            cpus = "unbound" if r.cpus is None else _fmt_cpus(r.cpus)
+            node = "" if r.node is None else f" -> NUMA node {r.node}"
+            logger.info("tensor-parallel rank %d -> cpus %s%s", r.rank, cpus, node)
+        self.spec = self.runner.spec
+
+    def _wait_ready(self) -> list[_Ready]:
+        ready = []
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        for rank, (proc, conn) in enumerate(self.workers, start=1):
+            while not conn.poll(0.2):
+                if not proc.is_alive():
+                    raise RuntimeError(f"tensor-parallel rank {rank} exited with code {proc.exitcode} while starting")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"tensor-parallel rank {rank} did not start within {STARTUP_TIMEOUT_S:.0f} s")
+            msg = conn.recv()
+            if isinstance(msg, _Failed):
+                raise RuntimeError(f"tensor-parallel rank {rank} failed to start: {msg.message}")
+            ready.append(msg)
+        return ready
+
+    def check(self, seqs) -> None:
+        """As ModelRunner.check."""
+        self.runner.check(seqs)
+
+    def execute(self, seqs):
+        """Run one step on every rank; rank 0's float32 logits."""
+        from cpuinfer.engine.core import EngineBrokenError
+
+        if seqs:
+            self.runner.check(seqs)  # a bad step raises here, before any rank starts it
+        try:
+            for _, conn in self.workers:
+                conn.send(seqs)
+            return self.runner.execute(seqs, checked=True)
+        except Exception as exc:
+            dead = self.dead_ranks()
+            what = f"tensor-parallel {dead}" if dead else f"a tensor-parallel step failed on rank 0 ({exc})"
+            raise EngineBrokenError(f"{what}; the ranks are out of step and the engine stops") from exc
+
+    def dead_ranks(self) -> str:
+        """'rank 1 (pid 123) exited with code -9', for each worker that is gone, or ''."""
+        gone = [
+            f"rank {r} (pid {p.pid}) exited with code {p.exitcode}"
+            for r, (p, _) in enumerate(self.workers, start=1)
+            if not p.is_alive()
+        ]
+        return ", ".join(gone)
+
+    def shutdown(self) -> None:
+        """Stop the workers (a second call does nothing)."""
+        for _, conn in self.workers:
+            with contextlib.suppress(OSError):
+                conn.send(None)
+        for proc, _ in self.workers:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+        self.workers = []
+        runner = getattr(self, "runner", None)
+        if runner is not None:
+            runner.tp.comm.close()
+
+    def __del__(self):
+        self.shutdown()
+
+
+def _start(proc: mp.Process) -> None:
+    """proc.start() from inside the engine core process, which is itself a daemon of the front end.
+
+    multiprocessing refuses children of a daemonic process, because they would be orphaned when it is
+    terminated; ours are not: each worker exits as soon as rank 0's pipe closes or its pid is gone (the
+    communicator checks). So the flag is lifted for the start only.
+    """
+    me = mp.current_process()
+    was = me._config.get("daemon")
+    me._config["daemon"] = False
+    try:
+        proc.start()
+    finally:
+        me._config["daemon"] = was
+
+
+def _fmt_cpus(cpus: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5'."""
+    out, start = [], None
+    for i, c in enumerate(cpus):
+        if start is None:
+            start = c
+        if i + 1 == len(cpus) or cpus[i + 1] != c + 1:
+            out.append(str(start) if start == c else f"{start}-{c}")
+            start = None
+    return ",".join(out)
