@@ -46,6 +46,11 @@ class EngineDeadError(CpuinferError, RuntimeError):
     """The engine core is gone (exited, crashed or stopped answering); no request can finish."""
 
 
+class EngineBrokenError(CpuinferError, RuntimeError):
+    """Inside the engine core: no request can run any more (a broken model or kernel, a tensor-parallel rank
+    gone); the core process exits with this message, and its front end raises EngineDeadError."""
+
+
 class RequestFailedError(CpuinferError, RuntimeError):
     """One request failed inside the engine; the engine and every other request go on.
 

@@ -28,6 +28,7 @@ LAYERS = {
     "sampling": 3,
     "structured": 3,
     "attention": 4,
+    "distributed": 4,
     "ops": 4,
     "quantization.weight": 4,
     "_C": 5,

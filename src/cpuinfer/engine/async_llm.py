@@ -142,6 +142,9 @@ class AsyncLLM:
         if not isinstance(first, Ready):
             raise EngineDeadError(f"the engine core sent {type(first).__name__} before it was ready")
         self.num_blocks = first.num_blocks
+        self.layout = first.layout  # RankPlacement per rank of the core (rank 0 is the core process)
+        for placement in self.layout:
+            logger.info("engine core %s", placement.describe())
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._last_heard = time.monotonic()
         self._threads = [

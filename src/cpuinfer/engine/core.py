@@ -8,6 +8,7 @@ its own (`cpuinfer.engine.core_proc`).
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import torch
@@ -17,7 +18,7 @@ from cpuinfer.engine.limits import RequestLimits, validate_request
 from cpuinfer.engine.messages import AddRequest, EngineStats, SeqOutput
 from cpuinfer.engine.request import Request
 from cpuinfer.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from cpuinfer.errors import InvalidRequestError, new_error_id
+from cpuinfer.errors import EngineBrokenError, InvalidRequestError, new_error_id
 from cpuinfer.sampling.sampler import Sampler, SampleResult
 from cpuinfer.structured.manager import MaskJob, StructuredOutputManager
 
@@ -27,10 +28,6 @@ logger = logging.getLogger("cpuinfer.engine")
 # This many failed requests in a row, with no successful step between them, means the engine itself
 # is broken (a bad model, a broken kernel): then the failure is fatal.
 MAX_CONSECUTIVE_FAILURES = 8
-
-
-class EngineBrokenError(RuntimeError):
-    """The engine cannot run any request; the core process must exit."""
 
 
 class GrammarRejectedError(RuntimeError):
@@ -77,20 +74,23 @@ class EngineCore:
         self._arrivals = 0
         self._stats = EngineStats(num_kv_blocks=num_blocks)
         self.step_seconds = 0.0
+        self.layout: list = []  # worker.tp_executor.RankPlacement of each rank (from_config fills it)
 
     @classmethod
     def from_config(cls, config) -> EngineCore:
         """Bind threads, load the model and allocate the KV cache as `config` (an EngineConfig) says."""
-        from cpuinfer.distributed.executor import TPExecutor, global_rank, machine_ranks
         from cpuinfer.platform.threads import bind_from_env
         from cpuinfer.worker.model_runner import ModelRunner
+        from cpuinfer.worker.tp_executor import RankPlacement, TPExecutor, global_rank, machine_ranks
 
         spec = config.spec
         if config.args.tensor_parallel_size > 1:
             runner = TPExecutor(config)  # binds each rank, this process as rank 0
+            layout = runner.layout
         else:
-            bind_from_env(global_rank(config.args, 0), machine_ranks(config.args))
+            binding = bind_from_env(global_rank(config.args, 0), machine_ranks(config.args))
             runner = ModelRunner(spec, config.block_size, config.num_blocks, config.cache_dtype)
+            layout = [RankPlacement(0, os.getpid(), binding.cpus, binding.node)]
         sched = SchedulerConfig(
             config.max_num_batched_tokens,
             config.max_num_seqs,
@@ -100,7 +100,7 @@ class EngineCore:
         grammars = StructuredOutputManager(
             config.args.structured_outputs_backend, spec.tokenizer, spec.vocab_size, spec.eos_token_ids
         )
-        return cls(
+        core = cls(
             runner,
             sched,
             config.num_blocks,
@@ -111,6 +111,8 @@ class EngineCore:
             config.args.seed,
             grammars,
         )
+        core.layout = layout
+        return core
 
     @property
     def max_model_len(self) -> int:

@@ -23,6 +23,7 @@ class Ready:
     """Sent once the model is loaded."""
 
     num_blocks: int
+    layout: list  # worker.tp_executor.RankPlacement of each rank: pid, cpus, NUMA node
 
 
 @dataclass
@@ -73,7 +74,7 @@ def core_main(args, serving: bool, inbox, conn) -> None:
 
         config = args.create_engine_config(serving=serving)
         core = EngineCore.from_config(config)
-        outbox.send(Ready(config.num_blocks))
+        outbox.send(Ready(config.num_blocks, core.layout))
         interval = min(1.0, float(args.engine_heartbeat_timeout) / 4)
         threading.Thread(target=_beat, args=(outbox, interval, stop), name="cpuinfer-heartbeat", daemon=True).start()
         while True:

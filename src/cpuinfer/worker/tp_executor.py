@@ -22,9 +22,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing as mp
+import os
 import signal
 import time
 from dataclasses import dataclass
+
+from cpuinfer.errors import EngineBrokenError
 
 logger = logging.getLogger("cpuinfer.distributed")
 
@@ -32,10 +35,19 @@ STARTUP_TIMEOUT_S = 600.0  # loading a large checkpoint on a busy machine
 
 
 @dataclass
-class _Ready:
+class RankPlacement:
+    """Where one rank runs: its process, its CPUs (None = unbound) and NUMA node."""
+
     rank: int
+    pid: int
     cpus: list[int] | None
     node: int | None
+
+    def describe(self) -> str:
+        """'rank 1 (pid 123) -> cpus 16-31 -> NUMA node 1'."""
+        cpus = "unbound" if self.cpus is None else _fmt_cpus(self.cpus)
+        node = "" if self.node is None else f" -> NUMA node {self.node}"
+        return f"rank {self.rank} (pid {self.pid}) -> cpus {cpus}{node}"
 
 
 @dataclass
@@ -79,7 +91,7 @@ def _worker_main(args, rank: int, comm_name: str, conn) -> None:
     try:
         config = args.create_engine_config(serving=False)
         runner, binding = _build_rank(config, rank, comm_name)
-        conn.send(_Ready(rank, binding.cpus, binding.node))
+        conn.send(RankPlacement(rank, os.getpid(), binding.cpus, binding.node))
     except BaseException as exc:  # report, then die
         logger.critical("tensor-parallel rank %d failed to start", rank, exc_info=exc)
         with contextlib.suppress(OSError):
@@ -121,17 +133,29 @@ class TPExecutor:
             self.workers.append((proc, parent))
         try:
             self.runner, binding = _build_rank(config, 0, name)
-            layout = [_Ready(0, binding.cpus, binding.node), *self._wait_ready()]
+            self.layout = [RankPlacement(0, os.getpid(), binding.cpus, binding.node), *self._wait_ready()]
         except BaseException:
             self.shutdown()
             raise
-        for r in layout:
-            cpus = "unbound" if r.cpus is None else _fmt_cpus(r.cpus)
-            node = "" if r.node is None else f" -> NUMA node {r.node}"
-            logger.info("tensor-parallel rank %d -> cpus %s%s", r.rank, cpus, node)
-        self.spec = self.runner.spec
+        for r in self.layout:
+            logger.info("tensor-parallel %s", r.describe())
 
-    def _wait_ready(self) -> list[_Ready]:
+    @property
+    def spec(self):
+        """The model's spec (as ModelRunner.spec)."""
+        return self.runner.spec
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per KV block."""
+        return self.runner.block_size
+
+    @property
+    def num_blocks(self) -> int:
+        """KV blocks of every rank."""
+        return self.runner.num_blocks
+
+    def _wait_ready(self) -> list[RankPlacement]:
         ready = []
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         for rank, (proc, conn) in enumerate(self.workers, start=1):
@@ -152,8 +176,6 @@ class TPExecutor:
 
     def execute(self, seqs):
         """Run one step on every rank; rank 0's float32 logits."""
-        from cpuinfer.engine.core import EngineBrokenError
-
         if seqs:
             self.runner.check(seqs)  # a bad step raises here, before any rank starts it
         try:

@@ -1,0 +1,89 @@
+"""Runs for test_tensor_parallel, each in a fresh process (`python -m tests.engine.tp_runs MODE ARGS`).
+
+A tensor-parallel engine binds the process it runs in (rank 0) to its cores, so the test process itself
+never hosts one. Each run prints one JSON line with what the test compares.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+PROMPTS = [
+    [5, 17, 99, 3, 250, 41, 7, 7, 8, 120, 33, 2, 64, 91, 11, 200, 19, 45, 61, 72],
+    list(range(30, 67)),
+    [9, 8, 7],
+]
+
+
+def runner_greedy(path: str, dtype: str, tp: int) -> dict:
+    """greedy() (tests/models/greedy.py: chunked prefill mixed with decodes, shuffled block tables) on a
+    ModelRunner (tp=1) or a TPExecutor (tp>1); tokens and first-token logits."""
+    from cpuinfer.config import EngineArgs
+    from tests.models.greedy import greedy
+
+    args = EngineArgs(model=path, dtype=dtype, block_size=16, num_gpu_blocks_override=64, tensor_parallel_size=tp)
+    config = args.create_engine_config()
+    if tp == 1:
+        from cpuinfer.worker import ModelRunner
+
+        runner = ModelRunner(config.spec, 16, 64, config.cache_dtype)
+    else:
+        from cpuinfer.worker.tp_executor import TPExecutor
+
+        runner = TPExecutor(config)
+    tokens, first = greedy(runner, PROMPTS, 24, batched=True, chunk=7)
+    fused = [getattr(layer, "fused", None) is not None for layer in runner_model(runner).layers]
+    if tp > 1:
+        runner.shutdown()
+    return {"tokens": tokens, "first": [f.tolist() for f in first], "fused": fused}
+
+
+def runner_model(runner):
+    return getattr(runner, "runner", runner).model
+
+
+def engine_greedy(path: str, dtype: str, kv: str, tp: int) -> dict:
+    """The whole engine (LLM): prefix caching on shared prefixes, prefill chunked by a small token budget,
+    preemption from a small KV pool; greedy token ids and the number of preemptions."""
+    from cpuinfer import LLM, SamplingParams
+
+    shared = list(range(100, 140))  # 40 tokens: two full 16-token blocks shared by the first prompts
+    prompts = [[*shared, 1, 2, 3], [*shared, 4, 5], [7, 8, 9, 10] * 6, list(range(200, 233)), [11, 12, 13]]
+    llm = LLM(
+        model=path,
+        dtype=dtype,
+        kv_cache_dtype=kv,
+        tensor_parallel_size=tp,
+        block_size=16,
+        num_gpu_blocks_override=14,  # 224 tokens for 5 sequences of up to 75: some must wait or be preempted
+        max_model_len=128,
+        max_num_batched_tokens=32,
+        enable_prefix_caching=True,
+    )
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True), use_tqdm=False)
+    stats = llm.llm_engine.get_stats()
+    return {
+        "tokens": [list(o.outputs[0].token_ids) for o in outs],
+        "preemptions": stats.num_preemptions,
+        "prefix_hits": stats.prefix_cache_hits,
+    }
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    mode, *args = sys.argv[1:]
+    if mode == "runner":
+        path, dtype, tp = args
+        print(json.dumps(runner_greedy(path, dtype, int(tp))))
+    elif mode == "engine":
+        path, dtype, kv, tp = args
+        print(json.dumps(engine_greedy(path, dtype, kv, int(tp))))
+    else:
+        raise SystemExit(f"unknown mode {mode}")
+
+
+if __name__ == "__main__":
+    main()
