@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "../common/kernels.h"
+#include "../common/shm_comm.h"
 #include "attention_bindings.h"
 #include "quant_bindings.h"
 #include "tensor_checks.h"
@@ -236,6 +237,24 @@ class DecoderLayer {
         decoder_layer(w_, b, h.data(), residual.data(), first, scratch);
     }
 
+    // Tensor parallelism: sum o_proj's and down_proj's partial outputs over the ranks with this ShmComm
+    // (None: a single rank). The layer keeps the communicator alive.
+    void set_all_reduce(nb::handle comm) {
+        if (comm.is_none()) {
+            comm_ = nb::object();
+            w_.all_reduce = nullptr;
+            w_.all_reduce_ctx = nullptr;
+            return;
+        }
+        ShmComm *c = nullptr;
+        if (!nb::try_cast<ShmComm *>(comm, c) || c == nullptr) fail_type("comm must be a ShmComm or None");
+        comm_ = nb::borrow(comm);
+        w_.all_reduce_ctx = c;
+        w_.all_reduce = [](void *ctx, void *data, int64_t numel, DType dt) {
+            static_cast<ShmComm *>(ctx)->all_reduce(data, numel, dt);
+        };
+    }
+
   private:
     // Per-thread scratch, grown to the largest step seen (no allocation per call).
     static void *scratch_for(size_t bytes) {
@@ -258,6 +277,7 @@ class DecoderLayer {
     Held in_norm_, post_attn_norm_, pre_ff_norm_, post_ff_norm_, q_norm_, k_norm_;
     Held qkv_b_, o_b_, gate_up_b_, down_b_, cos_sin_;
     HeldLinear qkv_, o_, gate_up_, down_;
+    nb::object comm_;  // the ShmComm the all-reduce hook calls, kept alive
     DecoderLayerWeights w_{};
 };
 
@@ -276,7 +296,9 @@ inline void bind_decoder(nb::module_ &m) {
         .def("forward", &DecoderLayer::forward, nb::arg("h"), nb::arg("residual"), nb::arg("first"),
              nb::arg("positions"), nb::arg("slot_mapping"), nb::arg("query_start_loc"), nb::arg("seq_lens"),
              nb::arg("block_tables"), nb::arg("key_cache"), nb::arg("value_cache"),
-             "Run the layer on h [tokens, hidden] in place; residual carries the stream between layers.");
+             "Run the layer on h [tokens, hidden] in place; residual carries the stream between layers.")
+        .def("set_all_reduce", &DecoderLayer::set_all_reduce, nb::arg("comm").none(),
+             "Tensor parallelism: sum o_proj's and down_proj's outputs over the ranks with this ShmComm.");
 }
 
 }  // namespace cpuinfer::bind

@@ -101,6 +101,7 @@ void decoder_layer(const DecoderLayerWeights &w, const DecoderBatch &b, void *h,
     a.soft_cap = w.soft_cap;
     paged_attention(a);
     linear_weight(dt, h, H, attn, q_size, w.o, w.o_b, T, H, q_size);
+    if (w.all_reduce) w.all_reduce(w.all_reduce_ctx, h, T * H, dt);
 
     // MLP, with Gemma's sandwich norms when present.
     if (w.pre_ff_norm) {
@@ -115,6 +116,7 @@ void decoder_layer(const DecoderLayerWeights &w, const DecoderBatch &b, void *h,
         linear_weight(dt, gate_up, 2 * I, ht, H, w.gate_up, w.gate_up_b, n, 2 * I, H);
         act_and_mul(dt, w.act, act, I, gate_up, 2 * I, n, I);
         linear_weight(dt, ht, H, act, I, w.down, w.down_b, n, H, I);
+        if (w.all_reduce) w.all_reduce(w.all_reduce_ctx, ht, n * H, dt);  // elementwise: chunks give the same bits
         if (w.post_ff_norm) rms_norm(dt, ht, H, ht, H, w.post_ff_norm, n, H, w.eps);
     }
 }

@@ -179,6 +179,10 @@ struct DecoderLayerWeights {  // filled field by field (the binding names each)
     Activation act = Activation::silu;
     float eps = 0.0f, scale = 1.0f, soft_cap = 0.0f;
     int64_t sliding_window = 0;
+    // Tensor parallelism: o_proj's and down_proj's outputs are partial sums over the ranks, summed in place
+    // by this call (a ShmComm's all-reduce) before the residual adds them; null on a single rank.
+    void (*all_reduce)(void *ctx, void *data, int64_t numel, DType dt) = nullptr;
+    void *all_reduce_ctx = nullptr;
 };
 
 // One step's flat batch, shared by every layer (validated by the binding).

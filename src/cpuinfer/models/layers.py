@@ -284,12 +284,10 @@ def fused_layer(
         return None
     if not uses_kernels(attn.head_dim):
         return None  # attention runs on torch for this head size
-    if attn.tp.size > 1:
-        return None  # the fused kernel has no all-reduce: tensor-parallel layers run op by op
     assert attn.packed == mlp.packed, "pack_layer packs a layer's four projections together"
     if attn.q_norm is not None and attn.norm_eps != eps:
         return None  # one epsilon serves every norm of the fused layer
-    return ops.DecoderLayer(
+    layer = ops.DecoderLayer(
         in_norm=in_norm,
         post_attn_norm=post_attn_norm,
         pre_ff_norm=pre_ff_norm,
@@ -315,6 +313,9 @@ def fused_layer(
         soft_cap=attn.soft_cap,
         packed=attn.packed,
     )
+    if attn.tp.size > 1:  # o_proj's and down_proj's partial sums meet in the kernel, through the same communicator
+        layer.set_all_reduce(attn.tp.comm.handle)
+    return layer
 
 
 def decoder_stack(
