@@ -47,7 +47,8 @@ set(CPUINFER_KERNEL_SOURCES
   "${CPUINFER_SRC_ROOT}/csrc/common/kv_cache.cpp"
   "${CPUINFER_SRC_ROOT}/csrc/common/paged_attention.cpp"
   "${CPUINFER_SRC_ROOT}/csrc/common/decoder_layer.cpp"
-  "${CPUINFER_SRC_ROOT}/csrc/common/parallel.cpp")
+  "${CPUINFER_SRC_ROOT}/csrc/common/parallel.cpp"
+  "${CPUINFER_SRC_ROOT}/csrc/common/shm_comm.cpp")
 
 # Test-only: compile the AVX-512 vector layer against SIMDe (libsimde-dev)
 # without the -march flags, so the C++ test program checks its logic on CPUs
@@ -89,5 +90,9 @@ function(cpuinfer_add_kernels variant)
   target_include_directories(${lib} PUBLIC "${CPUINFER_SRC_ROOT}/csrc")
   if(CMAKE_DL_LIBS)
     target_link_libraries(${lib} PUBLIC ${CMAKE_DL_LIBS})
+  endif()
+  # shm_open lives in librt before glibc 2.34 (manylinux_2_28 builds against 2.28).
+  if(CMAKE_SYSTEM_NAME STREQUAL "Linux")
+    target_link_libraries(${lib} PUBLIC rt)
   endif()
 endfunction()

@@ -17,6 +17,7 @@
 #include "../common/parallel.h"
 #include "tensor_checks.h"
 #include "attention_bindings.h"
+#include "comm_bindings.h"
 #include "decoder_bindings.h"
 #include "quant_bindings.h"
 
@@ -232,6 +233,7 @@ NB_MODULE(CPUINFER_MODULE(CPUINFER_VARIANT), m) {
     bind_attention(m);
     bind_decoder(m);
     bind_quant(m);
+    bind_comm(m);
     m.def("linear", &py_linear, nb::arg("out"), nb::arg("input"), nb::arg("weight"), nb::arg("bias").none(),
           nb::arg("packed") = false,
           "out = input @ weight.T (+ bias), f32 accumulation, rounded once. packed: weight is in "
