@@ -6,10 +6,13 @@ process it runs in. Two ranks are pinned to the machine's two first CPUs (or sha
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -81,3 +84,81 @@ def test_engine_features_under_tp2(checkpoints, kv):
     two = run("engine", checkpoints["llama"], "float32", kv, "2")
     assert two["tokens"] == one["tokens"]
     assert two["preemptions"] > 0 and two["prefix_hits"] > 0
+
+
+def test_quantized_gguf_shares_stay_quantized(smol_path):
+    """SmolLM2's Q4_1 GGUF on 3 ranks (its 9 heads and 3 KV heads split 3 ways): every projection and the tied
+    vocabulary-parallel table stay Q4_1 on every rank, and the logits stay within bf16 tolerance of one rank."""
+    one = run("smol", smol_path, "1")
+    three = run("smol", smol_path, "3", timeout=400)
+    assert three["quantized"] and one["quantized"]
+    for a, b in zip(three["first"], one["first"], strict=True):
+        a, b = torch.tensor(a), torch.tensor(b)
+        assert (a - b).abs().max() <= 0.05 * b.abs().max()
+        assert int(a.argmax()) == int(b.argmax())
+
+
+def test_indivisible_heads_are_refused(smol_path):
+    from cpuinfer.config import EngineArgs
+
+    with pytest.raises(ValueError, match=r"--tensor-parallel-size=2 cannot split .*9 attention heads"):
+        EngineArgs(model=smol_path, tensor_parallel_size=2).create_engine_config()
+
+
+def _wait_gone(pid: int, seconds: float) -> bool:
+    """True once pid has exited (a zombie its parent has not reaped yet counts as exited)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.fixture
+def tp_engine(checkpoints, monkeypatch):
+    for k, v in _env(2).items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.01")
+    from cpuinfer.config import EngineArgs
+    from cpuinfer.engine.async_llm import AsyncLLM
+
+    engine = AsyncLLM.from_engine_args(EngineArgs(model=checkpoints["llama"], tensor_parallel_size=2, block_size=16))
+    yield engine
+    engine.shutdown()
+
+
+def test_a_rank_killed_mid_step_fails_the_engine_fast(tp_engine):
+    """SIGKILL rank 1 while a request streams: the stream fails with EngineDeadError naming the rank within
+    seconds (rank 0 sees the dead pid in its all-reduce), and the engine core exits."""
+    from cpuinfer.errors import EngineDeadError
+    from cpuinfer.sampling_params import SamplingParams
+
+    layout = tp_engine.layout
+    assert [p.rank for p in layout] == [0, 1] and layout[0].pid == tp_engine.pid
+    worker = layout[1].pid
+
+    async def go():
+        stream = tp_engine.add_request("long", [5, 6, 7], SamplingParams(max_tokens=400, ignore_eos=True))
+        await stream.__anext__()
+        os.kill(worker, signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(EngineDeadError, match="rank 1") as err:
+            async for _ in stream:
+                pass
+        return time.monotonic() - t0, str(err.value)
+
+    elapsed, message = asyncio.run(go())
+    assert elapsed < 10, message
+    assert _wait_gone(layout[0].pid, 10), "the engine core did not exit"
+
+
+def test_rank_0_killed_stops_the_workers(tp_engine):
+    """SIGKILL the engine core (rank 0): rank 1 notices (its pipe closes) and exits within seconds."""
+    worker = tp_engine.layout[1].pid
+    os.kill(tp_engine.pid, signal.SIGKILL)
+    assert _wait_gone(worker, 10), "tensor-parallel rank 1 outlived rank 0"

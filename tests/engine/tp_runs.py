@@ -72,12 +72,51 @@ def engine_greedy(path: str, dtype: str, kv: str, tp: int) -> dict:
     }
 
 
+def smol_tp3(path: str, tp: int) -> dict:
+    """The bundled SmolLM2 Q4_1 GGUF (9 heads, 3 KV heads) on tp ranks in bf16: first-token logits of two
+    prompts, and whether every projection stayed quantized (its shares cut in the packed layout)."""
+    from cpuinfer.config import EngineArgs
+    from cpuinfer.quantization import is_quantized
+    from tests.models.greedy import greedy
+
+    args = EngineArgs(
+        model=path,
+        dtype="bfloat16",
+        block_size=16,
+        num_gpu_blocks_override=16,
+        max_model_len=256,
+        tensor_parallel_size=tp,
+    )
+    config = args.create_engine_config()
+    if tp == 1:
+        from cpuinfer.worker import ModelRunner
+
+        runner = ModelRunner(config.spec, 16, 16, config.cache_dtype)
+    else:
+        from cpuinfer.worker.tp_executor import TPExecutor
+
+        runner = TPExecutor(config)
+    prompts = [config.spec.tokenizer.encode(p).ids for p in ("The capital of France is", "def fibonacci(n):")]
+    tokens, first = greedy(runner, prompts, 4, batched=True, chunk=5)
+    model = runner_model(runner)
+    weights = [
+        w for layer in model.layers for w in (layer.attn.qkv_w, layer.attn.o_w, layer.mlp.gate_up_w, layer.mlp.down_w)
+    ]
+    quantized = all(is_quantized(w) for w in weights) and is_quantized(model.head.lm_head)
+    if tp > 1:
+        runner.shutdown()
+    return {"tokens": tokens, "first": [f.tolist() for f in first], "quantized": quantized}
+
+
 def main() -> None:
     torch.set_num_threads(1)
     mode, *args = sys.argv[1:]
     if mode == "runner":
         path, dtype, tp = args
         print(json.dumps(runner_greedy(path, dtype, int(tp))))
+    elif mode == "smol":
+        path, tp = args
+        print(json.dumps(smol_tp3(path, int(tp))))
     elif mode == "engine":
         path, dtype, kv, tp = args
         print(json.dumps(engine_greedy(path, dtype, kv, int(tp))))

@@ -48,7 +48,8 @@ class ShmCommunicator:
         """Every rank's t concatenated along dim in rank order (e.g. logits [T, V/N] -> [T, V])."""
         t = t.contiguous()
         out = torch.empty((self.world_size, *t.shape), dtype=t.dtype)
-        self._comm.all_gather(t, out)
+        if t.numel():  # every rank has the same shape: all skip an empty gather together
+            self._comm.all_gather(t, out)
         if t.dim() == 0:
             return out
         dim = dim % t.dim()
@@ -69,6 +70,11 @@ class ShmCommunicator:
     def close(self) -> None:
         """Detach (idempotent); peers still waiting on this rank fail at once."""
         self._comm.close()
+
+    @property
+    def handle(self):
+        """The kernel library's ShmComm object (the fused decoder layer calls its all-reduce from C++)."""
+        return self._comm
 
     @property
     def closed(self) -> bool:
