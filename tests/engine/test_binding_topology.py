@@ -321,3 +321,17 @@ def test_layout_report_for_info(tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_CPU_NUM_OF_RESERVED_CPU", "-1")
     report = threads.layout_report(topo)
     assert "VLLM_CPU_NUM_OF_RESERVED_CPU" in report["layouts"][0]["error"]
+
+
+def test_info_renders_the_layout(tmp_path, monkeypatch):
+    from cpuinfer._info import _layout_lines
+
+    topo = Topology.read(str(two_sockets(tmp_path)), EVERY_CPU)
+    assert _layout_lines(threads.layout_report(topo)) == [
+        "Layout:     VLLM_CPU_OMP_THREADS_BIND=auto (world size = data x tensor x pipeline parallel size)",
+        "  world size 1: rank 0 -> cores 0-7 -> NUMA node 0",
+        "  world size 2: rank 0 -> cores 0-6 -> NUMA node 0",
+        "                rank 1 -> cores 8-14 -> NUMA node 1",
+    ]
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    assert _layout_lines(threads.layout_report(topo))[1] == "  world size 1: rank 0 -> cores unbound (nobind)"
