@@ -161,17 +161,22 @@ def _list_layout(name: str, value: str, world_size: int, topology: Topology) -> 
     return layout
 
 
+def _bind_setting() -> tuple[str, str]:
+    """(name, value) of VLLM_CPU_OMP_THREADS_BIND as set, or its default `auto`."""
+    raw = envs.OMP_THREADS_BIND.raw()
+    return raw if raw else (envs.OMP_THREADS_BIND.names[-1], "auto")
+
+
 def describe_layout(world_size: int = 1, topology: Topology | None = None) -> list[Binding]:
     """Every rank's Binding (index = machine-wide rank) from the variables; malformed values raise EnvError."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
-    raw = envs.OMP_THREADS_BIND.raw()
-    name, value = raw if raw else (envs.OMP_THREADS_BIND.names[-1], "auto")
+    name, value = _bind_setting()
     topology = topology or Topology.read()
-    if envs.VISIBLE_MEMORY_NODES.raw():
-        visible_nodes(topology)  # a malformed value is an error whatever the mode
-    if envs.NUM_OF_RESERVED_CPU.raw():
-        envs.NUM_OF_RESERVED_CPU.get()
+    # Malformed values are errors whatever the mode, though only auto uses them.
+    if value != "auto" and envs.VISIBLE_MEMORY_NODES.raw():
+        visible_nodes(topology)
+    envs.NUM_OF_RESERVED_CPU.get()
     if value == "nobind":
         return [Binding(None) for _ in range(world_size)]
     if value == "auto":
@@ -199,8 +204,7 @@ def format_layout(layout: list[Binding]) -> list[str]:
 
 def layout_report(topology: Topology | None = None) -> dict[str, Any]:
     """JSON-able layouts for `cpuinfer info`: one rank, and one rank per visible node (or the list's ranks)."""
-    raw = envs.OMP_THREADS_BIND.raw()
-    name, value = raw if raw else (envs.OMP_THREADS_BIND.names[-1], "auto")
+    name, value = _bind_setting()
     report: dict[str, Any] = {"bind": f"{name}={value}", "layouts": []}
     try:
         topology = topology or Topology.read()
