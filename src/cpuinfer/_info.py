@@ -68,6 +68,7 @@ def collect(sel: Selection) -> dict[str, Any]:
     import torch
 
     import cpuinfer
+    from cpuinfer.platform.threads import layout_report
 
     mod = sel.module
     return {
@@ -93,6 +94,7 @@ def collect(sel: Selection) -> dict[str, Any]:
             "threads": mod.max_threads(),
             "torch_threads": torch.get_num_threads(),
         },
+        "layout": layout_report(),
     }
 
 
@@ -104,6 +106,25 @@ def _size(value: Any) -> str:
         if value >= scale and value % scale == 0:
             return f"{value // scale} {unit}"
     return f"{value} B"
+
+
+def _layout_lines(layout: dict[str, Any] | None) -> list[str]:
+    """The rank -> cores -> NUMA node lines of each world size the report worked out."""
+    if not layout:
+        return []
+    from cpuinfer.platform.threads import describe_rank
+
+    lines = [f"Layout:     {layout['bind']} (world size = data x tensor x pipeline parallel size)"]
+    if "error" in layout:
+        lines.append(f"  error: {layout['error']}")
+    for entry in layout["layouts"]:
+        head = f"  world size {entry['world_size']}: "
+        if "error" in entry:
+            lines.append(f"{head}error: {entry['error']}")
+            continue
+        for rank, r in enumerate(entry["ranks"]):
+            lines.append(f"{head if rank == 0 else ' ' * len(head)}{describe_rank(rank, r['cpus'], r['node'])}")
+    return lines
 
 
 def show(report: dict[str, Any]) -> str:
@@ -139,6 +160,7 @@ def show(report: dict[str, Any]) -> str:
     lines.append(f"Vector:     {report['vector_layer']}, ABI stamp {report['abi_stamp']}")
     t = report["threading"]
     lines.append(f"Threads:    {t['threads']} on {t['openmp_runtime'] or 'no OpenMP runtime (serial)'}")
+    lines += _layout_lines(report.get("layout"))
     if "model" in report:
         m = report["model"]
         lines.append(f"Model:      {m['path']}")

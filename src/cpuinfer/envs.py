@@ -135,19 +135,19 @@ OMP_THREADS_BIND = EnvVar(
     ("CPUINFER_OMP_THREADS_BIND", "VLLM_CPU_OMP_THREADS_BIND"),
     parse_str,
     "auto",
-    "Cores for inference threads: auto, nobind, a list like 0-31, or a|b per TP rank.",
+    "Cores for inference threads: auto, nobind, a list like 0-31, or a|b per rank on this machine.",
 )
 NUM_OF_RESERVED_CPU = EnvVar(
     ("CPUINFER_NUM_OF_RESERVED_CPU", "VLLM_CPU_NUM_OF_RESERVED_CPU"),
     parse_nonneg_int,
     0,
-    "CPUs per rank kept free of inference threads (for the HTTP front end).",
+    "Cores per rank kept free of inference threads under auto (unset: 0 with one rank, 1 with several).",
 )
 VISIBLE_MEMORY_NODES = EnvVar(
     ("CPUINFER_VISIBLE_MEMORY_NODES", "CPU_VISIBLE_MEMORY_NODES"),
     parse_str,
     "",
-    "NUMA nodes cpuinfer may use, e.g. 0,1.",
+    "NUMA nodes auto binding uses, in binding order, e.g. 0,1.",
 )
 FUSED_LAYERS = EnvVar(
     ("CPUINFER_FUSED_LAYERS",),

@@ -44,10 +44,10 @@ class RankPlacement:
     node: int | None
 
     def describe(self) -> str:
-        """'rank 1 (pid 123) -> cpus 16-31 -> NUMA node 1'."""
-        cpus = "unbound" if self.cpus is None else _fmt_cpus(self.cpus)
-        node = "" if self.node is None else f" -> NUMA node {self.node}"
-        return f"rank {self.rank} (pid {self.pid}) -> cpus {cpus}{node}"
+        """'rank 1 -> cores 16-31 -> NUMA node 1 (pid 123)': platform.threads' line, as `cpuinfer info` shows it."""
+        from cpuinfer.platform.threads import describe_rank
+
+        return f"{describe_rank(self.rank, self.cpus, self.node)} (pid {self.pid})"
 
 
 @dataclass
@@ -229,15 +229,3 @@ def _start(proc: mp.Process) -> None:
         proc.start()
     finally:
         me._config["daemon"] = was
-
-
-def _fmt_cpus(cpus: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2,5'."""
-    out, start = [], None
-    for i, c in enumerate(cpus):
-        if start is None:
-            start = c
-        if i + 1 == len(cpus) or cpus[i + 1] != c + 1:
-            out.append(str(start) if start == c else f"{start}-{c}")
-            start = None
-    return ",".join(out)
