@@ -65,7 +65,11 @@ def test_defaults_by_use(smol_path, monkeypatch):
 @pytest.mark.parametrize(
     "kw, match",
     [
-        (dict(tensor_parallel_size=2), "tensor-parallel-size=2"),
+        (dict(tensor_parallel_size=2), "tensor-parallel-size=2 cannot split .*9 attention heads"),
+        (dict(tensor_parallel_size=0), "tensor-parallel-size=0 must be a positive integer"),
+        (dict(pipeline_parallel_size=2), "pipeline-parallel-size=2 is not supported yet"),
+        (dict(data_parallel_backend="mpi"), "data-parallel-backend='mpi' is not one of mp, ray"),
+        (dict(data_parallel_size=2, data_parallel_rank=2), r"data-parallel-rank=2 must be in 0\.\.1"),
         (dict(block_size=20), "block-size=20.*multiple of 16"),
         (dict(max_num_seqs=0), "max-num-seqs=0"),
         (dict(max_model_len=10**6), "max-model-len=1000000 exceeds.*8192"),
@@ -96,4 +100,5 @@ def test_cli_bad_flag_is_one_clear_line(smol_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["generate", "hi", "--model", smol_path, "-tp", "2"])
     assert e.value.code == 2
-    assert "tensor-parallel-size=2 is not supported" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--tensor-parallel-size=2 cannot split" in err and "9 attention heads are not divisible by 2" in err
