@@ -117,12 +117,14 @@ class TPExecutor:
 
     def __init__(self, config):
         from cpuinfer.distributed.shm import unique_name
+        from cpuinfer.platform.threads import describe_layout
 
         args = config.args
         self.size = args.tensor_parallel_size
+        self.workers: list[tuple[mp.Process, object]] = []
+        describe_layout(machine_ranks(args))  # a binding no rank can take fails here, once, before any starts
         name = unique_name()
         ctx = mp.get_context("spawn")  # never fork a process that holds OpenMP threads
-        self.workers: list[tuple[mp.Process, object]] = []
         for rank in range(1, self.size):
             parent, child = ctx.Pipe()
             proc = ctx.Process(
