@@ -199,6 +199,7 @@ void check_tile(const Form &form, const Weight &w, const Rows &x, const std::str
         using Portable = decltype(portable);
         bool same = true, alone = true;
         alignas(64) float got[16 * kLanes], want[16 * kLanes], one[kLanes];
+        Tile::begin();  // as the driver does: AMX tiles need their configuration (and the OS's grant) first
         for (int64_t p = 0; p < quant_panels(w.N); ++p) {
             const quant::QuantPanel wp = w.panel(p);
             for (int mr = 1; mr <= Tile::kMaxRows && mr <= x.M; ++mr) {
@@ -213,6 +214,7 @@ void check_tile(const Form &form, const Weight &w, const Rows &x, const std::str
                 }
             }
         }
+        Tile::end();
         expect_true(what + ": " + Tile::kName + " tile gives the portable tile's bits", same);
         expect_true(what + ": " + Tile::kName + " tile rows independent of the tile's row count", alone);
     });
