@@ -473,20 +473,22 @@ void ShmComm::check_peers(const Call &call, int awaited, double waited_s) {
     const uint64_t g = gen_;
     const std::string where = std::string("the ") + op_name(uint32_t(call.op));
     auto arrived = [&](int r) { return lines_[r].gen.load(std::memory_order_acquire) >= g; };
+    auto state = [&](int r) { return lines_[r].state.load(std::memory_order_acquire); };
+    // The most direct cause first: a peer that left (closed, then maybe exited), one that died, then one
+    // that gave up because of a third.
+    for (int r = 0; r < world_; ++r)
+        if (r != rank_ && state(r) == kClosed && !arrived(r))
+            fail(who(r) + " closed the communicator before reaching " + where);
+    for (int r = 0; r < world_; ++r)
+        if (r != rank_ && !arrived(r) && !process_alive(pids_[r]) && !arrived(r) && state(r) != kClosed)
+            fail(who(r) + " exited before reaching " + where);
     for (int r = 0; r < world_; ++r) {
-        if (r == rank_ || arrived(r)) continue;
-        if (!process_alive(pids_[r]) && !arrived(r)) fail(who(r) + " exited before reaching " + where);
-    }
-    for (int r = 0; r < world_; ++r) {
-        if (r == rank_) continue;
-        int32_t state = lines_[r].state.load(std::memory_order_acquire);
-        if (state == kFailed) {
+        if (r != rank_ && state(r) == kFailed) {
             char msg[kMessageBytes];
             std::memcpy(msg, messages_ + size_t(r) * kMessageBytes, kMessageBytes);
             msg[kMessageBytes - 1] = 0;
             fail(who(r) + " failed: " + msg);
         }
-        if (state == kClosed && !arrived(r)) fail(who(r) + " closed the communicator before reaching " + where);
     }
     if (waited_s > timeout_s_) fail(who(awaited) + " did not reach " + where + " within " + fmt_seconds(timeout_s_) + " s");
 }
