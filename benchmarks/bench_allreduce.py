@@ -1,6 +1,6 @@
 """All-reduce latency between two tensor-parallel ranks: the shared-memory communicator against gloo, one run.
 
-    python benchmarks/bench_allreduce.py [--quick] [--cpus 0,1]
+    python benchmarks/bench_allreduce.py [--quick] [--cpus auto|0,1|none]
 
 Two spawned processes, each pinned to its own core with one thread, all-reduce bf16 tensors of 1 x hidden to
 32 x hidden (hidden 576 and 4096) in place, through cpuinfer's ShmCommunicator (the Python call, as the model
@@ -71,8 +71,13 @@ def main(argv=None) -> int:
     """Run both ranks, print the table, check the targets."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer calls per size (noisier)")
-    ap.add_argument("--cpus", default="0,1", help="the two cores to pin the ranks to, or 'none'")
+    ap.add_argument(
+        "--cpus", default="auto", help="two cores to pin the ranks to; auto: the first two this process may use"
+    )
     args = ap.parse_args(argv)
+    if args.cpus == "auto":
+        allowed = sorted(os.sched_getaffinity(0))
+        args.cpus = ",".join(map(str, allowed[:2])) if len(allowed) >= 2 else "none"
     cpus = [None, None] if args.cpus == "none" else [int(c) for c in args.cpus.split(",")]
     if len(cpus) != 2:
         ap.error("--cpus takes two core ids")
