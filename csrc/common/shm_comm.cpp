@@ -258,7 +258,8 @@ ShmComm::ShmComm(const std::string &name, int rank, int world_size, size_t buffe
         attach(timeout_s);
     } catch (const std::exception &e) {
         // Tell the peers (when this rank's line is ours), so they stop waiting for us.
-        if (base_ && lines_[rank_].pid.load(std::memory_order_acquire) == int32_t(getpid())) {
+        bool mapped = base_ && messages_ + size_t(rank_ + 1) * kMessageBytes <= base_ + total_bytes_;
+        if (mapped && lines_[rank_].pid.load(std::memory_order_acquire) == int32_t(getpid())) {
             std::snprintf(messages_ + size_t(rank_) * kMessageBytes, kMessageBytes, "%s", e.what());
             lines_[rank_].state.store(kFailed, std::memory_order_release);
         }
