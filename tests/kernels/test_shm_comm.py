@@ -156,6 +156,7 @@ def _collectives(rank: int, world: int, names: list[str], variants: list[str]) -
         y = rank_tensor(14, rank, 64, torch.bfloat16)
         assert comm.all_reduce_(y) is y
         out["wrapper/all_reduce"] = (digest(y), torch.equal(y, reference_sum(14, world, 64, torch.bfloat16)))
+        assert isinstance(comm.native, cpuinfer._C.ShmComm) and comm.native.world_size == world
         z = torch.full((3,), float(rank))
         assert comm.broadcast_(z, root=world - 1) is z
         out["wrapper/broadcast"] = (digest(z), torch.equal(z, torch.full((3,), float(world - 1))))

@@ -71,6 +71,12 @@ class ShmCommunicator:
         self._comm.close()
 
     @property
+    def native(self):
+        """The `_C.ShmComm` behind this communicator, for kernels that take it (keep this object alive while
+        they hold it)."""
+        return self._comm
+
+    @property
     def closed(self) -> bool:
         """Whether close() was called."""
         return self._comm.closed
