@@ -258,7 +258,8 @@ ShmComm::ShmComm(const std::string &name, int rank, int world_size, size_t buffe
         attach(timeout_s);
     } catch (const std::exception &e) {
         // Tell the peers (when this rank's line is ours), so they stop waiting for us.
-        if (base_ && lines_[rank_].pid.load(std::memory_order_acquire) == int32_t(getpid())) {
+        bool mapped = base_ && messages_ + size_t(rank_ + 1) * kMessageBytes <= base_ + total_bytes_;
+        if (mapped && lines_[rank_].pid.load(std::memory_order_acquire) == int32_t(getpid())) {
             std::snprintf(messages_ + size_t(rank_) * kMessageBytes, kMessageBytes, "%s", e.what());
             lines_[rank_].state.store(kFailed, std::memory_order_release);
         }
@@ -473,20 +474,22 @@ void ShmComm::check_peers(const Call &call, int awaited, double waited_s) {
     const uint64_t g = gen_;
     const std::string where = std::string("the ") + op_name(uint32_t(call.op));
     auto arrived = [&](int r) { return lines_[r].gen.load(std::memory_order_acquire) >= g; };
+    auto state = [&](int r) { return lines_[r].state.load(std::memory_order_acquire); };
+    // The most direct cause first: a peer that left (closed, then maybe exited), one that died, then one
+    // that gave up because of a third.
+    for (int r = 0; r < world_; ++r)
+        if (r != rank_ && state(r) == kClosed && !arrived(r))
+            fail(who(r) + " closed the communicator before reaching " + where);
+    for (int r = 0; r < world_; ++r)
+        if (r != rank_ && !arrived(r) && !process_alive(pids_[r]) && !arrived(r) && state(r) != kClosed)
+            fail(who(r) + " exited before reaching " + where);
     for (int r = 0; r < world_; ++r) {
-        if (r == rank_ || arrived(r)) continue;
-        if (!process_alive(pids_[r]) && !arrived(r)) fail(who(r) + " exited before reaching " + where);
-    }
-    for (int r = 0; r < world_; ++r) {
-        if (r == rank_) continue;
-        int32_t state = lines_[r].state.load(std::memory_order_acquire);
-        if (state == kFailed) {
+        if (r != rank_ && state(r) == kFailed) {
             char msg[kMessageBytes];
             std::memcpy(msg, messages_ + size_t(r) * kMessageBytes, kMessageBytes);
             msg[kMessageBytes - 1] = 0;
             fail(who(r) + " failed: " + msg);
         }
-        if (state == kClosed && !arrived(r)) fail(who(r) + " closed the communicator before reaching " + where);
     }
     if (waited_s > timeout_s_) fail(who(awaited) + " did not reach " + where + " within " + fmt_seconds(timeout_s_) + " s");
 }

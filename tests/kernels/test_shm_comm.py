@@ -11,12 +11,14 @@ same seeds and report hashes, so little crosses the pipes.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import multiprocessing as mp
 import os
 import queue
 import signal
+import threading
 import time
 
 import pytest
@@ -40,16 +42,22 @@ def shm_path(name: str) -> str:
 
 
 def rank_tensor(seed: int, rank: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
-    """Rank `rank`'s input of a case: the same bits in every process that asks."""
+    """Rank `rank`'s input of a case: the same bits in every process that asks (a fresh copy)."""
+    return _rank_tensor(seed, rank, numel, dtype).clone()
+
+
+@functools.lru_cache(maxsize=64)
+def _rank_tensor(seed: int, rank: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed * 1000 + rank)
     return (torch.randn(numel, generator=g) * 4).to(dtype)
 
 
+@functools.lru_cache(maxsize=64)
 def reference_sum(seed: int, world: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
     """torch: the float32 sum in rank order, rounded once to dtype."""
-    acc = rank_tensor(seed, 0, numel, dtype).float()
+    acc = _rank_tensor(seed, 0, numel, dtype).to(torch.float32, copy=True)  # never the cached tensor itself
     for r in range(1, world):
-        acc += rank_tensor(seed, r, numel, dtype).float()
+        acc += _rank_tensor(seed, r, numel, dtype).float()
     return acc.to(dtype)
 
 
@@ -148,6 +156,7 @@ def _collectives(rank: int, world: int, names: list[str], variants: list[str]) -
         y = rank_tensor(14, rank, 64, torch.bfloat16)
         assert comm.all_reduce_(y) is y
         out["wrapper/all_reduce"] = (digest(y), torch.equal(y, reference_sum(14, world, 64, torch.bfloat16)))
+        assert isinstance(comm.native, cpuinfer._C.ShmComm) and comm.native.world_size == world
         z = torch.full((3,), float(rank))
         assert comm.broadcast_(z, root=world - 1) is z
         out["wrapper/broadcast"] = (digest(z), torch.equal(z, torch.full((3,), float(world - 1))))
@@ -288,6 +297,27 @@ def test_a_missing_peer_at_startup_times_out_and_leaves_nothing():
     assert not os.path.exists(shm_path(name))
     with pytest.raises(RuntimeError, match="rank 0 did not create the shared-memory segment"):
         ShmCommunicator(unique_name(), 1, 2, timeout_s=0.3)
+
+
+def test_a_rank_with_other_sizes_is_refused():
+    """Ranks given different world sizes or buffers: the late one raises, naming both (threads: the constructor
+    releases the GIL)."""
+    name = unique_name()
+    errors = []
+
+    def rank0():
+        try:
+            ShmCommunicator(name, 0, 2, buffer_bytes=8192, timeout_s=2)
+        except RuntimeError as exc:
+            errors.append(str(exc))
+
+    first = threading.Thread(target=rank0)
+    first.start()
+    with pytest.raises(RuntimeError, match="created for 2 ranks with buffer_bytes 8192, but rank 2 was given 3 ranks"):
+        ShmCommunicator(name, 2, 3, buffer_bytes=8192, timeout_s=2)
+    first.join(timeout=10)
+    assert errors and "did not attach" in errors[0], errors
+    assert not os.path.exists(shm_path(name))
 
 
 # --- one process: arguments and the binding's checks -----------------------------------------------------

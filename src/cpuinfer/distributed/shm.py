@@ -72,8 +72,9 @@ class ShmCommunicator:
         self._comm.close()
 
     @property
-    def handle(self):
-        """The kernel library's ShmComm object (the fused decoder layer calls its all-reduce from C++)."""
+    def native(self):
+        """The `_C.ShmComm` behind this communicator, for kernels that take it (keep this object alive while
+        they hold it)."""
         return self._comm
 
     @property

@@ -314,7 +314,7 @@ def fused_layer(
         packed=attn.packed,
     )
     if attn.tp.size > 1:  # o_proj's and down_proj's partial sums meet in the kernel, through the same communicator
-        layer.set_all_reduce(attn.tp.comm.handle)
+        layer.set_all_reduce(attn.tp.comm.native)
     return layer
 
 
