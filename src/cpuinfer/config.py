@@ -218,11 +218,6 @@ class EngineArgs:
 
         for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
             positive(name, getattr(self, name))
-        if self.pipeline_parallel_size != 1:
-            raise ValueError(
-                f"--pipeline-parallel-size={self.pipeline_parallel_size} is not supported yet; use "
-                "--tensor-parallel-size to split a model over NUMA nodes"
-            )
         if self.data_parallel_backend not in DP_BACKENDS:
             raise ValueError(
                 f"--data-parallel-backend={self.data_parallel_backend!r} is not one of {', '.join(DP_BACKENDS)}"
@@ -286,7 +281,17 @@ class EngineArgs:
             from cpuinfer.distributed.tensor_parallel import check_divisible
 
             check_divisible(spec, tp)
-        per_token = spec.kv_bytes_per_token(cache_dtype, tp)  # VLLM_CPU_KVCACHE_SPACE is per rank, as in vLLM
+        pp = self.pipeline_parallel_size
+        if pp > spec.num_layers:
+            raise ValueError(
+                f"--pipeline-parallel-size={pp} exceeds the model's {spec.num_layers} layers (each stage needs one)"
+            )
+        # VLLM_CPU_KVCACHE_SPACE is per rank, as in vLLM; a pipeline stage holds only its layers' caches, and
+        # every rank has the same number of blocks (the scheduler runs once): the largest stage sets it.
+        from cpuinfer.distributed.pipeline import stage_layers
+
+        stage_max = max(b - a for a, b in (stage_layers(spec.num_layers, pp, s) for s in range(pp)))
+        per_token = spec.kv_bytes_per_token(cache_dtype, tp) // spec.num_layers * stage_max
         num_blocks = self.num_gpu_blocks_override or int(space_gib * 2**30) // (per_token * self.block_size)
         max_model_len = self.max_model_len or spec.max_model_len
         if max_model_len > spec.max_model_len:

@@ -60,6 +60,12 @@ def test_defaults_by_use(smol_path, monkeypatch):
     assert offline.num_blocks == int(0.25 * 2**30) // (per_token * 128)
     fp8 = EngineArgs(model=smol_path, kv_cache_dtype="fp8_e5m2").create_engine_config()
     assert fp8.num_blocks == 2 * offline.num_blocks or fp8.num_blocks == 2 * offline.num_blocks + 1
+    # VLLM_CPU_KVCACHE_SPACE is per rank: a stage of a pipeline holds its layers only (30 = 15 + 15; 30 over 4
+    # stages = 7, 8, 8, 7 layers: the largest stage sizes every rank's pool).
+    for pp, layers in ((2, 15), (4, 8)):
+        staged = EngineArgs(model=smol_path, pipeline_parallel_size=pp).create_engine_config()
+        assert staged.kv_bytes_per_token == per_token // 30 * layers
+        assert staged.num_blocks == int(0.25 * 2**30) // (staged.kv_bytes_per_token * 128)
 
 
 @pytest.mark.parametrize(
@@ -67,7 +73,7 @@ def test_defaults_by_use(smol_path, monkeypatch):
     [
         (dict(tensor_parallel_size=2), "tensor-parallel-size=2 cannot split .*9 attention heads"),
         (dict(tensor_parallel_size=0), "tensor-parallel-size=0 must be a positive integer"),
-        (dict(pipeline_parallel_size=2), "pipeline-parallel-size=2 is not supported yet"),
+        (dict(pipeline_parallel_size=31), "pipeline-parallel-size=31 exceeds the model's 30 layers"),
         (dict(data_parallel_backend="mpi"), "data-parallel-backend='mpi' is not one of mp, ray"),
         (dict(data_parallel_size=2, data_parallel_rank=2), r"data-parallel-rank=2 must be in 0\.\.1"),
         (dict(block_size=20), "block-size=20.*multiple of 16"),

@@ -33,8 +33,9 @@ def _env(tp: int) -> dict:
 
 
 def run(*args: str, timeout: float = 240) -> dict:
-    """tp_runs.py's JSON line; the last argument is the tensor-parallel size."""
-    env = _env(int(args[-1]))
+    """tp_runs.py's JSON line; the last argument is the tensor-parallel size ("2") or tp x pp ("2x2")."""
+    tp, _, pp = args[-1].partition("x")
+    env = _env(int(tp) * int(pp or 1))
     proc = subprocess.run(
         [sys.executable, "-m", "tests.engine.tp_runs", *args],
         capture_output=True,

@@ -1,7 +1,9 @@
-"""Runs for test_tensor_parallel, each in a fresh process (`python -m tests.engine.tp_runs MODE ARGS`).
+"""Runs for test_tensor_parallel and test_pipeline_parallel, each in a fresh process
+(`python -m tests.engine.tp_runs MODE ARGS`).
 
-A tensor-parallel engine binds the process it runs in (rank 0) to its cores, so the test process itself
-never hosts one. Each run prints one JSON line with what the test compares.
+A tensor- or pipeline-parallel engine binds the process it runs in (rank 0) to its cores, so the test process
+itself never hosts one. Each run prints one JSON line with what the test compares. The last argument is the
+ranks: "2" (tensor-parallel size) or "2x3" (tensor x pipeline-parallel size).
 """
 
 from __future__ import annotations
@@ -18,25 +20,38 @@ PROMPTS = [
 ]
 
 
-def runner_greedy(path: str, dtype: str, tp: int) -> dict:
+def ranks(size: str) -> tuple[int, int]:
+    """(tensor-parallel, pipeline-parallel size) of "2" or "2x3"."""
+    tp, _, pp = size.partition("x")
+    return int(tp), int(pp or 1)
+
+
+def runner_greedy(path: str, dtype: str, tp: int, pp: int = 1) -> dict:
     """greedy() (tests/models/greedy.py: chunked prefill mixed with decodes, shuffled block tables) on a
-    ModelRunner (tp=1) or a TPExecutor (tp>1); tokens and first-token logits."""
+    ModelRunner (one rank) or a RankExecutor; tokens and first-token logits."""
     from cpuinfer.config import EngineArgs
     from tests.models.greedy import greedy
 
-    args = EngineArgs(model=path, dtype=dtype, block_size=16, num_gpu_blocks_override=64, tensor_parallel_size=tp)
+    args = EngineArgs(
+        model=path,
+        dtype=dtype,
+        block_size=16,
+        num_gpu_blocks_override=64,
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
+    )
     config = args.create_engine_config()
-    if tp == 1:
+    if tp * pp == 1:
         from cpuinfer.worker import ModelRunner
 
         runner = ModelRunner(config.spec, 16, 64, config.cache_dtype)
     else:
-        from cpuinfer.worker.tp_executor import TPExecutor
+        from cpuinfer.worker.tp_executor import RankExecutor
 
-        runner = TPExecutor(config)
+        runner = RankExecutor(config)
     tokens, first = greedy(runner, PROMPTS, 24, batched=True, chunk=7)
     fused = [getattr(layer, "fused", None) is not None for layer in runner_model(runner).layers]
-    if tp > 1:
+    if tp * pp > 1:
         runner.shutdown()
     return {"tokens": tokens, "first": [f.tolist() for f in first], "fused": fused}
 
@@ -45,7 +60,7 @@ def runner_model(runner):
     return getattr(runner, "runner", runner).model
 
 
-def engine_greedy(path: str, dtype: str, kv: str, tp: int) -> dict:
+def engine_greedy(path: str, dtype: str, kv: str, tp: int, pp: int = 1) -> dict:
     """The whole engine (LLM): prefix caching on shared prefixes, prefill chunked by a small token budget,
     preemption from a small KV pool; greedy token ids and the number of preemptions."""
     from cpuinfer import LLM, SamplingParams
@@ -57,6 +72,7 @@ def engine_greedy(path: str, dtype: str, kv: str, tp: int) -> dict:
         dtype=dtype,
         kv_cache_dtype=kv,
         tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
         block_size=16,
         num_gpu_blocks_override=14,  # 224 tokens for 5 sequences of up to 75: some must wait or be preempted
         max_model_len=128,
@@ -112,14 +128,14 @@ def main() -> None:
     torch.set_num_threads(1)
     mode, *args = sys.argv[1:]
     if mode == "runner":
-        path, dtype, tp = args
-        print(json.dumps(runner_greedy(path, dtype, int(tp))))
+        path, dtype, size = args
+        print(json.dumps(runner_greedy(path, dtype, *ranks(size))))
     elif mode == "smol":
         path, tp = args
         print(json.dumps(smol_tp3(path, int(tp))))
     elif mode == "engine":
-        path, dtype, kv, tp = args
-        print(json.dumps(engine_greedy(path, dtype, kv, int(tp))))
+        path, dtype, kv, size = args
+        print(json.dumps(engine_greedy(path, dtype, kv, *ranks(size))))
     else:
         raise SystemExit(f"unknown mode {mode}")
 

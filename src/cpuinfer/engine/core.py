@@ -81,11 +81,11 @@ class EngineCore:
         """Bind threads, load the model and allocate the KV cache as `config` (an EngineConfig) says."""
         from cpuinfer.platform.threads import bind_from_env
         from cpuinfer.worker.model_runner import ModelRunner
-        from cpuinfer.worker.tp_executor import RankPlacement, TPExecutor, global_rank, machine_ranks
+        from cpuinfer.worker.tp_executor import RankExecutor, RankPlacement, global_rank, machine_ranks
 
         spec = config.spec
-        if config.args.tensor_parallel_size > 1:
-            runner = TPExecutor(config)  # binds each rank, this process as rank 0
+        if config.world_size > 1:
+            runner = RankExecutor(config)  # binds each rank, this process as rank 0
             layout = runner.layout
         else:
             binding = bind_from_env(global_rank(config.args, 0), machine_ranks(config.args))

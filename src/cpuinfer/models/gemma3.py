@@ -11,12 +11,15 @@ from .config_utils import head_dim, layer_types
 from .layers import (
     Attention,
     GatedMLP,
-    TokenHead,
     WeightBag,
-    decoder_stack,
+    final_rows,
     finish_layer,
     input_norm,
     norm_weight,
+    stage_head,
+    stage_layer_ids,
+    stage_norm,
+    stage_stack,
 )
 from .llama import _Layer
 from .rotary import cos_sin_cache, rope_parameters
@@ -38,11 +41,13 @@ class Gemma3ForCausalLM:
         types = layer_types(config, n_layers)
         tables = {t: cos_sin_cache(rope_parameters(config, t), hs, max_positions) for t in set(types)}
         bias = bool(config.get("attention_bias", False))
-        embed = bag.take("model.embed_tokens.weight")
         # transformers multiplies by sqrt(hidden) cast to the run dtype; do the same so bf16 matches.
         self.embed_scale = torch.tensor(config["hidden_size"] ** 0.5, dtype=bag.dtype)
+        self.stage = bag.pp
+        self.carry_shape = (2, int(config["hidden_size"]))  # h and the residual stream, between pipeline stages
         self.layers = []
-        for i, kind in enumerate(types):
+        for i in stage_layer_ids(bag, n_layers, "model.layers.{}"):
+            kind = types[i]
             p = f"model.layers.{i}"
             layer = _Layer()
             layer.in_norm = norm_weight(bag, f"{p}.input_layernorm.weight", 1.0)
@@ -68,12 +73,9 @@ class Gemma3ForCausalLM:
             layer.mlp = GatedMLP(bag, f"{p}.mlp", config.get("hidden_activation") or "gelu_pytorch_tanh")
             finish_layer(layer, self.eps)
             self.layers.append(layer)
-        self.norm = norm_weight(bag, "model.norm.weight", 1.0)
-        lm_head = None
-        if bag.has("lm_head.weight") and not config.get("tie_word_embeddings", True):
-            lm_head = bag.take("lm_head.weight")
-        self.head = TokenHead(embed, lm_head, bag.dtype, bag.tp)
-        bag.tensors.pop("lm_head.weight", None)
+        self.norm = stage_norm(bag, "model.norm.weight", 1.0)
+        tied = config.get("tie_word_embeddings", True)
+        self.head = stage_head(bag, "model.embed_tokens.weight", "lm_head.weight", tied)
 
     @torch.inference_mode()
     def forward(
@@ -83,9 +85,14 @@ class Gemma3ForCausalLM:
         meta: AttentionMetadata,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         sample_idx: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """float32 logits for the tokens at sample_idx (all tokens when None)."""
-        h = self.head.embed_tokens(input_ids) * self.embed_scale
+        carry: tuple[torch.Tensor, ...] | None = None,
+    ):
+        """float32 logits for the tokens at sample_idx (all tokens when None); on a pipeline stage, carry and the
+        result of a stage before the last are (h, residual), as LlamaForCausalLM.forward's."""
+        if carry is None:
+            h, residual = self.head.embed_tokens(input_ids) * self.embed_scale, None
+        else:
+            h, residual = carry
 
         def per_op(layer, h, residual, kv):
             h, residual = input_norm(h, residual, layer.in_norm, self.eps)
@@ -95,8 +102,10 @@ class Gemma3ForCausalLM:
             h = layer.mlp(h)
             return ops.rms_norm(h, layer.post_ff_norm, self.eps, out=h), residual
 
-        h = decoder_stack(self.layers, h, positions, meta, kv_caches, sample_idx, self.norm, self.eps, per_op)
-        logits = self.head.logits(h)
+        h, residual = stage_stack(self.layers, h, residual, positions, meta, kv_caches, per_op)
+        if not self.stage.last:
+            return h, residual
+        logits = self.head.logits(final_rows(h, residual, sample_idx, self.norm, self.eps))
         if self.final_soft_cap > 0.0:
             logits = torch.tanh(logits / self.final_soft_cap) * self.final_soft_cap
         return logits

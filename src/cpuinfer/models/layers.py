@@ -12,6 +12,7 @@ import torch
 from .. import envs, ops
 from ..attention import AttentionMetadata, paged_attention, reshape_and_cache
 from ..attention.backend import uses_kernels
+from ..distributed.pipeline import SINGLE_STAGE, PPStage
 from ..distributed.tensor_parallel import SINGLE, TPGroup, kv_head_range, narrow, shard_vocab_rows, vocab_shard
 from ..model_loader.errors import ModelLoadError
 from ..quantization import concat, is_quantized
@@ -20,11 +21,24 @@ from ..quantization import concat, is_quantized
 class WeightBag:
     """The checkpoint's tensors by Hugging Face name; models take() what they need, then check nothing is missing."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor], dtype: torch.dtype, source: str, tp: TPGroup = SINGLE):
+    def __init__(
+        self,
+        tensors: dict[str, torch.Tensor],
+        dtype: torch.dtype,
+        source: str,
+        tp: TPGroup = SINGLE,
+        pp: PPStage = SINGLE_STAGE,
+    ):
         self.tensors = tensors
         self.dtype = dtype
         self.source = source
         self.tp = tp  # this process's tensor-parallel rank: models take only its share of each weight
+        self.pp = pp  # this process's pipeline stage: models take only its layers (and drop() the others)
+
+    def drop(self, prefix: str) -> None:
+        """Forget every tensor whose name starts with prefix (another pipeline stage's layer or table)."""
+        for name in [n for n in self.tensors if n.startswith(prefix)]:
+            del self.tensors[name]
 
     def has(self, name: str) -> bool:
         """True if the checkpoint holds this tensor."""
@@ -318,24 +332,26 @@ def fused_layer(
     return layer
 
 
-def decoder_stack(
+def stage_stack(
     layers: list,
     h: torch.Tensor,
+    residual: torch.Tensor | None,
     positions: torch.Tensor,
     meta: AttentionMetadata,
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-    sample_idx: torch.Tensor | None,
-    final_norm: torch.Tensor,
-    eps: float,
     per_op,
-) -> torch.Tensor:
-    """Every layer, then the final norm of the rows at sample_idx (all rows when None).
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run a pre-norm model's layers (this stage's): (h, residual) of every row after them.
 
     Each layer runs as its fused kernel when the step allows it (bf16/f16 layers, a kernel block size);
-    otherwise per_op(layer, h, residual, kv) -> (h, residual) runs it op by op from Python.
+    otherwise per_op(layer, h, residual, kv) -> (h, residual) runs it op by op from Python. residual: None
+    at the model's first layer (h starts the residual stream), else the stream the previous pipeline stage
+    handed over with h.
     """
     if layers and layers[0].fused is not None and uses_kernels(block_size=meta.block_size):
-        residual = torch.empty_like(h)
+        first = residual is None
+        if first:
+            residual = torch.empty_like(h)
         pos, slots, qsl, lens, tables = (
             positions,
             meta.slot_mapping,
@@ -345,15 +361,59 @@ def decoder_stack(
         )
         for i, (layer, (k, v)) in enumerate(zip(layers, kv_caches, strict=True)):
             layer.fused.forward(
-                h, residual, i == 0, pos, slots, qsl, lens, tables, ops.cache_view(k), ops.cache_view(v)
+                h, residual, first and i == 0, pos, slots, qsl, lens, tables, ops.cache_view(k), ops.cache_view(v)
             )
     else:
-        residual = None
         for layer, kv in zip(layers, kv_caches, strict=True):
             h, residual = per_op(layer, h, residual, kv)
+    return h, residual
+
+
+def final_rows(
+    h: torch.Tensor, residual: torch.Tensor, sample_idx: torch.Tensor | None, final_norm: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """The final norm of (h + residual) at the rows of sample_idx (all rows when None)."""
     h, residual = select_rows(h, sample_idx), select_rows(residual, sample_idx)
     ops.fused_add_rms_norm(h, residual, final_norm, eps)
     return h
+
+
+def stage_layer_ids(bag: WeightBag, num_layers: int, prefix: str) -> list[int]:
+    """The layers this pipeline stage builds (all without a pipeline); the others' tensors are dropped.
+
+    prefix: a layer's tensor-name prefix with {} for its index ("model.layers.{}")."""
+    pp = bag.pp
+    for i in range(num_layers):
+        if not pp.holds(i):
+            bag.drop(prefix.format(i) + ".")
+    return [i for i in range(num_layers) if pp.holds(i)]
+
+
+def stage_head(bag: WeightBag, embed_name: str, lm_head_name: str, tied: bool) -> TokenHead | None:
+    """The TokenHead this pipeline stage needs: all of it without a pipeline; the embedding on the first
+    stage, the lm_head on the last (the embedding table itself when tied); None on a middle stage."""
+    pp = bag.pp
+    tied = tied or not bag.has(lm_head_name)
+    if pp.size == 1:
+        embed = bag.take(embed_name)
+        head = TokenHead(embed, None if tied else bag.take(lm_head_name), bag.dtype, bag.tp)
+    elif pp.first:  # the table serves as the embedding only (its logits are never asked for)
+        head = TokenHead(bag.take(embed_name), None, bag.dtype, bag.tp)
+    elif pp.last:  # the table serves as the lm_head only
+        head = TokenHead(bag.take(embed_name if tied else lm_head_name), None, bag.dtype, bag.tp)
+    else:
+        head = None
+    bag.tensors.pop(embed_name, None)
+    bag.tensors.pop(lm_head_name, None)
+    return head
+
+
+def stage_norm(bag: WeightBag, name: str, offset: float = 0.0) -> torch.Tensor | None:
+    """The final norm's weight on the last pipeline stage (norm_weight), dropped elsewhere (None)."""
+    if bag.pp.last:
+        return norm_weight(bag, name, offset)
+    bag.tensors.pop(name, None)
+    return None
 
 
 def norm_weight(bag: WeightBag, name: str, offset: float = 0.0) -> torch.Tensor:

@@ -10,12 +10,15 @@ from .config_utils import head_dim, sliding_windows
 from .layers import (
     Attention,
     GatedMLP,
-    TokenHead,
     WeightBag,
-    decoder_stack,
+    final_rows,
     finish_layer,
     input_norm,
     norm_weight,
+    stage_head,
+    stage_layer_ids,
+    stage_norm,
+    stage_stack,
 )
 from .rotary import cos_sin_cache, rope_parameters
 
@@ -40,9 +43,10 @@ class LlamaForCausalLM:
         mlp_bias = bool(config.get("mlp_bias", False))
         cos_sin = cos_sin_cache(rope_parameters(config), hs, max_positions, rope_freq_factors)
         windows = sliding_windows(config, n_layers)
-        embed = bag.take("model.embed_tokens.weight")
+        self.stage = bag.pp
+        self.carry_shape = (2, int(config["hidden_size"]))  # h and the residual stream, between pipeline stages
         self.layers = []
-        for i in range(n_layers):
+        for i in stage_layer_ids(bag, n_layers, "model.layers.{}"):
             p = f"model.layers.{i}"
             layer = _Layer()
             layer.in_norm = norm_weight(bag, f"{p}.input_layernorm.weight")
@@ -64,10 +68,9 @@ class LlamaForCausalLM:
             layer.mlp = GatedMLP(bag, f"{p}.mlp", config.get("hidden_act", "silu"), bias=mlp_bias)
             finish_layer(layer, self.eps)
             self.layers.append(layer)
-        self.norm = norm_weight(bag, "model.norm.weight")
-        tied = config.get("tie_word_embeddings", False) or not bag.has("lm_head.weight")
-        self.head = TokenHead(embed, None if tied else bag.take("lm_head.weight"), bag.dtype, bag.tp)
-        bag.tensors.pop("lm_head.weight", None)
+        self.norm = stage_norm(bag, "model.norm.weight")
+        tied = config.get("tie_word_embeddings", False)
+        self.head = stage_head(bag, "model.embed_tokens.weight", "lm_head.weight", tied)
 
     @torch.inference_mode()
     def forward(
@@ -77,9 +80,13 @@ class LlamaForCausalLM:
         meta: AttentionMetadata,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         sample_idx: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """float32 logits for the tokens at sample_idx (all tokens when None)."""
-        h = self.head.embed_tokens(input_ids)
+        carry: tuple[torch.Tensor, ...] | None = None,
+    ):
+        """float32 logits for the tokens at sample_idx (all tokens when None).
+
+        On a pipeline stage: carry is the previous stage's (h, residual) (None on the first stage), and a stage
+        before the last returns its (h, residual) of every token for the next."""
+        h, residual = (self.head.embed_tokens(input_ids), None) if carry is None else carry
 
         def per_op(layer, h, residual, kv):
             h, residual = input_norm(h, residual, layer.in_norm, self.eps)
@@ -87,8 +94,10 @@ class LlamaForCausalLM:
             ops.fused_add_rms_norm(h, residual, layer.post_norm, self.eps)
             return layer.mlp(h), residual
 
-        h = decoder_stack(self.layers, h, positions, meta, kv_caches, sample_idx, self.norm, self.eps, per_op)
-        return self.head.logits(h)
+        h, residual = stage_stack(self.layers, h, residual, positions, meta, kv_caches, per_op)
+        if not self.stage.last:
+            return h, residual
+        return self.head.logits(final_rows(h, residual, sample_idx, self.norm, self.eps))
 
 
 class _Layer:

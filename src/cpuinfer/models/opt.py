@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from .. import ops
 from ..attention import AttentionMetadata
 from ..model_loader.errors import ModelLoadError
-from .layers import Attention, TokenHead, WeightBag, select_rows
+from .layers import Attention, WeightBag, select_rows, stage_head, stage_layer_ids
 
 _ACTS = {"relu": F.relu, "gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh")}
 POSITION_OFFSET = 2  # OPT's learned position table starts at index 2 (a fairseq padding leftover)
@@ -32,9 +32,15 @@ class OPTForCausalLM:
         self.act = _ACTS[act]
         self.hidden = hidden
         p = "model.decoder"
-        embed = bag.take(f"{p}.embed_tokens.weight")
         self.tp = tp = bag.tp
-        self.pos_embed = bag.take(f"{p}.embed_positions.weight")
+        self.stage = pp = bag.pp
+        self.carry_shape = (1, hidden)  # the residual stream, between pipeline stages
+        if not pp.first:  # the token and position embeddings (and project_in) run on the first stage only
+            for name in ("embed_positions.weight", "project_in.weight"):
+                bag.tensors.pop(f"{p}.{name}", None)
+        if not pp.last:
+            bag.tensors.pop(f"{p}.project_out.weight", None)
+        self.pos_embed = bag.take(f"{p}.embed_positions.weight") if pp.first else None
         self.project_in = bag.take_opt(f"{p}.project_in.weight")
         self.project_out = bag.take_opt(f"{p}.project_out.weight")
 
@@ -42,7 +48,7 @@ class OPTForCausalLM:
             return (bag.take(f"{prefix}.weight") if affine else None, bag.take(f"{prefix}.bias") if affine else None)
 
         self.layers = []
-        for i in range(config["num_hidden_layers"]):
+        for i in stage_layer_ids(bag, config["num_hidden_layers"], f"{p}.layers.{{}}"):
             lp = f"{p}.layers.{i}"
             layer = _OPTLayer()
             layer.attn_ln = ln(f"{lp}.self_attn_layer_norm")
@@ -69,10 +75,11 @@ class OPTForCausalLM:
                 layer.fc2_b = None
             self.layers.append(layer)
         has_final = self.pre_norm and not config.get("_remove_final_layer_norm", False)
-        self.final_ln = ln(f"{p}.final_layer_norm") if has_final else None
-        tied = config.get("tie_word_embeddings", True) or not bag.has("lm_head.weight")
-        self.head = TokenHead(embed, None if tied else bag.take("lm_head.weight"), bag.dtype, tp)
-        bag.tensors.pop("lm_head.weight", None)
+        if not pp.last:
+            bag.drop(f"{p}.final_layer_norm.")
+        self.final_ln = ln(f"{p}.final_layer_norm") if has_final and pp.last else None
+        tied = config.get("tie_word_embeddings", True)
+        self.head = stage_head(bag, f"{p}.embed_tokens.weight", "lm_head.weight", tied)
 
     def _ln(self, x: torch.Tensor, wb) -> torch.Tensor:
         return F.layer_norm(x, (self.hidden,), wb[0], wb[1], 1e-5)
@@ -85,12 +92,19 @@ class OPTForCausalLM:
         meta: AttentionMetadata,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         sample_idx: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """float32 logits for the tokens at sample_idx (all tokens when None)."""
-        h = self.head.embed_tokens(input_ids)
-        if self.project_in is not None:
-            h = ops.linear(h, self.project_in)
-        h = h + F.embedding(positions + POSITION_OFFSET, self.pos_embed)
+        carry: tuple[torch.Tensor, ...] | None = None,
+    ):
+        """float32 logits for the tokens at sample_idx (all tokens when None).
+
+        On a pipeline stage: carry is the previous stage's (h,) (None on the first stage), and a stage before
+        the last returns its (h,) of every token for the next."""
+        if carry is None:
+            h = self.head.embed_tokens(input_ids)
+            if self.project_in is not None:
+                h = ops.linear(h, self.project_in)
+            h = h + F.embedding(positions + POSITION_OFFSET, self.pos_embed)
+        else:
+            (h,) = carry
         for layer, kv in zip(self.layers, kv_caches, strict=True):
             x = self._ln(h, layer.attn_ln) if self.pre_norm else h
             h = h + layer.attn(x, positions, meta, kv)
@@ -101,6 +115,8 @@ class OPTForCausalLM:
             h = h + self.tp.all_reduce_(ff)
             if not self.pre_norm:
                 h = self._ln(h, layer.ff_ln)
+        if not self.stage.last:
+            return (h,)
         h = select_rows(h, sample_idx)
         if self.final_ln is not None:
             h = self._ln(h, self.final_ln)

@@ -52,17 +52,19 @@ def describe(architecture: str, config: dict, source: str) -> dict:
     )
 
 
-def build_model(spec, tensors: dict[str, torch.Tensor], extras: dict, tp=None):
+def build_model(spec, tensors: dict[str, torch.Tensor], extras: dict, tp=None, pp=None):
     """Instantiate the model class for spec from its loaded tensors (consumed), checking nothing is left over.
 
-    tp (distributed.tensor_parallel.TPGroup): the tensor-parallel rank whose share of the weights to keep."""
+    tp (distributed.tensor_parallel.TPGroup): the tensor-parallel rank whose share of the weights to keep;
+    pp (distributed.pipeline.PPStage): the pipeline stage whose layers to keep (the others are dropped)."""
+    from ..distributed.pipeline import SINGLE_STAGE
     from ..distributed.tensor_parallel import SINGLE
     from .layers import WeightBag
 
     check_supported(spec.architecture, spec.path)
     module, name = ARCHITECTURES[spec.architecture]
     cls = getattr(importlib.import_module(f"{__package__}.{module}"), name)
-    bag = WeightBag(tensors, spec.dtype, spec.path, tp or SINGLE)
+    bag = WeightBag(tensors, spec.dtype, spec.path, tp or SINGLE, pp or SINGLE_STAGE)
     model = cls(spec.hf_config, bag, spec.max_model_len, extras.get("rope_freq_factors"))
     leftover = [n for n in bag.tensors if not n.endswith("rotary_emb.inv_freq")]
     if leftover:

@@ -15,6 +15,7 @@ import torch
 
 from ..attention import AttentionMetadata
 from ..attention.cache_dtypes import CACHE_DTYPES
+from ..distributed.pipeline import SINGLE_STAGE, PPStage, micro_batches
 from ..distributed.tensor_parallel import SINGLE, TPGroup
 from ..model_loader import ModelSpec, load_weights
 from ..models import build_model
@@ -41,11 +42,14 @@ class ModelRunner:
         num_blocks: int,
         cache_dtype: torch.dtype | str | None = None,
         tp: TPGroup = SINGLE,
+        pp: PPStage = SINGLE_STAGE,
     ):
         """Load weights, allocate the KV cache ([num_blocks, kv_heads, block_size, head_size] K and V per layer).
 
         Under tensor parallelism (tp.size > 1) this process keeps rank tp.rank's share of the weights and its
-        KV heads; every rank runs the same steps, and each returns the full logits."""
+        KV heads; every rank runs the same steps, and each returns the full logits. Under pipeline parallelism
+        (pp.size > 1) it keeps stage pp.stage's layers and their KV caches only; rank 0 (the first stage's
+        tensor-parallel rank 0) gets the logits from the last stage, the other ranks return no rows."""
         if cache_dtype == "auto":
             cache_dtype = None
         elif isinstance(cache_dtype, str):
@@ -62,12 +66,13 @@ class ModelRunner:
         self.cache_dtype = cache_dtype or spec.dtype
         tensors, extras = load_weights(spec)
         self.tp = tp
-        self.model = build_model(spec, tensors, extras, tp)
+        self.pp = pp
+        self.model = build_model(spec, tensors, extras, tp, pp)
         del tensors
         shape = (num_blocks, spec.kv_heads_per_rank(tp.size), block_size, spec.head_size)
         # Huge pages where the OS offers them: attention reads the cache block by block at scattered places.
         self.kv_caches = [
-            (zeros_huge(shape, self.cache_dtype), zeros_huge(shape, self.cache_dtype)) for _ in range(spec.num_layers)
+            (zeros_huge(shape, self.cache_dtype), zeros_huge(shape, self.cache_dtype)) for _ in self.model.layers
         ]
 
     def _prepare(self, seqs: list[ScheduledSeq]):
@@ -129,7 +134,42 @@ class ModelRunner:
             return torch.empty(0, self.spec.vocab_size, dtype=torch.float32)
         if not checked:
             self.check(seqs)
+        if self.pp.size > 1:
+            return self._execute_stage(seqs)
+        return self._forward(seqs)
+
+    def _forward(self, seqs: list[ScheduledSeq], carry=None):
+        """The model over one (micro-)batch: logits, or a stage before the last's activations for the next."""
         input_ids, positions, meta, sample_idx, n_sample = self._prepare(seqs)
         if n_sample == 0:
             sample_idx = torch.empty(0, dtype=torch.int64)
-        return self.model.forward(input_ids, positions, meta, self.kv_caches, sample_idx)
+        if carry is None:
+            return self.model.forward(input_ids, positions, meta, self.kv_caches, sample_idx)
+        return self.model.forward(input_ids, positions, meta, self.kv_caches, sample_idx, carry)
+
+    def _execute_stage(self, seqs: list[ScheduledSeq]) -> torch.Tensor:
+        """This pipeline stage's share of a step: each micro-batch from the previous stage (or the token ids),
+        through this stage's layers, to the next stage; the last stage's logits go to rank 0 once, at the end
+        (distributed.pipeline says why)."""
+        pp = self.pp
+        count, width = self.model.carry_shape
+        outs = []
+        for lo, hi in micro_batches(len(seqs), pp.size):
+            mb = seqs[lo:hi]
+            carry = None
+            if not pp.first:
+                carry = pp.recv(count, sum(len(s.token_ids) for s in mb), width, self.spec.dtype)
+            out = self._forward(mb, carry)
+            if pp.last:
+                outs.append(out)
+            else:
+                pp.send(out)
+        n_sample = sum(s.sample for s in seqs)
+        if pp.last:
+            logits = torch.cat(outs) if len(outs) > 1 else outs[0]
+            if pp.logits is not None:
+                pp.logits.broadcast_(logits.contiguous(), 0)
+            return logits
+        if pp.logits is not None:  # rank 0: the step's logits, from the last stage
+            return pp.logits.broadcast_(torch.empty(n_sample, self.spec.vocab_size, dtype=torch.float32), 0)
+        return torch.empty(0, self.spec.vocab_size, dtype=torch.float32)

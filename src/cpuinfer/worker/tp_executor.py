@@ -1,14 +1,16 @@
 """The ranks of one engine core: rank 0 in the core's own process, ranks 1..N-1 in worker processes.
 
-`TPExecutor` stands where a `ModelRunner` stands in the engine core (`execute(seqs) -> logits`). The
-scheduler runs once, in the core; each step's scheduled sequences go to every worker through its pipe,
-then all ranks run the same forward pass on their share of the weights and KV heads, meeting in the
-shared-memory all-reduces (`cpuinfer.distributed.shm`). Every rank ends with the full logits; rank 0's are
-sampled.
+`RankExecutor` (also importable as `TPExecutor`) stands where a `ModelRunner` stands in the engine core
+(`execute(seqs) -> logits`). There are tp x pp ranks; rank r is pipeline stage r // tp and tensor-parallel
+rank r % tp within it. The scheduler runs once, in the core; each step's scheduled sequences go to every
+worker through its pipe. The ranks of a stage run the same forward pass on their share of its layers'
+weights and KV heads, meeting in their stage's shared-memory all-reduces (`cpuinfer.distributed.shm`);
+the stages hand micro-batches on to each other (`cpuinfer.distributed.pipeline`). Rank 0 ends with the
+full logits and samples them.
 
 Each rank binds its threads and memory first (`VLLM_CPU_OMP_THREADS_BIND`, rank = its global index among
-the data-parallel x tensor-parallel ranks of this machine), then loads the weights, so its share is
-allocated on its own NUMA node.
+the data-parallel x tensor-parallel x pipeline-parallel ranks of this machine), then loads the weights, so
+its share is allocated on its own NUMA node.
 
 Failure: a worker that dies makes rank 0's next all-reduce fail within the communicator's timeout checks
 (a dead peer's pid is noticed within milliseconds); the executor then raises `EngineBrokenError` naming the
@@ -36,18 +38,21 @@ STARTUP_TIMEOUT_S = 600.0  # loading a large checkpoint on a busy machine
 
 @dataclass
 class RankPlacement:
-    """Where one rank runs: its process, its CPUs (None = unbound) and NUMA node."""
+    """Where one rank runs: its process, its CPUs (None = unbound) and NUMA node, its pipeline stage."""
 
     rank: int
     pid: int
     cpus: list[int] | None
     node: int | None
+    stage: int | None = None  # pipeline stage (None without pipeline parallelism)
 
     def describe(self) -> str:
-        """'rank 1 -> cores 16-31 -> NUMA node 1 (pid 123)': platform.threads' line, as `cpuinfer info` shows it."""
+        """'rank 1 -> cores 16-31 -> NUMA node 1 (pid 123)': platform.threads' line, as `cpuinfer info` shows it,
+        with ', pp stage 1' after the pid under pipeline parallelism."""
         from cpuinfer.platform.threads import describe_rank
 
-        return f"{describe_rank(self.rank, self.cpus, self.node)} (pid {self.pid})"
+        stage = "" if self.stage is None else f", pp stage {self.stage}"
+        return f"{describe_rank(self.rank, self.cpus, self.node)} (pid {self.pid}{stage})"
 
 
 @dataclass
@@ -56,44 +61,94 @@ class _Failed:
     message: str
 
 
-def global_rank(args, tp_rank: int) -> int:
-    """This rank's index among every rank on the machine (data-parallel rank x tensor-parallel size + rank)."""
-    return args.data_parallel_rank * args.tensor_parallel_size + tp_rank
+def world_size(args) -> int:
+    """Ranks of one engine core: tensor-parallel x pipeline-parallel size."""
+    return args.tensor_parallel_size * args.pipeline_parallel_size
+
+
+def global_rank(args, rank: int) -> int:
+    """This rank's index among every rank on the machine (data-parallel rank x world size + rank)."""
+    return args.data_parallel_rank * world_size(args) + rank
 
 
 def machine_ranks(args) -> int:
-    """Ranks on this machine: data-parallel engine cores (mp backend) x their tensor-parallel ranks."""
+    """Ranks on this machine: data-parallel engine cores (mp backend) x their tensor x pipeline-parallel ranks."""
     dp = args.data_parallel_size if args.data_parallel_backend == "mp" else 1
-    return dp * args.tensor_parallel_size
+    return dp * world_size(args)
+
+
+def _connect(config, rank: int, name: str):
+    """This rank's communicators: (TPGroup of its stage, PPStage with its links to the neighbouring stages).
+
+    Every rank opens them in the same order (its stage's, the previous stage's link, the next stage's link,
+    the logits' link), so the blocking constructors meet without a cycle."""
+    from cpuinfer.distributed.pipeline import P2P_TIMEOUT_S, PPStage, stage_layers
+    from cpuinfer.distributed.shm import ShmCommunicator
+    from cpuinfer.distributed.tensor_parallel import TPGroup
+
+    tp, pp = config.args.tensor_parallel_size, config.args.pipeline_parallel_size
+    stage, t = divmod(rank, tp)
+    group = TPGroup(t, tp, ShmCommunicator(f"{name}t{stage}", t, tp) if tp > 1 else None)
+    if pp == 1:
+        return group, PPStage()
+    try:
+
+        def link(sender: int, me: int, suffix: str):
+            return ShmCommunicator(f"{name}{suffix}{sender}", me, 2, timeout_s=P2P_TIMEOUT_S)
+
+        prev = link(rank - tp, 1, "p") if stage > 0 else None
+        nxt = link(rank, 0, "p") if stage < pp - 1 else None
+        logits = None
+        if rank == 0:
+            logits = link((pp - 1) * tp, 1, "l")
+        elif stage == pp - 1 and t == 0:
+            logits = link(rank, 0, "l")
+        start, end = stage_layers(config.spec.num_layers, pp, stage)
+        return group, PPStage(stage, pp, start, end, prev, nxt, logits)
+    except BaseException:
+        if group.comm is not None:
+            group.comm.close()
+        raise
 
 
 def _build_rank(config, rank: int, comm_name: str):
-    """Bind, attach to the communicator, load this rank's share; returns (runner, binding)."""
-    from cpuinfer.distributed.shm import ShmCommunicator
-    from cpuinfer.distributed.tensor_parallel import TPGroup
+    """Bind, attach to the communicators, load this rank's share; returns (runner, binding)."""
     from cpuinfer.platform.threads import bind_from_env
     from cpuinfer.worker.model_runner import ModelRunner
 
     args = config.args
     binding = bind_from_env(global_rank(args, rank), machine_ranks(args))
-    size = args.tensor_parallel_size
-    comm = ShmCommunicator(comm_name, rank, size)
-    runner = ModelRunner(
-        config.spec, config.block_size, config.num_blocks, config.cache_dtype, TPGroup(rank, size, comm)
-    )
+    tp, pp = _connect(config, rank, comm_name)
+    try:
+        runner = ModelRunner(config.spec, config.block_size, config.num_blocks, config.cache_dtype, tp, pp)
+    except BaseException:
+        _close(tp, pp)
+        raise
     return runner, binding
 
 
+def _close(tp, pp) -> None:
+    """Close every communicator of a rank (peers waiting on it fail at once)."""
+    for comm in (tp.comm, *pp.comms()):
+        if comm is not None:
+            comm.close()
+
+
+def _placement(config, rank: int, binding) -> RankPlacement:
+    stage = rank // config.args.tensor_parallel_size if config.args.pipeline_parallel_size > 1 else None
+    return RankPlacement(rank, os.getpid(), binding.cpus, binding.node, stage)
+
+
 def _worker_main(args, rank: int, comm_name: str, conn) -> None:
-    """Entry point of tensor-parallel rank `rank` >= 1: build, report, then run every step rank 0 sends."""
+    """Entry point of rank `rank` >= 1: build, report, then run every step rank 0 sends."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the engine core decides when ranks stop
-    logging.basicConfig(level=logging.INFO, format=f"%(levelname)s %(asctime)s tp-rank-{rank}: %(message)s")
+    logging.basicConfig(level=logging.INFO, format=f"%(levelname)s %(asctime)s rank-{rank}: %(message)s")
     try:
         config = args.create_engine_config(serving=False)
         runner, binding = _build_rank(config, rank, comm_name)
-        conn.send(RankPlacement(rank, os.getpid(), binding.cpus, binding.node))
+        conn.send(_placement(config, rank, binding))
     except BaseException as exc:  # report, then die
-        logger.critical("tensor-parallel rank %d failed to start", rank, exc_info=exc)
+        logger.critical("rank %d failed to start", rank, exc_info=exc)
         with contextlib.suppress(OSError):
             conn.send(_Failed(rank, f"{type(exc).__name__}: {exc}"))
         return
@@ -106,21 +161,21 @@ def _worker_main(args, rank: int, comm_name: str, conn) -> None:
     except (EOFError, OSError, KeyboardInterrupt):
         return  # rank 0 is gone
     except BaseException:
-        logger.critical("tensor-parallel rank %d failed in a step and exits", rank, exc_info=True)
+        logger.critical("rank %d failed in a step and exits", rank, exc_info=True)
         raise
     finally:
-        runner.tp.comm.close()
+        _close(runner.tp, runner.pp)
 
 
-class TPExecutor:
-    """Runs every step on all tensor-parallel ranks; `execute` returns rank 0's logits."""
+class RankExecutor:
+    """Runs every step on all tensor x pipeline-parallel ranks; `execute` returns rank 0's logits."""
 
     def __init__(self, config):
         from cpuinfer.distributed.shm import unique_name
         from cpuinfer.platform.threads import describe_layout
 
         args = config.args
-        self.size = args.tensor_parallel_size
+        self.size = world_size(args)
         self.workers: list[tuple[mp.Process, object]] = []
         describe_layout(machine_ranks(args))  # a binding no rank can take fails here, once, before any starts
         name = unique_name()
@@ -128,19 +183,19 @@ class TPExecutor:
         for rank in range(1, self.size):
             parent, child = ctx.Pipe()
             proc = ctx.Process(
-                target=_worker_main, args=(args, rank, name, child), name=f"cpuinfer-tp-rank-{rank}", daemon=True
+                target=_worker_main, args=(args, rank, name, child), name=f"cpuinfer-rank-{rank}", daemon=True
             )
             _start(proc)
             child.close()
             self.workers.append((proc, parent))
         try:
             self.runner, binding = _build_rank(config, 0, name)
-            self.layout = [RankPlacement(0, os.getpid(), binding.cpus, binding.node), *self._wait_ready()]
+            self.layout = [_placement(config, 0, binding), *self._wait_ready()]
         except BaseException:
             self.shutdown()
             raise
         for r in self.layout:
-            logger.info("tensor-parallel %s", r.describe())
+            logger.info("%s", r.describe())
 
     @property
     def spec(self):
@@ -163,12 +218,12 @@ class TPExecutor:
         for rank, (proc, conn) in enumerate(self.workers, start=1):
             while not conn.poll(0.2):
                 if not proc.is_alive():
-                    raise RuntimeError(f"tensor-parallel rank {rank} exited with code {proc.exitcode} while starting")
+                    raise RuntimeError(f"rank {rank} exited with code {proc.exitcode} while starting")
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"tensor-parallel rank {rank} did not start within {STARTUP_TIMEOUT_S:.0f} s")
+                    raise RuntimeError(f"rank {rank} did not start within {STARTUP_TIMEOUT_S:.0f} s")
             msg = conn.recv()
             if isinstance(msg, _Failed):
-                raise RuntimeError(f"tensor-parallel rank {rank} failed to start: {msg.message}")
+                raise RuntimeError(f"rank {rank} failed to start: {msg.message}")
             ready.append(msg)
         return ready
 
@@ -186,7 +241,7 @@ class TPExecutor:
             return self.runner.execute(seqs, checked=True)
         except Exception as exc:
             dead = self.dead_ranks()
-            what = f"tensor-parallel {dead}" if dead else f"a tensor-parallel step failed on rank 0 ({exc})"
+            what = f"parallel {dead}" if dead else f"a parallel step failed on rank 0 ({exc})"
             raise EngineBrokenError(f"{what}; the ranks are out of step and the engine stops") from exc
 
     def dead_ranks(self) -> str:
@@ -211,10 +266,13 @@ class TPExecutor:
         self.workers = []
         runner = getattr(self, "runner", None)
         if runner is not None:
-            runner.tp.comm.close()
+            _close(runner.tp, runner.pp)
 
     def __del__(self):
         self.shutdown()
+
+
+TPExecutor = RankExecutor  # its name before pipeline parallelism
 
 
 def _start(proc: mp.Process) -> None:
