@@ -1,0 +1,149 @@
+"""Pipeline parallelism (-pp 2, -pp 3, -tp 2 -pp 2) against one rank, on 4-layer tiny checkpoints.
+
+Each run is a fresh process (tests/engine/tp_runs.py), as for tensor parallelism; ranks get one CPU each
+(the machine's first two, shared when there are more ranks than CPUs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from tests.engine.test_tensor_parallel import _env, _wait_gone, run
+from tests.models.test_tiny_models import CASES
+
+transformers = pytest.importorskip("transformers")
+
+
+def _deep_checkpoint(tmp_path_factory, name: str, layers: int = 4) -> str:
+    """test_tiny_models' checkpoint of `name` with `layers` layers (two per stage at -pp 2)."""
+    cls_name, kwargs = CASES[name]
+    kwargs = dict(kwargs, num_hidden_layers=layers)
+    if "layer_types" in kwargs:
+        kwargs["layer_types"] = (kwargs["layer_types"] * layers)[:layers]
+    config = getattr(transformers, cls_name)(**kwargs)
+    torch.manual_seed(1234)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().eval()
+    path = tmp_path_factory.mktemp(f"{name}{layers}")
+    model.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    return {name: _deep_checkpoint(tmp_path_factory, name) for name in ("llama", "gemma3", "opt")}
+
+
+def test_stage_split_and_micro_batches():
+    """vLLM's layer split (the remainder to the stages before the last) and the micro-batch split."""
+    from cpuinfer.distributed.pipeline import micro_batches, stage_layers
+
+    assert [stage_layers(30, 4, s) for s in range(4)] == [(0, 7), (7, 15), (15, 23), (23, 30)]
+    assert [stage_layers(5, 2, s) for s in range(2)] == [(0, 3), (3, 5)]
+    assert [stage_layers(4, 3, s) for s in range(3)] == [(0, 1), (1, 3), (3, 4)]
+    assert micro_batches(1, 2) == [(0, 1)]
+    assert micro_batches(5, 2) == [(0, 2), (2, 5)]
+    assert micro_batches(2, 4) == [(0, 1), (1, 2)]
+
+
+# llama: tied embedding (on both the first and the last stage); gemma3: scaled embedding, sandwich norms,
+# soft-capped logits; opt: no residual stream (h alone crosses), learned positions on the first stage only.
+@pytest.mark.parametrize("name", ["llama", "gemma3", "opt"])
+def test_float32_pp2_gives_pp1_tokens(checkpoints, name):
+    """float32: token for token with chunked prefill mixed with decodes (steps of 2 and 3 sequences run as
+    micro-batches), each stage holding two of the four layers."""
+    one = run("runner", checkpoints[name], "float32", "1")
+    two = run("runner", checkpoints[name], "float32", "1x2")
+    assert two["tokens"] == one["tokens"]
+    assert len(two["fused"]) == 2  # rank 0 built its two layers only
+    torch.testing.assert_close(torch.tensor(two["first"]), torch.tensor(one["first"]), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("size", ["1x3", "2x2"])
+def test_float32_three_stages_and_tp2_pp2(checkpoints, size):
+    """Three stages (1, 2, 1 layers: a middle stage with neither embedding nor head), and TP=2 x PP=2 (four
+    ranks): the same tokens as one rank."""
+    one = run("runner", checkpoints["llama"], "float32", "1")
+    many = run("runner", checkpoints["llama"], "float32", size, timeout=400)
+    assert many["tokens"] == one["tokens"]
+    torch.testing.assert_close(torch.tensor(many["first"]), torch.tensor(one["first"]), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma3"])
+def test_bfloat16_pp2_fused_layers(checkpoints, name):
+    """bf16 runs the fused decoder layer on both stages (the second stage's first layer continues the residual
+    stream it received): first-token logits within the bf16 tolerance of the other tests."""
+    one = run("runner", checkpoints[name], "bfloat16", "1")
+    two = run("runner", checkpoints[name], "bfloat16", "1x2")
+    assert all(two["fused"]) and all(one["fused"])
+    for a, b in zip(two["first"], one["first"], strict=True):
+        a, b = torch.tensor(a), torch.tensor(b)
+        assert (a - b).abs().max() <= 0.05 * b.abs().max()
+
+
+@pytest.mark.parametrize("kv", ["auto", "fp8_e5m2"])
+def test_engine_features_under_pp2(checkpoints, kv):
+    """The whole engine (prefix caching, chunked prefill, preemption, an fp8 KV cache) over two stages."""
+    one = run("engine", checkpoints["llama"], "float32", kv, "1")
+    two = run("engine", checkpoints["llama"], "float32", kv, "1x2")
+    assert two["tokens"] == one["tokens"]
+    assert two["preemptions"] > 0 and two["prefix_hits"] > 0
+
+
+def test_too_many_stages_are_refused(checkpoints):
+    from cpuinfer.config import EngineArgs
+
+    with pytest.raises(ValueError, match=r"--pipeline-parallel-size=5 exceeds the model's 4 layers"):
+        EngineArgs(model=checkpoints["llama"], pipeline_parallel_size=5).create_engine_config()
+
+
+@pytest.fixture
+def pp_engine(checkpoints, monkeypatch):
+    for k, v in _env(2).items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.01")
+    from cpuinfer.config import EngineArgs
+    from cpuinfer.engine.async_llm import AsyncLLM
+
+    args = EngineArgs(model=checkpoints["llama"], pipeline_parallel_size=2, block_size=16)
+    engine = AsyncLLM.from_engine_args(args)
+    yield engine
+    engine.shutdown()
+
+
+def test_the_last_stage_killed_mid_step_fails_the_engine_fast(pp_engine):
+    """SIGKILL rank 1 (the last stage) while a request streams: the stream fails with EngineDeadError naming
+    it within seconds (rank 0 waits on it for the logits and sees its pid gone), and the core exits."""
+    from cpuinfer.errors import EngineDeadError
+    from cpuinfer.sampling_params import SamplingParams
+
+    layout = pp_engine.layout
+    assert [(p.rank, p.stage) for p in layout] == [(0, 0), (1, 1)]
+    assert "pp stage 1" in layout[1].describe()
+    worker = layout[1].pid
+
+    async def go():
+        stream = pp_engine.add_request("long", [5, 6, 7], SamplingParams(max_tokens=400, ignore_eos=True))
+        await stream.__anext__()
+        os.kill(worker, signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(EngineDeadError, match="rank 1") as err:
+            async for _ in stream:
+                pass
+        return time.monotonic() - t0, str(err.value)
+
+    elapsed, message = asyncio.run(go())
+    assert elapsed < 10, message
+    assert _wait_gone(layout[0].pid, 10), "the engine core did not exit"
+
+
+def test_the_first_stage_killed_stops_the_last(pp_engine):
+    """SIGKILL the engine core (rank 0, the first stage): the last stage exits within seconds."""
+    worker = pp_engine.layout[1].pid
+    os.kill(pp_engine.pid, signal.SIGKILL)
+    assert _wait_gone(worker, 10), "pipeline stage 1 outlived rank 0"
