@@ -155,6 +155,13 @@ FUSED_LAYERS = EnvVar(
     True,
     "Run each bf16/f16 decoder layer as one kernel call (0 = the per-op Python path, for debugging).",
 )
+PP_MICRO_BATCHES = EnvVar(
+    ("CPUINFER_PP_MICRO_BATCHES",),
+    parse_nonneg_int,
+    0,
+    "Micro-batches per step under pipeline parallelism (0: one per stage, for steps of 64 tokens per micro-batch "
+    "or more; N: up to N whatever the step's size; 1: no overlap).",
+)
 GGUF_DEQUANTIZE = EnvVar(
     ("CPUINFER_GGUF_DEQUANTIZE",),
     parse_bool,
@@ -177,6 +184,7 @@ ALL: tuple[EnvVar, ...] = (
     NUM_OF_RESERVED_CPU,
     VISIBLE_MEMORY_NODES,
     FUSED_LAYERS,
+    PP_MICRO_BATCHES,
     GGUF_DEQUANTIZE,
     API_KEY,
 )

@@ -18,6 +18,8 @@ from tests.engine.test_tensor_parallel import _env, _wait_gone, run
 from tests.models.test_tiny_models import CASES
 
 transformers = pytest.importorskip("transformers")
+# The tests' steps are small (a few tokens per sequence): split them anyway, so micro-batches are exercised.
+SPLIT = {"CPUINFER_PP_MICRO_BATCHES": "3"}
 
 
 def _deep_checkpoint(tmp_path_factory, name: str, layers: int = 4) -> str:
@@ -46,9 +48,13 @@ def test_stage_split_and_micro_batches():
     assert [stage_layers(30, 4, s) for s in range(4)] == [(0, 7), (7, 15), (15, 23), (23, 30)]
     assert [stage_layers(5, 2, s) for s in range(2)] == [(0, 3), (3, 5)]
     assert [stage_layers(4, 3, s) for s in range(3)] == [(0, 1), (1, 3), (3, 4)]
-    assert micro_batches(1, 2) == [(0, 1)]
-    assert micro_batches(5, 2) == [(0, 2), (2, 5)]
-    assert micro_batches(2, 4) == [(0, 1), (1, 2)]
+    assert micro_batches([200], 2) == [(0, 1)]  # one sequence: one micro-batch
+    assert micro_batches([1] * 16, 2) == [(0, 16)]  # a decode step: not split (memory-bound)
+    assert micro_batches([1] * 16, 2, min_tokens=1) == [(0, 8), (8, 16)]
+    assert micro_batches([128, 128], 4) == [(0, 1), (1, 2)]
+    assert micro_batches([100, 1, 1, 1, 90, 1], 2) == [(0, 1), (1, 6)]  # near-equal tokens
+    assert micro_batches([7, 1, 1], 3, min_tokens=1) == [(0, 1), (1, 2), (2, 3)]
+    assert micro_batches([1, 1, 7], 3, min_tokens=1) == [(0, 1), (1, 2), (2, 3)]
 
 
 # llama: tied embedding (on both the first and the last stage); gemma3: scaled embedding, sandwich norms,
@@ -58,7 +64,7 @@ def test_float32_pp2_gives_pp1_tokens(checkpoints, name):
     """float32: token for token with chunked prefill mixed with decodes (steps of 2 and 3 sequences run as
     micro-batches), each stage holding two of the four layers."""
     one = run("runner", checkpoints[name], "float32", "1")
-    two = run("runner", checkpoints[name], "float32", "1x2")
+    two = run("runner", checkpoints[name], "float32", "1x2", env=SPLIT)
     assert two["tokens"] == one["tokens"]
     assert len(two["fused"]) == 2  # rank 0 built its two layers only
     torch.testing.assert_close(torch.tensor(two["first"]), torch.tensor(one["first"]), atol=1e-4, rtol=1e-4)
@@ -69,7 +75,7 @@ def test_float32_three_stages_and_tp2_pp2(checkpoints, size):
     """Three stages (1, 2, 1 layers: a middle stage with neither embedding nor head), and TP=2 x PP=2 (four
     ranks): the same tokens as one rank."""
     one = run("runner", checkpoints["llama"], "float32", "1")
-    many = run("runner", checkpoints["llama"], "float32", size, timeout=400)
+    many = run("runner", checkpoints["llama"], "float32", size, timeout=400, env=SPLIT)
     assert many["tokens"] == one["tokens"]
     torch.testing.assert_close(torch.tensor(many["first"]), torch.tensor(one["first"]), atol=1e-4, rtol=1e-4)
 
@@ -79,7 +85,7 @@ def test_bfloat16_pp2_fused_layers(checkpoints, name):
     """bf16 runs the fused decoder layer on both stages (the second stage's first layer continues the residual
     stream it received): first-token logits within the bf16 tolerance of the other tests."""
     one = run("runner", checkpoints[name], "bfloat16", "1")
-    two = run("runner", checkpoints[name], "bfloat16", "1x2")
+    two = run("runner", checkpoints[name], "bfloat16", "1x2", env=SPLIT)
     assert all(two["fused"]) and all(one["fused"])
     for a, b in zip(two["first"], one["first"], strict=True):
         a, b = torch.tensor(a), torch.tensor(b)
@@ -90,7 +96,7 @@ def test_bfloat16_pp2_fused_layers(checkpoints, name):
 def test_engine_features_under_pp2(checkpoints, kv):
     """The whole engine (prefix caching, chunked prefill, preemption, an fp8 KV cache) over two stages."""
     one = run("engine", checkpoints["llama"], "float32", kv, "1")
-    two = run("engine", checkpoints["llama"], "float32", kv, "1x2")
+    two = run("engine", checkpoints["llama"], "float32", kv, "1x2", env=SPLIT)
     assert two["tokens"] == one["tokens"]
     assert two["preemptions"] > 0 and two["prefix_hits"] > 0
 

@@ -32,10 +32,11 @@ def _env(tp: int) -> dict:
     return env
 
 
-def run(*args: str, timeout: float = 240) -> dict:
-    """tp_runs.py's JSON line; the last argument is the tensor-parallel size ("2") or tp x pp ("2x2")."""
+def run(*args: str, timeout: float = 240, env: dict | None = None) -> dict:
+    """tp_runs.py's JSON line; the last argument is the tensor-parallel size ("2") or tp x pp ("2x2"); env: more
+    variables."""
     tp, _, pp = args[-1].partition("x")
-    env = _env(int(tp) * int(pp or 1))
+    env = {**_env(int(tp) * int(pp or 1)), **(env or {})}
     proc = subprocess.run(
         [sys.executable, "-m", "tests.engine.tp_runs", *args],
         capture_output=True,

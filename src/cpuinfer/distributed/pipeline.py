@@ -16,6 +16,7 @@ hand its next micro-batch on, a cycle.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,11 @@ import torch
 # A stage may wait for its predecessor's whole micro-batch (a long prefill on a slow CPU): a dead peer is
 # still noticed within milliseconds (its pid), this bounds only a live peer that never arrives.
 P2P_TIMEOUT_S = 600.0
+# A decode step is memory-bound: each micro-batch streams the stage's weights again, so splitting 16 decodes
+# into 2 micro-batches made a 2-stage SmolLM2 step 1.21x slower on 2 AVX2 cores, while 2 x 128 prefill tokens
+# ran in 0.77x the time (benchmarks/bench_pipeline.py; 0.75 is perfect overlap). Micro-batches of fewer
+# tokens than this are not split off.
+MIN_MICRO_TOKENS = 64
 
 
 def stage_layers(num_layers: int, pp: int, stage: int) -> tuple[int, int]:
@@ -35,11 +41,22 @@ def stage_layers(num_layers: int, pp: int, stage: int) -> tuple[int, int]:
     return start, start + sizes[stage]
 
 
-def micro_batches(n: int, pp: int) -> list[tuple[int, int]]:
-    """[lo, hi) of each micro-batch of a step of n sequences: up to pp near-equal runs, in order (every rank
-    computes the same split)."""
-    k = max(1, min(n, pp))
-    return [(i * n // k, (i + 1) * n // k) for i in range(k)]
+def micro_batches(lens: list[int], most: int, min_tokens: int = MIN_MICRO_TOKENS) -> list[tuple[int, int]]:
+    """[lo, hi) of each micro-batch of a step whose sequences compute lens[i] tokens: up to `most` runs of
+    consecutive sequences with near-equal token counts, each of at least min_tokens (every rank computes the
+    same split from the same step)."""
+    n, total = len(lens), sum(lens)
+    k = max(1, min(n, most, total // max(1, min_tokens)))
+    bounds, acc, m = [0], 0, 0
+    for j in range(1, k):
+        while m < n and (acc + lens[m] / 2) < total * j / k:  # a sequence goes where most of its tokens fall
+            acc += lens[m]
+            m += 1
+        m = min(max(m, bounds[-1] + 1), n - (k - j))
+        acc = sum(lens[:m])
+        bounds.append(m)
+    bounds.append(n)
+    return list(itertools.pairwise(bounds))
 
 
 @dataclass(frozen=True)
@@ -53,6 +70,8 @@ class PPStage:
     prev: Any = None  # ShmCommunicator with rank (stage - 1, t): this rank is its rank 1
     next: Any = None  # ShmCommunicator with rank (stage + 1, t): this rank is its rank 0
     logits: Any = None  # last stage's tp rank 0 (rank 0 of it) -> global rank 0 (rank 1 of it)
+    micro: int = 1  # most micro-batches per step (every rank has the same)
+    min_tokens: int = MIN_MICRO_TOKENS  # fewest tokens of a micro-batch split off
 
     @property
     def first(self) -> bool:

@@ -154,7 +154,7 @@ class ModelRunner:
         pp = self.pp
         count, width = self.model.carry_shape
         outs = []
-        for lo, hi in micro_batches(len(seqs), pp.size):
+        for lo, hi in micro_batches([len(s.token_ids) for s in seqs], pp.micro, pp.min_tokens):
             mb = seqs[lo:hi]
             carry = None
             if not pp.first:

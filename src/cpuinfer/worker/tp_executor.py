@@ -29,6 +29,7 @@ import signal
 import time
 from dataclasses import dataclass
 
+from cpuinfer import envs
 from cpuinfer.errors import EngineBrokenError
 
 logger = logging.getLogger("cpuinfer.distributed")
@@ -82,7 +83,7 @@ def _connect(config, rank: int, name: str):
 
     Every rank opens them in the same order (its stage's, the previous stage's link, the next stage's link,
     the logits' link), so the blocking constructors meet without a cycle."""
-    from cpuinfer.distributed.pipeline import P2P_TIMEOUT_S, PPStage, stage_layers
+    from cpuinfer.distributed.pipeline import MIN_MICRO_TOKENS, P2P_TIMEOUT_S, PPStage, stage_layers
     from cpuinfer.distributed.shm import ShmCommunicator
     from cpuinfer.distributed.tensor_parallel import TPGroup
 
@@ -104,7 +105,9 @@ def _connect(config, rank: int, name: str):
         elif stage == pp - 1 and t == 0:
             logits = link(rank, 0, "l")
         start, end = stage_layers(config.spec.num_layers, pp, stage)
-        return group, PPStage(stage, pp, start, end, prev, nxt, logits)
+        forced = envs.PP_MICRO_BATCHES.get()  # set: that many micro-batches whatever the step's size
+        min_tokens = 1 if forced else MIN_MICRO_TOKENS
+        return group, PPStage(stage, pp, start, end, prev, nxt, logits, forced or pp, min_tokens)
     except BaseException:
         if group.comm is not None:
             group.comm.close()
