@@ -115,7 +115,7 @@ def test_a_killed_core_fails_its_requests_and_the_other_keeps_serving():
         threads = []
         for i in range(2):  # the second goes to the other core: it is the less loaded one
             threads.append(raw_stream(server, events[i], max_tokens=300))
-            wait_routed(server, i + 1)
+            wait_routed(server, i + 1, i + 1)
         text = scrape(server)
         assert [core_metric(text, "cpuinfer:engine_core_requests_routed_total", r) for r in (0, 1)] == [1, 1]
 
@@ -157,16 +157,16 @@ def test_a_killed_core_fails_its_requests_and_the_other_keeps_serving():
         assert "every data-parallel engine core died" in server.log()
 
 
-def wait_routed(server, n: int, timeout: float = 60) -> None:
-    """Until `n` requests were routed in all and all of them are running."""
+def wait_routed(server, routed: int, running: int, timeout: float = 60) -> None:
+    """Until `routed` requests were routed since start and `running` of them run."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         text = scrape(server)
-        routed = sum(core_metric(text, "cpuinfer:engine_core_requests_routed_total", r) for r in (0, 1))
-        if routed >= n and metric(text, "vllm:num_requests_running") >= n:
+        now = sum(core_metric(text, "cpuinfer:engine_core_requests_routed_total", r) for r in (0, 1))
+        if now >= routed and metric(text, "vllm:num_requests_running") >= running:
             return
         time.sleep(0.05)
-    raise AssertionError(f"never saw {n} requests running")
+    raise AssertionError(f"never saw {routed} requests routed and {running} running")
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 
 from cpuinfer import envs
 from cpuinfer.engine.ray_core import RayCorePlace
@@ -23,14 +24,33 @@ logger = logging.getLogger("cpuinfer.engine")
 PLACEMENT_TIMEOUT_S = 120.0  # for Ray to reserve every bundle (nodes may still be joining)
 
 
+def _check_reachable(address: str) -> None:
+    """A clear error for a RAY_ADDRESS nobody listens on (ray.init would retry for minutes)."""
+    host, _, port = address.rpartition(":")
+    if "://" in address or not host or not port.isdigit():
+        return  # "auto", ray://..., or a form Ray resolves itself
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as exc:
+        raise ValueError(
+            f"cannot reach the Ray cluster at RAY_ADDRESS={address} ({exc.strerror or exc}): start it with "
+            "`ray start --head` (and `ray start --address=<head>:6379` on the other machines), or fix RAY_ADDRESS"
+        ) from None
+
+
 def connect() -> None:
     """ray.init() unless this process is connected already."""
     import ray
 
     if ray.is_initialized():
         return
-    where = os.environ.get("RAY_ADDRESS") or "a running cluster on this machine, else a new local one"
+    address = os.environ.get("RAY_ADDRESS", "")
+    if address:
+        _check_reachable(address)
+    where = address or "a running cluster on this machine, else a new local one"
     logger.info("connecting to Ray (%s)", where)
+    # Ray's driver prints a stack dump on every SIGTERM, which for a server is the normal way to stop.
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     ray.init(log_to_driver=True)
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     logger.info("Ray cluster: %d alive node(s), %g CPUs", len(nodes), sum(n["Resources"].get("CPU", 0) for n in nodes))

@@ -26,7 +26,7 @@ from cpuinfer.engine.messages import EngineStats, merge_stats
 from cpuinfer.entrypoints.openai.dp_router import NoLiveCoreError, PrefixAwareRouter
 from cpuinfer.entrypoints.openai.engine_adapter import ChoiceDelta, CoreState, EngineAdapter
 from cpuinfer.entrypoints.openai.engine_binding import AsyncLLMAdapter, local_cpus, pin_front_end
-from cpuinfer.errors import EngineDeadError
+from cpuinfer.errors import EngineDeadError, EngineOverloadedError
 from cpuinfer.sampling_params import SamplingParams
 
 logger = logging.getLogger("cpuinfer.server")
@@ -92,7 +92,7 @@ class DataParallelAdapter(EngineAdapter):
     def submit(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
     ) -> AsyncIterator[list[ChoiceDelta]]:
-        """Start the request on the core the router picks (another if that one turns out dead)."""
+        """Start the request on the core the router picks (another if that one turns out dead or full)."""
         loads: list[int | None] = [c.engine.num_unfinished_seqs() if c.healthy else None for c in self.cores]
         while True:
             try:
@@ -104,6 +104,11 @@ class DataParallelAdapter(EngineAdapter):
             except EngineDeadError:  # died since the loads were read
                 loads[rank] = None
                 continue
+            except EngineOverloadedError:  # its queue is full: another core's may not be (prefix affinity)
+                loads[rank] = None
+                if any(load is not None for load in loads):
+                    continue
+                raise
             self._where[request_id] = rank
             return self._tracked(request_id, rank, stream)
 

@@ -19,6 +19,7 @@ from cpuinfer.engine.messages import EngineStats
 from cpuinfer.entrypoints.openai.engine_adapter import ChoiceDelta, CoreState, EngineAdapter, TokenLogprob
 from cpuinfer.entrypoints.openai.tokenization import Tokenization
 from cpuinfer.errors import EngineDeadError
+from cpuinfer.platform.topology import format_cpu_list
 from cpuinfer.sampling_params import SamplingParams
 
 logger = logging.getLogger("cpuinfer.server")
@@ -142,18 +143,6 @@ class AsyncLLMAdapter(EngineAdapter):
         await asyncio.to_thread(self.engine.shutdown)
 
 
-def fmt_cpus(cpus: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2,5'."""
-    out, start = [], None
-    for i, c in enumerate(cpus):
-        if start is None:
-            start = c
-        if i + 1 == len(cpus) or cpus[i + 1] != c + 1:
-            out.append(str(start) if start == c else f"{start}-{c}")
-            start = None
-    return ",".join(out)
-
-
 def pin_front_end(inference_cpus: set[int]) -> None:
     """Move this process's threads off the inference cores, onto the reserved ones (if any are left)."""
     if not inference_cpus:
@@ -165,7 +154,9 @@ def pin_front_end(inference_cpus: set[int]) -> None:
         with contextlib.suppress(OSError):  # the thread ended since listdir
             os.sched_setaffinity(int(tid), front)
     logger.info(
-        "front end pinned to CPUs %s (inference cores: %s)", fmt_cpus(sorted(front)), fmt_cpus(sorted(inference_cpus))
+        "front end pinned to CPUs %s (inference cores: %s)",
+        format_cpu_list(sorted(front)),
+        format_cpu_list(sorted(inference_cpus)),
     )
 
 
