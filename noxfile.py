@@ -4,6 +4,7 @@
                              emulated_avx2, cross
     nox -s tests             pytest against the release wheel (built first unless dist/ has one of these sources)
     nox -s lint              ruff
+    nox -s ray               data parallelism on a two-node Ray cluster on this machine (the ray extra)
     nox -s cross -- aarch64  C++ kernel tests of every aarch64 variant under qemu-aarch64
                              (also: s390x, apple (Apple variants via clang), avx512 (SIMDe);
                              no argument: all four)
@@ -104,6 +105,16 @@ def tests(session: nox.Session) -> None:
     install_cpuinfer(session, "test")
     install_test_models(session)
     session.run("pytest", *(session.posargs or ["tests"]))
+
+
+@nox.session
+def ray(session: nox.Session) -> None:
+    """Data parallelism on Ray: a two-node Ray cluster on this machine serving -dp 2, one node then lost
+    (tests/server/test_data_parallel_ray.py, which the tests session skips without Ray)."""
+    install_torch(session)
+    install_cpuinfer(session, "test", "ray")
+    install_test_models(session)
+    session.run("pytest", *(session.posargs or ["tests/server/test_data_parallel_ray.py"]))
 
 
 # --- C++ kernel tests: cross-compiled under qemu-user, and AVX-512 on SIMDe ---

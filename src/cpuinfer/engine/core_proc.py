@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
-import os
 import signal
 import socket
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from cpuinfer.engine.messages import AbortRequests, AddRequest, GetStats, Heartbeat, Shutdown, StepResult
 
