@@ -1,102 +1,58 @@
 """An engine core as a Ray actor, and the front end's side of it (`--data-parallel-backend ray`).
 
-The actor runs the same loop as the core process (`core_proc.run_core`) in a thread, with two in-memory
-mailboxes where the process has pipes. The front end's side has the shape `core_proc.start_core_process`
-returns (a process-like handle, a sender, a receiver), so `AsyncLLM` drives an actor exactly as it drives a
-child process. Importing this module needs no Ray; `ray_core_starter` imports it.
+Ray places and supervises the core; the core's messages do not travel through Ray. As in vLLM (whose Ray
+engine-core actors talk ZeroMQ to the front end), the actor connects back to the front end over TCP and runs
+the same loop as a core process (`core_proc.run_core`) on that connection: the front end's side has the shape
+`core_proc.start_core_process` returns (a process-like handle, a sender, a receiver), so `AsyncLLM` drives an
+actor exactly as it drives a child process, and a token costs what it costs over a pipe. (A first version
+long-polled the actor with a Ray call per step: +2 ms per token at SmolLM2's 4.5 ms on 2 cores, the per-call
+work of Ray's gRPC and the actor's threads competing with the core's OpenMP threads.)
 
-The protocol is two actor methods, each called from one of AsyncLLM's plumbing threads (never the event loop):
-- `put(messages)`, by the writer thread: AddRequest / AbortRequests / GetStats / Shutdown. The writer waits for
-  each put before the next, which keeps their order (a threaded actor may run concurrent calls in any order).
-- `take(timeout)`, by the reader thread: a long poll that returns every message the core sent since the last
-  take (Ready, StepResult, EngineStats, Heartbeat, CoreFailed), as soon as there is one, or [] after `timeout`.
-  A busy core is drained once per take, so one round trip carries as many steps as happened since the last.
+The connection: a listening socket on this node's Ray address and a fresh port, one per core; the actor's
+`serve(address, authkey, ...)` connects, both sides prove the 32-byte authkey (multiprocessing.connection's
+HMAC challenge) before any pickled message crosses, then the core loads the model and sends Ready.
 
-Death: Ray fails the pending take of an actor whose process or node is gone (RayActorError); the receiver
-turns that into CoreFailed, which fails the core's in-flight requests as a dead child process does. A node that
-stops answering without Ray noticing is caught by the heartbeats (they come through take too): AsyncLLM's
---engine-heartbeat-timeout kills the actor.
+Death: `serve` runs for the core's whole life, so its ObjectRef fails (RayActorError) when the actor's process
+or node is gone. The receiver watches it whenever the connection is idle, and turns the end of the connection
+or of `serve` into CoreFailed with Ray's reason, which fails the core's in-flight requests as a dead child
+process does. A node that stops answering without Ray noticing is caught by the heartbeats (they come over the
+connection): AsyncLLM's --engine-heartbeat-timeout kills the actor. Importing this module needs no Ray.
 """
 
 from __future__ import annotations
 
-import collections
 import logging
 import os
-import threading
+import secrets
+import socket
+import time
 from dataclasses import dataclass
+from multiprocessing.connection import Client, Connection, answer_challenge, deliver_challenge
 
 from cpuinfer import envs
 from cpuinfer.engine.core_proc import CoreFailed, Ready, run_core
 
 logger = logging.getLogger("cpuinfer.engine")
 
-TAKE_POLL_S = 1.0  # a take returns at the latest after this long (heartbeats arrive more often than that)
-JOIN_GRACE_S = 5.0  # beyond a join's own timeout, for the call to come back
-
-
-class _Mailbox:
-    """A thread-safe queue with a pipe end's poll() / recv() / send(), and drain() for take."""
-
-    def __init__(self):
-        self._items: collections.deque = collections.deque()
-        self._cv = threading.Condition()
-
-    def send(self, msg) -> None:
-        """Queue one message."""
-        with self._cv:
-            self._items.append(msg)
-            self._cv.notify_all()
-
-    def poll(self) -> bool:
-        """True if a message is waiting."""
-        return bool(self._items)
-
-    def recv(self):
-        """The next message (blocks until there is one)."""
-        with self._cv:
-            while not self._items:
-                self._cv.wait()
-            return self._items.popleft()
-
-    def drain(self, timeout: float) -> list:
-        """Everything queued, waiting up to `timeout` seconds for the first message."""
-        with self._cv:
-            if not self._items:
-                self._cv.wait(timeout)
-            out = list(self._items)
-            self._items.clear()
-            return out
+IDLE_CHECK_S = 0.25  # how often an idle receiver asks Ray whether the actor still runs
+CONNECT_TIMEOUT_S = 300.0  # for the actor to start (a runtime_env to set up, a busy node) and connect back
+REASON_WAIT_S = 1.0  # for Ray to say why an actor whose connection closed is gone (failing its requests waits)
 
 
 class EngineCoreActor:
-    """The Ray actor: an engine core stepping in a thread of its own (wrapped with ray.remote at launch)."""
+    """The Ray actor (wrapped with ray.remote at launch): one engine core, run by `serve`."""
 
-    def __init__(self, args, serving: bool):
+    def serve(self, address: tuple[str, int], authkey: bytes, args, serving: bool) -> None:
+        """Connect to the front end at `address` and run the core loop on that connection until Shutdown or the
+        front end is gone. A failure of the core was reported over the connection (CoreFailed) and logged."""
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
-        self.inbox, self.outbox = _Mailbox(), _Mailbox()
-        self.thread = threading.Thread(target=self._run, args=(args, serving), name="cpuinfer-core", daemon=True)
-        self.thread.start()
-
-    def _run(self, args, serving: bool) -> None:
+        conn = Client(address, authkey=authkey)
         try:
-            run_core(args, serving, self.inbox, self.outbox)
-        except BaseException:  # noqa: BLE001 - run_core logged it and sent CoreFailed; the thread just ends
+            run_core(args, serving, conn, conn)
+        except Exception:  # noqa: BLE001 - run_core logged it and sent CoreFailed: the actor just ends
             return
-
-    def put(self, messages: list) -> None:
-        """Hand messages to the core loop, in order."""
-        for msg in messages:
-            self.inbox.send(msg)
-
-    def take(self, timeout: float) -> list:
-        """The core's messages since the last take (waits up to `timeout` seconds for one)."""
-        return self.outbox.drain(timeout)
-
-    def join(self, timeout: float) -> bool:
-        """Wait for the core loop to end (after Shutdown); True if it did."""
-        self.thread.join(timeout)
-        return not self.thread.is_alive()
+        finally:
+            conn.close()
 
 
 @dataclass
@@ -113,11 +69,13 @@ class RayCorePlace:
 class RayCoreHandle:
     """The process-like view of an actor that AsyncLLM uses: pid, is_alive, exitcode, join, terminate, kill."""
 
-    def __init__(self, actor, place: RayCorePlace):
+    def __init__(self, actor, run, place: RayCorePlace):
         self.actor = actor
+        self.run = run  # ObjectRef of the actor's `serve`: ready when the core loop ended or the actor died
         self.place = place
-        self.pid: int | None = None  # the actor's process id on its node, from Ready
-        self.lost: str | None = None  # why Ray says the actor is gone
+        self.pid: int | None = None  # the core's process id on its node, from Ready
+        self.lost: str | None = None  # why the actor is gone
+        self.stopping = False  # AsyncLLM.shutdown waits for the core loop to end (after sending Shutdown)
         self.stopped = False  # killed by us
 
     def is_alive(self) -> bool:
@@ -129,17 +87,32 @@ class RayCoreHandle:
         """None while alive; 1 once lost or killed (Ray reports no exit code)."""
         return None if self.is_alive() else 1
 
+    def ended(self) -> bool:
+        """True once `serve` returned or failed."""
+        import ray
+
+        done, _ = ray.wait([self.run], timeout=0)
+        return bool(done)
+
+    def reason(self) -> str:
+        """Why `serve` ended: Ray's error in one line, or that the core loop returned."""
+        import ray
+
+        try:
+            ray.get(self.run, timeout=REASON_WAIT_S)
+        except ray.exceptions.GetTimeoutError:
+            return "its connection to this server closed"
+        except ray.exceptions.RayError as exc:
+            return f"{type(exc).__name__}: {_first_line(exc)}"
+        return "its core loop ended"
+
     def join(self, timeout: float | None = None) -> None:
         """Wait up to `timeout` seconds for the core loop to end."""
         import ray
 
-        if not self.is_alive():
-            return
-        wait = 10.0 if timeout is None else timeout
-        try:
-            ray.get(self.actor.join.remote(wait), timeout=wait + JOIN_GRACE_S)
-        except ray.exceptions.RayError:
-            logger.debug("join of engine core %d failed", self.place.rank, exc_info=True)
+        self.stopping = True
+        if self.is_alive():
+            ray.wait([self.run], timeout=10.0 if timeout is None else timeout)
 
     def kill(self) -> None:
         """Kill the actor (no restart)."""
@@ -154,51 +127,72 @@ class RayCoreHandle:
     terminate = kill
 
 
-class _Sender:
-    """AsyncLLM's `send` end: one put per message, waited for (keeps the order)."""
-
-    def __init__(self, handle: RayCoreHandle):
-        self.handle = handle
-
-    def send(self, msg) -> None:
-        """Deliver one message; OSError if the actor is gone (AsyncLLM's writer treats that as a closed pipe)."""
-        import ray
-
-        try:
-            ray.get(self.handle.actor.put.remote([msg]))
-        except ray.exceptions.RayError as exc:
-            raise OSError(f"engine core {self.handle.place.rank} is unreachable: {type(exc).__name__}") from exc
-
-
 class _Receiver:
-    """AsyncLLM's `recv` end: long polls the actor's take; a lost actor becomes CoreFailed."""
+    """AsyncLLM's `recv` end: the connection's messages; its end, or the actor's, becomes CoreFailed."""
 
-    def __init__(self, handle: RayCoreHandle):
+    def __init__(self, handle: RayCoreHandle, conn: Connection | None, failure: str | None = None):
         self.handle = handle
-        self.buffer: collections.deque = collections.deque()
+        self.conn = conn
+        self.failure = failure  # the actor ended before it connected
 
     def recv(self):
         """The next message from the core (blocks)."""
-        import ray
-
-        while not self.buffer:
+        while self.failure is None:
+            try:
+                if self.conn.poll(IDLE_CHECK_S):
+                    msg = self.conn.recv()
+                    if isinstance(msg, Ready) and msg.layout:
+                        self.handle.pid = msg.layout[0].pid
+                    return msg
+            except (EOFError, OSError):
+                self.failure = self.handle.reason()
+                break
             if self.handle.stopped:
                 raise EOFError("the engine core actor was stopped")
-            try:
-                self.buffer.extend(ray.get(self.handle.actor.take.remote(TAKE_POLL_S)))
-            except ray.exceptions.RayError as exc:
-                if self.handle.stopped:
-                    raise EOFError("the engine core actor was stopped") from exc
-                place = self.handle.place
-                self.handle.lost = _first_line(exc)
-                return CoreFailed(
-                    f"data-parallel engine core {place.rank} (Ray actor, pid {self.handle.pid}, node "
-                    f"{place.node_ip} {place.node_id[:12]}) is gone: {type(exc).__name__}: {self.handle.lost}"
-                )
-        msg = self.buffer.popleft()
-        if isinstance(msg, Ready) and msg.layout:
-            self.handle.pid = msg.layout[0].pid
-        return msg
+            if self.handle.ended() and not self.conn.poll(0):
+                self.failure = self.handle.reason()
+        if self.handle.stopped or self.handle.stopping:  # (reason() waited for the loop's end: no race)
+            raise EOFError("the engine core actor was stopped")
+        place = self.handle.place
+        self.handle.lost = self.failure
+        return CoreFailed(
+            f"data-parallel engine core {place.rank} (Ray actor, pid {self.handle.pid}, node {place.node_ip} "
+            f"{place.node_id[:12]}) is gone: {self.failure}"
+        )
+
+
+class _Closed:
+    """The sender of a core that never connected."""
+
+    def send(self, msg) -> None:  # noqa: ARG002 - the sender interface
+        """Nothing to send to."""
+        raise OSError("the engine core never connected")
+
+
+def _accept(server: socket.socket, authkey: bytes, handle: RayCoreHandle) -> Connection | None:
+    """The actor's authenticated connection, or None if the actor ended first (or never came)."""
+    deadline = time.monotonic() + CONNECT_TIMEOUT_S
+    server.settimeout(IDLE_CHECK_S)
+    while time.monotonic() < deadline:
+        try:
+            sock, _ = server.accept()
+        except TimeoutError:
+            if handle.ended():
+                return None
+            continue
+        sock.settimeout(None)
+        conn = Connection(sock.detach())
+        try:
+            deliver_challenge(conn, authkey)
+            answer_challenge(conn, authkey)
+        except Exception:  # noqa: BLE001 - a stranger on the port (AuthenticationError, EOF): wait for the actor
+            logger.warning(
+                "refused a connection to engine core %d's port that failed authentication", handle.place.rank
+            )
+            conn.close()
+            continue
+        return conn
+    return None
 
 
 def _first_line(exc: BaseException) -> str:
@@ -212,27 +206,38 @@ def engine_env() -> dict[str, str]:
 
 
 def ray_core_starter(place: RayCorePlace):
-    """A `start_core` for AsyncLLM that starts the core as an actor in `place`'s placement group."""
+    """A `start_core` for AsyncLLM that starts the core as an actor in `place`'s placement group, connected back
+    to this process."""
 
     def start(args, serving: bool):
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        actor = (
-            ray.remote(EngineCoreActor)
-            .options(
-                name=f"cpuinfer-engine-core-{place.rank}-{os.getpid()}",
-                num_cpus=place.cpus,
-                max_concurrency=4,  # put, take and join run beside each other (the core steps in its own thread)
-                max_restarts=0,  # a lost core stays lost: its requests failed, and its KV cache is gone
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=place.placement_group, placement_group_bundle_index=0
-                ),
-                runtime_env={"env_vars": engine_env()},
+        authkey = secrets.token_bytes(32)
+        server = socket.create_server((ray.util.get_node_ip_address(), 0))
+        try:
+            actor = (
+                ray.remote(EngineCoreActor)
+                .options(
+                    name=f"cpuinfer-engine-core-{place.rank}-{os.getpid()}",
+                    num_cpus=place.cpus,
+                    max_restarts=0,  # a lost core stays lost: its requests failed, and its KV cache is gone
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        placement_group=place.placement_group, placement_group_bundle_index=0
+                    ),
+                    runtime_env={"env_vars": engine_env()},
+                )
+                .remote()
             )
-            .remote(args, serving)
-        )
-        handle = RayCoreHandle(actor, place)
-        return handle, _Sender(handle), _Receiver(handle)
+            handle = RayCoreHandle(actor, actor.serve.remote(server.getsockname()[:2], authkey, args, serving), place)
+            conn = _accept(server, authkey, handle)
+        finally:
+            server.close()
+        if conn is None:
+            reason = handle.reason() if handle.ended() else f"it did not connect within {CONNECT_TIMEOUT_S:.0f} s"
+            handle.kill()
+            handle.stopped = False  # the receiver reports the failure
+            return handle, _Closed(), _Receiver(handle, None, reason)
+        return handle, conn, _Receiver(handle, conn)
 
     return start
