@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import json
 import re
+import socket
+import subprocess
+import sys
 import time
 
 import httpx
 import openai
 import pytest
 
-from .conftest import running_server
+from .conftest import free_port, running_server, server_env
 from .test_data_parallel import core_metric, dp_env, scrape, wait_routed
 from .test_lifecycle import _model, raw_stream
 
@@ -43,6 +46,34 @@ def placed_node(log: str, rank: int) -> str:
     found = re.findall(rf"data-parallel rank {rank}: Ray node (\w+) ", log)
     assert found, log[-3000:]
     return found[-1]
+
+
+def serve_fails(env_extra: dict, *flags: str) -> str:
+    """Run `cpuinfer serve` that must exit 1; its output."""
+    r = subprocess.run(
+        [sys.executable, "-m", "cpuinfer", "serve", "--port", str(free_port()), *flags],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**server_env(), **env_extra},
+    )
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    return r.stdout + r.stderr
+
+
+def test_more_cores_than_the_cluster_holds_is_one_clear_error(cluster):
+    c, _ = cluster
+    out = serve_fails({"RAY_ADDRESS": c.address}, "-dp", "3", "--data-parallel-backend", "ray")
+    assert "--data-parallel-size 3 with the ray backend needs 3 bundles of 1 CPUs" in out
+    assert "hold 2" in out
+
+
+def test_an_unreachable_ray_address_is_one_clear_error():
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    out = serve_fails({"RAY_ADDRESS": address}, "-dp", "2", "--data-parallel-backend", "ray")
+    assert f"cannot reach the Ray cluster at RAY_ADDRESS={address}" in out and "ray start --head" in out
 
 
 def test_two_nodes_serve_and_losing_one_is_survived(cluster):
