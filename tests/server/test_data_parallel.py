@@ -169,6 +169,24 @@ def wait_routed(server, routed: int, running: int, timeout: float = 60) -> None:
     raise AssertionError(f"never saw {routed} requests routed and {running} running")
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs (one per rank)")
+def test_one_rank_per_server_for_an_external_load_balancer():
+    # --data-parallel-rank by hand: this server runs rank 1's core only, on rank 1's share of the cores.
+    with running_server("-dp", "2", "--data-parallel-rank", "1", env=dp_env()) as server:
+        cpus = sorted(os.sched_getaffinity(0))
+        assert re.search(rf"data-parallel rank 1: engine core rank 0 -> cores {cpus[1]}\b", server.log()), server.log()
+        assert "data-parallel rank 1 of 2 (an external load balancer routes" in server.log()
+        out = httpx.post(
+            server.v1 + "/completions",
+            headers=server.headers(),
+            json={"prompt": "Hi", "max_tokens": 2},
+            timeout=60,
+        )
+        assert out.status_code == 200, out.text
+        text = scrape(server)
+        assert core_metric(text, "cpuinfer:engine_core_requests_routed_total", 1) == 1
+
+
 @pytest.mark.parametrize(
     "flags, message",
     [
