@@ -1,9 +1,10 @@
 """Every routine job of cpuinfer, one nox session each.
 
-    nox                      the default set (what CI runs): lint, wheel, tests, precompiled, index,
+    nox                      the default set (what CI runs): lint, wheel, tests, ray, precompiled, index,
                              emulated_avx2, cross
     nox -s tests             pytest against the release wheel (built first unless dist/ has one of these sources)
     nox -s lint              ruff
+    nox -s ray               data parallelism on a two-node Ray cluster on this machine (the ray extra)
     nox -s cross -- aarch64  C++ kernel tests of every aarch64 variant under qemu-aarch64
                              (also: s390x, apple (Apple variants via clang), avx512 (SIMDe);
                              no argument: all four)
@@ -41,9 +42,10 @@ nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
 # What CI runs, in this order: wheel builds the kernels once and the sessions after it install that wheel.
 # Measured on a shared 2-core machine with MAX_JOBS=1 and a cold ccache (CI has both cores, so builds are
-# ~2x faster there): lint 5 s, wheel 333 s, tests 84 s + pytest (752 s in CI), precompiled 133 s, index
-# 111 s, emulated_avx2 127 s, cross 1698 s (of which ~700 s are the test programs under qemu).
-nox.options.sessions = ["lint", "wheel", "tests", "precompiled", "index", "emulated_avx2", "cross"]
+# ~2x faster there): lint 5 s, wheel 333 s, tests 84 s + pytest (752 s in CI), ray 87 s (a fresh venv with
+# the ray extra, 23 s of pytest), precompiled 133 s, index 111 s, emulated_avx2 127 s, cross 1698 s (of
+# which ~700 s are the test programs under qemu).
+nox.options.sessions = ["lint", "wheel", "tests", "ray", "precompiled", "index", "emulated_avx2", "cross"]
 
 TORCH = shlex.split(os.environ.get("CPUINFER_TORCH_SPEC", "torch==2.13.0"))
 # One ruff for nox, pre-commit (.pre-commit-config.yaml's rev) and CI: a new release's formatter style or rules
@@ -104,6 +106,16 @@ def tests(session: nox.Session) -> None:
     install_cpuinfer(session, "test")
     install_test_models(session)
     session.run("pytest", *(session.posargs or ["tests"]))
+
+
+@nox.session
+def ray(session: nox.Session) -> None:
+    """Data parallelism on Ray: a two-node Ray cluster on this machine serving -dp 2, one node then lost
+    (tests/server/test_data_parallel_ray.py, which the tests session skips without Ray)."""
+    install_torch(session)
+    install_cpuinfer(session, "test", "ray")
+    install_test_models(session)
+    session.run("pytest", *(session.posargs or ["tests/server/test_data_parallel_ray.py"]))
 
 
 # --- C++ kernel tests: cross-compiled under qemu-user, and AVX-512 on SIMDe ---

@@ -122,8 +122,12 @@ def _layout_lines(layout: dict[str, Any] | None) -> list[str]:
         if "error" in entry:
             lines.append(f"{head}error: {entry['error']}")
             continue
+        tp, dp = layout.get("tensor_parallel_size", 1), layout.get("data_parallel_size", 1)
         for rank, r in enumerate(entry["ranks"]):
-            lines.append(f"{head if rank == 0 else ' ' * len(head)}{describe_rank(rank, r['cpus'], r['node'])}")
+            line = f"{head if rank == 0 else ' ' * len(head)}{describe_rank(rank, r['cpus'], r['node'])}"
+            if entry["world_size"] == dp * tp > 1:  # what `cpuinfer info -dp/-tp` asked for
+                line += f"  (data-parallel rank {rank // tp}, tensor-parallel rank {rank % tp})"
+            lines.append(line)
     return lines
 
 

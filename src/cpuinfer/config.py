@@ -64,6 +64,10 @@ class EngineArgs:
     data_parallel_size: int = 1
     data_parallel_backend: str = "mp"
     data_parallel_rank: int = 0  # set per engine core by the data-parallel launcher
+    # With the ray backend, the core's place among the cores Ray put on the same machine (set by the launcher;
+    # None: data_parallel_rank / data_parallel_size, as with the mp backend). They place the core's threads.
+    data_parallel_rank_local: int | None = None
+    data_parallel_size_local: int | None = None
     long_prefill_token_threshold: int = 0
     max_logprobs: int = 20
     # Request limits (cpuinfer.engine.limits) and the serving front end's bounds.
@@ -154,8 +158,10 @@ class EngineArgs:
             "--data-parallel-rank",
             "-dpn",
             type=int,
-            default=0,
-            help="This engine core's data-parallel rank (set by the launcher; places its ranks on their cores).",
+            default=None,
+            help="Run only this data-parallel rank's engine core (of --data-parallel-size), placed on its share "
+            "of the cores, for an external load balancer in front of one server per rank (as vLLM's). "
+            "Without it, `serve` runs every rank's core behind one API server.",
         )
         g = parser.add_argument_group("engine")
         g.add_argument(
@@ -207,7 +213,10 @@ class EngineArgs:
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
         """Build from parsed flags."""
-        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+        values = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
+        if values.get("data_parallel_rank", 0) is None:  # not given: the launcher sets each core's
+            del values["data_parallel_rank"]
+        return cls(**values)
 
     def create_engine_config(self, serving: bool = False) -> EngineConfig:
         """Check every option, read the model's config, size the KV pool; raises ValueError on bad input."""
@@ -226,6 +235,20 @@ class EngineArgs:
             raise ValueError(
                 f"--data-parallel-rank={self.data_parallel_rank!r} must be in 0..{self.data_parallel_size - 1} "
                 f"(--data-parallel-size={self.data_parallel_size})"
+            )
+        local_rank, local_size = self.data_parallel_rank_local, self.data_parallel_size_local
+        if (local_rank is None) != (local_size is None) or (
+            local_size is not None and not 0 <= local_rank < local_size
+        ):
+            raise ValueError(
+                f"data_parallel_rank_local={local_rank!r} and data_parallel_size_local={local_size!r}: give both, "
+                "the rank in 0..size-1"
+            )
+        import importlib.util
+
+        if self.data_parallel_backend == "ray" and importlib.util.find_spec("ray") is None:
+            raise ValueError(
+                "--data-parallel-backend ray needs Ray, which is not installed: pip install 'cpuinfer[ray]'"
             )
         if not isinstance(self.block_size, int) or self.block_size < 16 or self.block_size % 16:
             raise ValueError(f"--block-size={self.block_size!r} must be a positive multiple of 16")
@@ -248,8 +271,6 @@ class EngineArgs:
                 f"--structured-outputs-backend={self.structured_outputs_backend!r} is not supported; "
                 "use llguidance or xgrammar"
             )
-        import importlib.util
-
         if self.structured_outputs_backend == "xgrammar" and importlib.util.find_spec("xgrammar") is None:
             raise ValueError(
                 f"--structured-outputs-backend {self.structured_outputs_backend} needs "

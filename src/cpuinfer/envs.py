@@ -169,6 +169,13 @@ GGUF_DEQUANTIZE = EnvVar(
     "Load GGUF block quants dequantized to the run dtype (bf16 accuracy, ~3.5x the memory and "
     "bytes per token) instead of running them on the integer kernels.",
 )
+RAY_CPUS_PER_ENGINE = EnvVar(
+    ("CPUINFER_RAY_CPUS_PER_ENGINE",),
+    parse_positive_int,
+    0,
+    "CPUs each data-parallel engine core reserves on Ray (--data-parallel-backend ray); unset = the CPUs of "
+    "the cluster's smallest node, one core per machine.",
+)
 API_KEY = EnvVar(("CPUINFER_API_KEY", "VLLM_API_KEY"), parse_str, "", "Bearer token the server requires.")
 
 ALL: tuple[EnvVar, ...] = (
@@ -186,5 +193,17 @@ ALL: tuple[EnvVar, ...] = (
     FUSED_LAYERS,
     PP_MICRO_BATCHES,
     GGUF_DEQUANTIZE,
+    RAY_CPUS_PER_ENGINE,
     API_KEY,
+)
+# What an engine core reads where it runs: copied into the runtime_env of Ray actors, whose nodes lack the
+# server's environment.
+ENGINE: tuple[EnvVar, ...] = (
+    ISA,
+    KVCACHE_SPACE,
+    OMP_THREADS_BIND,
+    NUM_OF_RESERVED_CPU,
+    VISIBLE_MEMORY_NODES,
+    FUSED_LAYERS,
+    GGUF_DEQUANTIZE,
 )

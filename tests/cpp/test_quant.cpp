@@ -286,7 +286,7 @@ CPUINFER_TEST(quant_tile_is_the_variants) {
     const char *expected = nullptr;
     const std::pair<const char *, const char *> table[] = {
         {"generic", "portable"},       {"avx2", "avx2"},         {"avx512", "avx2"},
-        {"avx512bf16", "avx512vnni"},  {"amx", "avx512vnni"},    {"neon", "neon_dotprod"},
+        {"avx512bf16", "avx512vnni"},  {"amx", "amx-int8"},      {"neon", "neon_dotprod"},
         {"apple_m1", "neon_dotprod"},  {"neon_bf16", "neon_i8mm"}, {"apple_m2", "neon_i8mm"},
         {"sve", "sve_dotprod"},        {"vxe", "vxe"},           {"vxe2", "vxe"}};
     for (const auto &[v, t] : table)

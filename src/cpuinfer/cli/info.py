@@ -15,6 +15,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also say how this checkpoint (HF directory or .gguf file) is quantized and which kernel "
         "path its linear layers take",
     )
+    parser.add_argument(
+        "-dp",
+        "--data-parallel-size",
+        type=int,
+        default=1,
+        help="also show where the ranks of this many data-parallel engine cores (serve -dp N) would run",
+    )
+    parser.add_argument(
+        "-tp", "--tensor-parallel-size", type=int, default=1, help="... each core having this many ranks"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -22,6 +32,15 @@ def run(args: argparse.Namespace) -> int:
     import cpuinfer
 
     report = cpuinfer.info()
+    dp, tp = args.data_parallel_size, args.tensor_parallel_size
+    if dp < 1 or tp < 1:
+        raise SystemExit("cpuinfer info: --data-parallel-size and --tensor-parallel-size must be >= 1")
+    if dp * tp > 1:
+        from cpuinfer.platform.threads import layout_report
+
+        report["layout"] = layout_report(world_sizes=[dp * tp])
+        report["layout"]["tensor_parallel_size"] = tp  # rank r is data-parallel rank r // tp, tp rank r % tp
+        report["layout"]["data_parallel_size"] = dp
     if args.model:
         from cpuinfer.quantization.checkpoint import describe
 

@@ -60,7 +60,9 @@ def run(args: argparse.Namespace) -> int:
     limit = args.limit_concurrency
     if limit is None:
         seqs = args.max_num_seqs or 128
-        limit = 2 * (seqs + args.max_waiting_requests) + 64
+        # Each data-parallel core behind this server queues as much as a single one does.
+        cores = args.data_parallel_size if args.data_parallel_rank is None else 1
+        limit = 2 * (seqs + args.max_waiting_requests) * max(1, cores) + 64
     return run_server(
         state,
         make_engine_starter(args),

@@ -46,7 +46,7 @@ import asyncio
 import logging
 import os
 import queue
-import signal
+import socket
 import threading
 import time
 import weakref
@@ -113,7 +113,7 @@ class RequestStream:
 class AsyncLLM:
     """Front end of an out-of-process engine core."""
 
-    def __init__(self, args: EngineArgs, serving: bool = True):
+    def __init__(self, args: EngineArgs, serving: bool = True, start_core=start_core_process):
         # Resolve and check everything here first (no weights are read), so bad flags fail in this process.
         self.config = args.create_engine_config(serving=serving)
         self.tokenizer = self.config.spec.tokenizer
@@ -134,7 +134,9 @@ class AsyncLLM:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._dead: str | None = None
         self._closing = False
-        self._proc, self._to_core, self._from_core = start_core_process(args, serving)
+        # `start_core` starts the core somewhere (a child process here, or a Ray actor: engine.ray_core) and
+        # returns (a process-like handle, a sender to it, a receiver from it).
+        self._proc, self._to_core, self._from_core = start_core(args, serving)
         first = self._from_core.recv()
         if isinstance(first, CoreFailed):
             self._proc.join(5)
@@ -143,8 +145,11 @@ class AsyncLLM:
             raise EngineDeadError(f"the engine core sent {type(first).__name__} before it was ready")
         self.num_blocks = first.num_blocks
         self.layout = first.layout  # RankPlacement per rank of the core (rank 0 is the core process)
+        self.host = first.host  # the core's machine
+        dp = f"data-parallel rank {args.data_parallel_rank}: " if args.data_parallel_size > 1 else ""
+        where = f" on {first.host}" if first.host and first.host != socket.gethostname() else ""
         for placement in self.layout:
-            logger.info("engine core %s", placement.describe())
+            logger.info("%sengine core %s%s", dp, placement.describe(), where)
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._last_heard = time.monotonic()
         self._threads = [
@@ -156,9 +161,9 @@ class AsyncLLM:
             t.start()
 
     @classmethod
-    def from_engine_args(cls, args: EngineArgs, serving: bool = True) -> AsyncLLM:
+    def from_engine_args(cls, args: EngineArgs, serving: bool = True, start_core=start_core_process) -> AsyncLLM:
         """Start the core process and wait until the model is loaded."""
-        return cls(args, serving)
+        return cls(args, serving, start_core)
 
     # ---- requests -------------------------------------------------------------------------------
     def add_request(
@@ -289,7 +294,7 @@ class AsyncLLM:
                 )
                 logger.error("%s", reason)
                 try:
-                    os.kill(self._proc.pid, signal.SIGKILL)
+                    self._proc.kill()
                 except OSError:
                     logger.debug("could not kill the engine core", exc_info=True)
                 self._report(CoreFailed(reason))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import signal
+import socket
 import threading
 from dataclasses import dataclass
 
@@ -20,10 +21,11 @@ logger = logging.getLogger("cpuinfer.engine")
 
 @dataclass
 class Ready:
-    """Sent once the model is loaded."""
+    """Sent once the model is loaded: the KV pool's size, and where the core's ranks run."""
 
     num_blocks: int
     layout: list  # worker.tp_executor.RankPlacement of each rank: pid, cpus, NUMA node
+    host: str = ""  # the machine's name (Ray places cores on other machines)
 
 
 @dataclass
@@ -67,6 +69,15 @@ def core_main(args, serving: bool, inbox, conn) -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s", datefmt="%m-%d %H:%M:%S"
     )
+    run_core(args, serving, inbox, conn)
+
+
+def run_core(args, serving: bool, inbox, conn) -> None:
+    """Load the core, then step it and answer messages until Shutdown or the front end is gone.
+
+    `inbox` has poll() and recv() (a pipe end, or a Ray actor's queue); `conn` has send(). Raises what killed
+    the core after reporting it as CoreFailed.
+    """
     outbox = _Outbox(conn)
     stop = threading.Event()
     try:
@@ -74,7 +85,7 @@ def core_main(args, serving: bool, inbox, conn) -> None:
 
         config = args.create_engine_config(serving=serving)
         core = EngineCore.from_config(config)
-        outbox.send(Ready(config.num_blocks, core.layout))
+        outbox.send(Ready(config.num_blocks, core.layout, socket.gethostname()))
         interval = min(1.0, float(args.engine_heartbeat_timeout) / 4)
         threading.Thread(target=_beat, args=(outbox, interval, stop), name="cpuinfer-heartbeat", daemon=True).start()
         while True:

@@ -96,3 +96,29 @@ class StepResult:
 
     outputs: list[SeqOutput] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)  # request_id -> why the core refused it
+
+
+def merge_stats(live: list[EngineStats], gone: list[EngineStats] = ()) -> EngineStats:
+    """One EngineStats for several engine cores (data parallel): counts and counters add up, KV usage is
+    weighted by pool size, the hit rate is recomputed from the summed hits and queries.
+
+    `gone`: the last stats of dead cores, whose cumulative counters still count (a Prometheus counter must not
+    go down) but whose queues and KV blocks no longer exist."""
+    out = EngineStats()
+    for s in [*live, *gone]:
+        out.prefix_cache_queries += s.prefix_cache_queries
+        out.prefix_cache_hits += s.prefix_cache_hits
+        out.num_preemptions += s.num_preemptions
+        out.prompt_tokens += s.prompt_tokens
+        out.generation_tokens += s.generation_tokens
+        out.num_steps += s.num_steps
+    for s in live:
+        out.num_running += s.num_running
+        out.num_waiting += s.num_waiting
+        out.num_kv_blocks += s.num_kv_blocks
+        out.num_free_kv_blocks += s.num_free_kv_blocks
+    if out.num_kv_blocks:
+        out.kv_cache_usage = sum(s.kv_cache_usage * s.num_kv_blocks for s in live) / out.num_kv_blocks
+    if out.prefix_cache_queries:
+        out.prefix_cache_hit_rate = out.prefix_cache_hits / out.prefix_cache_queries
+    return out

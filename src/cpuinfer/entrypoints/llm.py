@@ -30,6 +30,22 @@ _IGNORED = {
 }
 
 
+def _check_data_parallel(args: EngineArgs, rank_given: bool) -> None:
+    """Offline data parallelism is one LLM per process, as in vLLM: each is told its rank."""
+    if args.data_parallel_backend == "ray":
+        raise ValueError(
+            "LLM(data_parallel_backend='ray') is not supported: Ray data parallelism is for `cpuinfer serve`; "
+            "offline, start one process per rank with LLM(data_parallel_size=N, data_parallel_rank=i)"
+        )
+    if args.data_parallel_size > 1 and not rank_given:
+        raise ValueError(
+            f"LLM(data_parallel_size={args.data_parallel_size}) runs one engine per process, as vLLM's offline "
+            "data parallelism does: start one process per rank with LLM(data_parallel_size=N, "
+            "data_parallel_rank=i) (each takes its share of the cores) and give each its share of the prompts; "
+            "or serve with `cpuinfer serve -dp N`, which routes requests between N engine cores"
+        )
+
+
 class LLM:
     """An engine for offline batch generation."""
 
@@ -67,6 +83,7 @@ class LLM:
             tensor_parallel_size=tensor_parallel_size,
             **extra,
         )
+        _check_data_parallel(args, "data_parallel_rank" in kwargs)
         self.llm_engine = LLMEngine.from_engine_args(args)
 
     def get_tokenizer(self):

@@ -202,17 +202,18 @@ def format_layout(layout: list[Binding]) -> list[str]:
     return [describe_rank(rank, b.cpus, b.node) for rank, b in enumerate(layout)]
 
 
-def layout_report(topology: Topology | None = None) -> dict[str, Any]:
-    """JSON-able layouts for `cpuinfer info`: one rank, and one rank per visible node (or the list's ranks)."""
+def layout_report(topology: Topology | None = None, world_sizes: Iterable[int] = ()) -> dict[str, Any]:
+    """JSON-able layouts for `cpuinfer info`: one rank, one rank per visible node (or the list's ranks), and
+    `world_sizes` (what `cpuinfer info -dp N -tp M` asks for)."""
     name, value = _bind_setting()
     report: dict[str, Any] = {"bind": f"{name}={value}", "layouts": []}
     try:
         topology = topology or Topology.read()
-        sizes = [1]
+        sizes = [1, *world_sizes]
         if value == "auto":
             sizes.append(len(visible_nodes(topology)))
         elif value != "nobind":
-            sizes = [len(value.split("|"))]
+            sizes = [len(value.split("|")), *world_sizes]
     except EnvError as e:
         report["error"] = str(e)
         return report

@@ -68,13 +68,21 @@ def world_size(args) -> int:
 
 
 def global_rank(args, rank: int) -> int:
-    """This rank's index among every rank on the machine (data-parallel rank x world size + rank)."""
-    return args.data_parallel_rank * world_size(args) + rank
+    """This rank's index among every rank on the machine (local data-parallel rank x world size + rank).
+
+    The local data-parallel rank is the core's place among the cores on this machine: its data-parallel rank
+    with the mp backend, the one Ray's placement gave it (`data_parallel_rank_local`) with the ray backend.
+    """
+    local = args.data_parallel_rank if args.data_parallel_rank_local is None else args.data_parallel_rank_local
+    return local * world_size(args) + rank
 
 
 def machine_ranks(args) -> int:
-    """Ranks on this machine: data-parallel engine cores (mp backend) x their tensor x pipeline-parallel ranks."""
-    dp = args.data_parallel_size if args.data_parallel_backend == "mp" else 1
+    """Ranks on this machine: the data-parallel engine cores here x their tensor x pipeline-parallel ranks."""
+    if args.data_parallel_size_local is not None:
+        dp = args.data_parallel_size_local
+    else:
+        dp = args.data_parallel_size if args.data_parallel_backend == "mp" else 1
     return dp * world_size(args)
 
 

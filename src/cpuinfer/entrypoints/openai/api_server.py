@@ -166,8 +166,9 @@ def build_app(state: ServerState, start_engine: Callable[[], Awaitable[EngineAda
 
     @app.get("/health", responses={503: {"model": ErrorResponse}})
     async def health() -> Response:
-        """200 {"status": "healthy"} when the engine serves requests; 503 with status "loading", "dead" or
-        "shutting down" otherwise (details are in the server log, not here)."""
+        """200 {"status": "healthy"} when the engine serves requests; 503 with status "loading", "dead",
+        "degraded" (a data-parallel engine core died; the others still serve) or "shutting down" otherwise
+        (details are in the server log, not here)."""
         status, why = health_status(state)
         if status == "healthy":
             return JSONResponse({"status": status})
@@ -232,14 +233,23 @@ def health_status(state: ServerState) -> tuple[str, str]:
         return "loading", "not ready: loading the model"
     if not state.engine.healthy:
         return "shutting down", "the server is shutting down"
+    degraded = state.engine.degraded()
+    if degraded:
+        return "degraded", degraded
     return "healthy", ""
 
 
 async def _watch_engine(state: ServerState, interval: float = 0.25) -> None:
-    """Exit the server (code 1) once the engine has died, after its failed requests were answered."""
+    """Exit the server (code 1) once the engine has died, after its failed requests were answered; log when
+    part of it (a data-parallel core) dies."""
+    reported = None
     while True:
         await asyncio.sleep(interval)
         engine = state.engine
+        degraded = engine.degraded() if engine is not None else None
+        if degraded != reported and degraded is not None:
+            logger.error("%s; in-flight requests of the dead core(s) failed; /health answers 503", engine.status_text())
+        reported = degraded
         if engine is not None and engine.dead:
             state.engine_failure = engine.status_text()
             logger.error(
@@ -266,7 +276,7 @@ async def _load(state: ServerState, start_engine: Callable[[], Awaitable[EngineA
         return
     state.engine = engine
     names = state.config.served_model_names
-    state.metrics = ServerMetrics(names[0], lambda: state.last_stats)
+    state.metrics = ServerMetrics(names[0], lambda: state.last_stats, engine.core_states)
     state.serving = OpenAIServing(
         engine,
         names,

@@ -39,6 +39,17 @@ class ChoiceDelta:
     stop_reason: int | str | None = None
 
 
+@dataclass
+class CoreState:
+    """One engine core as /metrics shows it (several with data parallelism)."""
+
+    dp_rank: int
+    alive: bool
+    requests_routed: int  # requests sent to it since start
+    num_running: int = 0
+    num_waiting: int = 0
+
+
 class EngineAdapter:
     """The interface the serving layer uses (implemented by the real engine binding)."""
 
@@ -60,6 +71,14 @@ class EngineAdapter:
     def status_text(self) -> str:
         """Why the engine is not healthy (or 'ready')."""
         raise NotImplementedError
+
+    def degraded(self) -> str | None:
+        """While the engine serves with part of itself gone (a data-parallel core died): what is gone."""
+        return None
+
+    def core_states(self) -> list[CoreState]:
+        """Each engine core's state as of the last stats() (empty: not broken down)."""
+        return []
 
     def submit(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams

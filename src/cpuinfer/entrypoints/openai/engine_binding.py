@@ -16,9 +16,10 @@ import os
 from collections.abc import AsyncIterator
 
 from cpuinfer.engine.messages import EngineStats
-from cpuinfer.entrypoints.openai.engine_adapter import ChoiceDelta, EngineAdapter, TokenLogprob
+from cpuinfer.entrypoints.openai.engine_adapter import ChoiceDelta, CoreState, EngineAdapter, TokenLogprob
 from cpuinfer.entrypoints.openai.tokenization import Tokenization
 from cpuinfer.errors import EngineDeadError
+from cpuinfer.platform.topology import format_cpu_list
 from cpuinfer.sampling_params import SamplingParams
 
 logger = logging.getLogger("cpuinfer.server")
@@ -45,13 +46,16 @@ def _logprobs(entries) -> list[TokenLogprob] | None:
 class AsyncLLMAdapter(EngineAdapter):
     """EngineAdapter over AsyncLLM (engine core in a child process)."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, tokenization: Tokenization | None = None):
         self.engine = engine
         spec = engine.config.spec
         self.model_path = engine.config.model
         self.max_model_len = engine.max_model_len
-        self.tokenization = Tokenization(spec)
+        self.tokenization = tokenization or Tokenization(spec)
         self.generation_defaults = dict(getattr(spec, "generation_defaults", None) or {})
+        self.dp_rank = engine.config.args.data_parallel_rank
+        self.requests_routed = 0
+        self.last_stats = EngineStats()
         self._shut = False
 
     @property
@@ -83,6 +87,7 @@ class AsyncLLMAdapter(EngineAdapter):
         if not self.healthy:
             raise EngineDeadError(self.status_text())
         stream = self.engine.add_request(request_id, prompt_token_ids, params)
+        self.requests_routed += 1
         return self._deltas(request_id, stream)
 
     async def _deltas(self, request_id: str, stream) -> AsyncIterator[list[ChoiceDelta]]:
@@ -114,7 +119,23 @@ class AsyncLLMAdapter(EngineAdapter):
 
     async def stats(self) -> EngineStats:
         """The engine core's counters."""
-        return await self.engine.get_stats()
+        self.last_stats = await self.engine.get_stats()
+        return self.last_stats
+
+    def core_states(self) -> list[CoreState]:
+        """This one core."""
+        s = self.last_stats
+        return [CoreState(self.dp_rank, not self.dead, self.requests_routed, s.num_running, s.num_waiting)]
+
+    def describe(self) -> str:
+        """'pid 123 on host: rank 0 -> cores 0-15 -> NUMA node 0': where the core and its tensor-parallel ranks
+        run (the last ones in their own processes)."""
+        from cpuinfer.platform.threads import describe_rank
+
+        engine = self.engine
+        where = f"pid {engine.pid} on {engine.host}" if engine.host else f"pid {engine.pid}"
+        ranks = [describe_rank(r.rank, r.cpus, r.node) for r in engine.layout]
+        return f"{where}: {'; '.join(ranks)}" if ranks else where
 
     async def shutdown(self) -> None:
         """Abort what is left and stop the core process."""
@@ -122,44 +143,66 @@ class AsyncLLMAdapter(EngineAdapter):
         await asyncio.to_thread(self.engine.shutdown)
 
 
-def pin_front_end() -> None:
+def pin_front_end(inference_cpus: set[int]) -> None:
     """Move this process's threads off the inference cores, onto the reserved ones (if any are left)."""
-    try:
-        from cpuinfer.platform.threads import resolve_binding
-
-        binding = resolve_binding()
-    except (ValueError, OSError) as e:  # the engine core already refused a bad binding with this message
-        logger.warning("front end not pinned: %s", e)
-        return
-    if not binding.cpus:
-        return
-    front = set(os.sched_getaffinity(0)) - set(binding.cpus)
+    if not inference_cpus:
+        return  # unbound cores: leave the OS to share them
+    front = set(os.sched_getaffinity(0)) - inference_cpus
     if not front:
         return  # no reserved cores: share them (the OS schedules the light HTTP work in between)
     for tid in os.listdir("/proc/self/task"):
         with contextlib.suppress(OSError):  # the thread ended since listdir
             os.sched_setaffinity(int(tid), front)
-    logger.info("front end pinned to CPUs %s (inference cores: %s)", sorted(front), binding.cpus)
+    logger.info(
+        "front end pinned to CPUs %s (inference cores: %s)",
+        format_cpu_list(sorted(front)),
+        format_cpu_list(sorted(inference_cpus)),
+    )
+
+
+def local_cpus(engines) -> set[int]:
+    """The CPUs the ranks of these cores (AsyncLLMs) use on this machine."""
+    import socket
+
+    here = socket.gethostname()
+    return {c for e in engines if e.host in ("", here) for r in e.layout for c in (r.cpus or [])}
 
 
 def make_engine_starter(args: argparse.Namespace):
-    """A coroutine function that starts AsyncLLM from the parsed flags (off the event loop) and adapts it."""
+    """A coroutine function that starts the engine from the parsed flags (off the event loop) and adapts it:
+    one AsyncLLM, or with -dp N (or the ray backend) N of them behind a DataParallelAdapter."""
 
     async def start() -> EngineAdapter:
         from cpuinfer.config import EngineArgs
         from cpuinfer.engine.async_llm import AsyncLLM
 
         engine_args = EngineArgs.from_cli_args(args)
+        by_hand = getattr(args, "data_parallel_rank", None) is not None
+        if by_hand and engine_args.data_parallel_backend == "ray":
+            raise ValueError(
+                "--data-parallel-rank runs one rank's engine core in this server; with --data-parallel-backend "
+                "ray the server starts every rank itself: give only one of them"
+            )
+        if not by_hand and (engine_args.data_parallel_size > 1 or engine_args.data_parallel_backend == "ray"):
+            from cpuinfer.entrypoints.openai.data_parallel import start_data_parallel
+
+            return await start_data_parallel(engine_args)
         # Loading takes seconds: keep the loop free so /health can answer 503 meanwhile.
         engine = await asyncio.to_thread(AsyncLLM.from_engine_args, engine_args)
         adapter = AsyncLLMAdapter(engine)
         logger.info(
-            "engine core process pid %s: %d KV blocks of %d tokens",
-            adapter.pid,
+            "engine core process %s; %d KV blocks of %d tokens",
+            adapter.describe(),
             engine.num_blocks,
             engine.config.block_size,
         )
-        pin_front_end()
+        if engine_args.data_parallel_size > 1:
+            logger.info(
+                "data-parallel rank %d of %d (an external load balancer routes between the servers)",
+                engine_args.data_parallel_rank,
+                engine_args.data_parallel_size,
+            )
+        pin_front_end(local_cpus([engine]))
         return adapter
 
     return start

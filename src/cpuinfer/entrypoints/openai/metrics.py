@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from cpuinfer.engine.messages import EngineStats
+from cpuinfer.entrypoints.openai.engine_adapter import CoreState
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -93,9 +94,12 @@ E2E_BUCKETS = (
 class _EngineCollector(Collector):
     """Exports the latest engine snapshot as gauges and (cumulative) counters."""
 
-    def __init__(self, model_name: str, snapshot: Callable[[], EngineStats]):
+    def __init__(
+        self, model_name: str, snapshot: Callable[[], EngineStats], cores: Callable[[], list[CoreState]] | None = None
+    ):
         self.labels = {"model_name": model_name}
         self.snapshot = snapshot
+        self.cores = cores or list
 
     def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
         g = GaugeMetricFamily(name, doc, labels=list(self.labels))
@@ -129,12 +133,39 @@ class _EngineCollector(Collector):
         yield self._counter("vllm:prefix_cache_queries", "Prefix-cache queries, in tokens.", s.prefix_cache_queries)
         yield self._counter("vllm:prefix_cache_hits", "Prefix-cache hits, in tokens.", s.prefix_cache_hits)
         yield self._counter("vllm:num_preemptions", "Cumulative number of preemptions.", s.num_preemptions)
+        yield from self._per_core()
+
+    def _per_core(self) -> Iterable[Metric]:
+        """Each engine core (data-parallel rank) on its own: up, requests routed to it, its queues."""
+        cores = self.cores()
+        if not cores:
+            return
+        names = [*self.labels, "dp_rank"]
+        up = GaugeMetricFamily("cpuinfer:engine_core_up", "1 while the engine core serves, 0 once dead.", labels=names)
+        routed = CounterMetricFamily(
+            "cpuinfer:engine_core_requests_routed", "Requests sent to this engine core since start.", labels=names
+        )
+        running = GaugeMetricFamily(
+            "cpuinfer:engine_core_num_requests_running", "Running requests of this engine core.", labels=names
+        )
+        waiting = GaugeMetricFamily(
+            "cpuinfer:engine_core_num_requests_waiting", "Waiting requests of this engine core.", labels=names
+        )
+        for c in cores:
+            values = [*self.labels.values(), str(c.dp_rank)]
+            up.add_metric(values, 1.0 if c.alive else 0.0)
+            routed.add_metric(values, c.requests_routed)
+            running.add_metric(values, c.num_running if c.alive else 0)
+            waiting.add_metric(values, c.num_waiting if c.alive else 0)
+        yield from (up, routed, running, waiting)
 
 
 class ServerMetrics:
     """Every metric of one server, in its own registry."""
 
-    def __init__(self, model_name: str, snapshot: Callable[[], EngineStats]):
+    def __init__(
+        self, model_name: str, snapshot: Callable[[], EngineStats], cores: Callable[[], list[CoreState]] | None = None
+    ):
         self.registry = CollectorRegistry()
         labels = ["model_name"]
         r = self.registry
@@ -197,7 +228,7 @@ class ServerMetrics:
             "cpuinfer:requests_aborted", "Requests aborted (client gone or shutdown).", labels, registry=r
         ).labels(model_name)
         self.model_name = model_name
-        self.registry.register(_EngineCollector(model_name, snapshot))
+        self.registry.register(_EngineCollector(model_name, snapshot, cores))
 
     def request_finished(self, reason: str | None) -> None:
         """Count one request that ran to completion."""
