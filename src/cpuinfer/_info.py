@@ -123,10 +123,12 @@ def _layout_lines(layout: dict[str, Any] | None) -> list[str]:
             lines.append(f"{head}error: {entry['error']}")
             continue
         tp, dp = layout.get("tensor_parallel_size", 1), layout.get("data_parallel_size", 1)
+        pp = layout.get("pipeline_parallel_size", 1)
         for rank, r in enumerate(entry["ranks"]):
             line = f"{head if rank == 0 else ' ' * len(head)}{describe_rank(rank, r['cpus'], r['node'])}"
-            if entry["world_size"] == dp * tp > 1:  # what `cpuinfer info -dp/-tp` asked for
-                line += f"  (data-parallel rank {rank // tp}, tensor-parallel rank {rank % tp})"
+            if entry["world_size"] == dp * tp * pp > 1:  # what `cpuinfer info -dp/-tp/-pp` asked for
+                stage = f", pipeline stage {rank % (tp * pp) // tp}" if pp > 1 else ""
+                line += f"  (data-parallel rank {rank // (tp * pp)}, tensor-parallel rank {rank % tp}{stage})"
             lines.append(line)
     return lines
 

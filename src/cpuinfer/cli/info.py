@@ -25,6 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-tp", "--tensor-parallel-size", type=int, default=1, help="... each core having this many ranks"
     )
+    parser.add_argument(
+        "-pp", "--pipeline-parallel-size", type=int, default=1, help="... times this many pipeline stages"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -32,14 +35,19 @@ def run(args: argparse.Namespace) -> int:
     import cpuinfer
 
     report = cpuinfer.info()
-    dp, tp = args.data_parallel_size, args.tensor_parallel_size
-    if dp < 1 or tp < 1:
-        raise SystemExit("cpuinfer info: --data-parallel-size and --tensor-parallel-size must be >= 1")
-    if dp * tp > 1:
+    dp, tp, pp = args.data_parallel_size, args.tensor_parallel_size, args.pipeline_parallel_size
+    if dp < 1 or tp < 1 or pp < 1:
+        raise SystemExit(
+            "cpuinfer info: --data-parallel-size, --tensor-parallel-size and --pipeline-parallel-size must be >= 1"
+        )
+    if dp * tp * pp > 1:
         from cpuinfer.platform.threads import layout_report
 
-        report["layout"] = layout_report(world_sizes=[dp * tp])
-        report["layout"]["tensor_parallel_size"] = tp  # rank r is data-parallel rank r // tp, tp rank r % tp
+        report["layout"] = layout_report(world_sizes=[dp * tp * pp])
+        # rank r is data-parallel rank r // (tp * pp); within its core, pipeline stage (r % (tp * pp)) // tp and
+        # tensor-parallel rank r % tp
+        report["layout"]["tensor_parallel_size"] = tp
+        report["layout"]["pipeline_parallel_size"] = pp
         report["layout"]["data_parallel_size"] = dp
     if args.model:
         from cpuinfer.quantization.checkpoint import describe
