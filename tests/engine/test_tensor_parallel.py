@@ -17,6 +17,7 @@ import time
 import pytest
 import torch
 
+from tests.cpus import machine_cpus
 from tests.models.test_tiny_models import _checkpoint
 
 pytest.importorskip("transformers")
@@ -25,7 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def _env(tp: int) -> dict:
     """One CPU per rank (the first two this process may use; both ranks on one CPU if it has only one)."""
-    cpus = sorted(os.sched_getaffinity(0))
+    cpus = machine_cpus()
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(cpus[r % len(cpus)]) for r in range(tp))
     env.pop("CPUINFER_OMP_THREADS_BIND", None)

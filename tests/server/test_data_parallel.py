@@ -21,6 +21,8 @@ import httpx
 import openai
 import pytest
 
+from tests.cpus import machine_cpus
+
 from .conftest import free_port, metric, running_server, server_env
 from .test_lifecycle import _model, raw_stream
 from .test_load import blast_and_check
@@ -28,7 +30,7 @@ from .test_load import blast_and_check
 
 def dp_env() -> dict:
     """One CPU per core where there are two, else unbound."""
-    cpus = sorted(os.sched_getaffinity(0))
+    cpus = machine_cpus()
     bind = f"{cpus[0]}|{cpus[1]}" if len(cpus) >= 2 else "nobind"
     return server_env(VLLM_CPU_OMP_THREADS_BIND=bind)
 
@@ -169,11 +171,11 @@ def wait_routed(server, routed: int, running: int, timeout: float = 60) -> None:
     raise AssertionError(f"never saw {routed} requests routed and {running} running")
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs (one per rank)")
+@pytest.mark.skipif(len(machine_cpus()) < 2, reason="needs 2 CPUs (one per rank)")
 def test_one_rank_per_server_for_an_external_load_balancer():
     # --data-parallel-rank by hand: this server runs rank 1's core only, on rank 1's share of the cores.
     with running_server("-dp", "2", "--data-parallel-rank", "1", env=dp_env()) as server:
-        cpus = sorted(os.sched_getaffinity(0))
+        cpus = machine_cpus()
         assert re.search(rf"data-parallel rank 1: engine core rank 0 -> cores {cpus[1]}\b", server.log()), server.log()
         assert "data-parallel rank 1 of 2 (an external load balancer routes" in server.log()
         out = httpx.post(
