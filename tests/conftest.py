@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 
 import pytest
 import torch
@@ -30,3 +31,16 @@ def kernels(request):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+_START_AFFINITY = os.sched_getaffinity(0)
+
+
+@pytest.fixture(autouse=True)
+def _main_thread_affinity():
+    """Every test starts with the CPUs the session started with. An engine run in this process binds its
+    OpenMP team, and the main thread is thread 0: it stays pinned to the first inference CPU, and a process
+    started from it later (an engine core, a server, a tensor-parallel rank) would inherit that one CPU."""
+    if os.sched_getaffinity(0) != _START_AFFINITY:
+        os.sched_setaffinity(0, _START_AFFINITY)
+    yield
