@@ -88,8 +88,9 @@ def kv_head_range(kv_heads: int, tp: TPGroup) -> tuple[int, int]:
 _warned: set[str] = set()
 
 
-def narrow(w, dim: int, start: int, length: int, what: str):
-    """w[start:start + length] along dim (0 = output rows, 1 = input columns), for dense and quantized weights."""
+def narrow(w, dim: int, start: int, length: int, what: str, dtype: torch.dtype):
+    """w[start:start + length] along dim (0 = output rows, 1 = input columns), for dense and quantized weights
+    (a quantized share that cannot be cut in its packed form is dequantized to dtype, the run dtype)."""
     if w is None:
         return None
     if not is_quantized(w):
@@ -97,29 +98,29 @@ def narrow(w, dim: int, start: int, length: int, what: str):
             return w
         return w.narrow(dim, start, length).contiguous()
     if dim == 0:
-        return _quant_rows(w, start, length, what)
-    return _quant_cols(w, start, length, what)
+        return _quant_rows(w, start, length, what, dtype)
+    return _quant_cols(w, start, length, what, dtype)
 
 
-def _dense_fallback(w: QuantWeight, dim: int, start: int, length: int, what: str, why: str) -> torch.Tensor:
-    dtype = torch.bfloat16
+def _dense_fallback(w: QuantWeight, dim: int, start: int, length: int, what: str, why: str, dtype) -> torch.Tensor:
     if what not in _warned:
         _warned.add(what)
         logger.warning(
             "tensor parallel: %s (%s) cannot be split in its packed form (%s); this rank keeps its share "
-            "dequantized to bfloat16",
+            "dequantized to %s",
             what,
             w.kind,
             why,
+            dtype,
         )
     return w.dequantize(dtype).narrow(dim, start, length).contiguous()
 
 
-def _quant_rows(w: QuantWeight, start: int, length: int, what: str):
+def _quant_rows(w: QuantWeight, start: int, length: int, what: str, dtype):
     if start == 0 and length == w.n:
         return w
     if start % LANES or (length % LANES and start + length != w.n):
-        return _dense_fallback(w, 0, start, length, what, f"rows {start}..{start + length} cut a 16-row panel")
+        return _dense_fallback(w, 0, start, length, what, f"rows {start}..{start + length} cut a 16-row panel", dtype)
     panels = -(-w.n // LANES)
     p0, p1 = start // LANES, -(-(start + length) // LANES)
 
@@ -129,14 +130,16 @@ def _quant_rows(w: QuantWeight, start: int, length: int, what: str):
     return QuantWeight(cut(w.qs), cut(w.d), cut(w.z), cut(w.m), w.bits, w.group, length, w.k, w.kind, w.perm)
 
 
-def _quant_cols(w: QuantWeight, start: int, length: int, what: str):
+def _quant_cols(w: QuantWeight, start: int, length: int, what: str, dtype):
     if start == 0 and length == w.k:
         return w
     step = math.lcm(BLOCK, w.group)
     if w.perm is not None:
-        return _dense_fallback(w, 1, start, length, what, "its input features are in act-order")
+        return _dense_fallback(w, 1, start, length, what, "its input features are in act-order", dtype)
     if start % step or length % step:
-        return _dense_fallback(w, 1, start, length, what, f"columns {start}..{start + length} cut a {step}-group")
+        return _dense_fallback(
+            w, 1, start, length, what, f"columns {start}..{start + length} cut a {step}-group", dtype
+        )
     panels, blocks, groups = -(-w.n // LANES), w.k // BLOCK, w.k // w.group
     b0, b1, g0, g1 = start // BLOCK, (start + length) // BLOCK, start // w.group, (start + length) // w.group
 
@@ -165,7 +168,7 @@ def shard_vocab_rows(table, tp: TPGroup, what: str, dtype: torch.dtype):
     have = max(0, min(per, vocab - start))
     if is_quantized(table):
         if have == per:
-            return narrow(table, 0, start, per, what)
+            return narrow(table, 0, start, per, what, dtype)
         table = table.dequantize(dtype)  # a ragged last shard: dense (rare: V % (16 * tp) != 0)
     out = torch.zeros(per, table.shape[1], dtype=table.dtype)
     if have:

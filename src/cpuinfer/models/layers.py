@@ -60,7 +60,7 @@ class WeightBag:
 
     def take_shard(self, name: str, dim: int, start: int, length: int) -> torch.Tensor:
         """take(name) cut to [start, start + length) along dim (a tensor-parallel share)."""
-        return self.take(name) if self.tp.size == 1 else narrow(self.take(name), dim, start, length, name)
+        return self.take(name) if self.tp.size == 1 else narrow(self.take(name), dim, start, length, name, self.dtype)
 
     def take_cat(
         self, names: list[str], required: bool = True, rows: list[tuple[int, int]] | None = None
@@ -71,7 +71,7 @@ class WeightBag:
             return None
         parts = [self.tensors.pop(n) if n in self.tensors else self.take(n) for n in names]
         if rows is not None:
-            parts = [narrow(p, 0, a, n, name) for p, (a, n), name in zip(parts, rows, names, strict=True)]
+            parts = [narrow(p, 0, a, n, name, self.dtype) for p, (a, n), name in zip(parts, rows, names, strict=True)]
         if all(is_quantized(p) for p in parts):
             return concat([q for p in parts for q in p.parts])
         parts = [p.dequantize(self.dtype) if is_quantized(p) else p for p in parts]  # mixed: all dense
