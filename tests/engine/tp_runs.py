@@ -40,20 +40,25 @@ def runner_greedy(path: str, dtype: str, tp: int, pp: int = 1) -> dict:
         tensor_parallel_size=tp,
         pipeline_parallel_size=pp,
     )
-    config = args.create_engine_config()
-    if tp * pp == 1:
-        from cpuinfer.worker import ModelRunner
-
-        runner = ModelRunner(config.spec, 16, 64, config.cache_dtype)
-    else:
-        from cpuinfer.worker.tp_executor import RankExecutor
-
-        runner = RankExecutor(config)
+    runner = build(args)
     tokens, first = greedy(runner, PROMPTS, 24, batched=True, chunk=7)
     fused = [getattr(layer, "fused", None) is not None for layer in runner_model(runner).layers]
-    if tp * pp > 1:
-        runner.shutdown()
+    close(runner)
     return {"tokens": tokens, "first": [f.tolist() for f in first], "fused": fused}
+
+
+def build(args):
+    """The runner the engine core would use for these args (the product's build_runner: ModelRunner or
+    RankExecutor), bound as the test's VLLM_CPU_OMP_THREADS_BIND says."""
+    from cpuinfer.worker.tp_executor import build_runner
+
+    return build_runner(args.create_engine_config())[0]
+
+
+def close(runner) -> None:
+    """Stop a RankExecutor's workers (a ModelRunner has none)."""
+    if hasattr(runner, "shutdown"):
+        runner.shutdown()
 
 
 def runner_model(runner):
@@ -103,24 +108,15 @@ def smol_tp3(path: str, tp: int) -> dict:
         max_model_len=256,
         tensor_parallel_size=tp,
     )
-    config = args.create_engine_config()
-    if tp == 1:
-        from cpuinfer.worker import ModelRunner
-
-        runner = ModelRunner(config.spec, 16, 16, config.cache_dtype)
-    else:
-        from cpuinfer.worker.tp_executor import TPExecutor
-
-        runner = TPExecutor(config)
-    prompts = [config.spec.tokenizer.encode(p).ids for p in ("The capital of France is", "def fibonacci(n):")]
+    runner = build(args)
+    prompts = [runner.spec.tokenizer.encode(p).ids for p in ("The capital of France is", "def fibonacci(n):")]
     tokens, first = greedy(runner, prompts, 4, batched=True, chunk=5)
     model = runner_model(runner)
     weights = [
         w for layer in model.layers for w in (layer.attn.qkv_w, layer.attn.o_w, layer.mlp.gate_up_w, layer.mlp.down_w)
     ]
     quantized = all(is_quantized(w) for w in weights) and is_quantized(model.head.lm_head)
-    if tp > 1:
-        runner.shutdown()
+    close(runner)
     return {"tokens": tokens, "first": [f.tolist() for f in first], "quantized": quantized}
 
 

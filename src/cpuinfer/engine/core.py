@@ -8,7 +8,6 @@ its own (`cpuinfer.engine.core_proc`).
 from __future__ import annotations
 
 import logging
-import os
 import time
 
 import torch
@@ -79,18 +78,10 @@ class EngineCore:
     @classmethod
     def from_config(cls, config) -> EngineCore:
         """Bind threads, load the model and allocate the KV cache as `config` (an EngineConfig) says."""
-        from cpuinfer.platform.threads import bind_from_env
-        from cpuinfer.worker.model_runner import ModelRunner
-        from cpuinfer.worker.tp_executor import RankExecutor, RankPlacement, global_rank, machine_ranks
+        from cpuinfer.worker.tp_executor import build_runner
 
         spec = config.spec
-        if config.world_size > 1:
-            runner = RankExecutor(config)  # binds each rank, this process as rank 0
-            layout = runner.layout
-        else:
-            binding = bind_from_env(global_rank(config.args, 0), machine_ranks(config.args))
-            runner = ModelRunner(spec, config.block_size, config.num_blocks, config.cache_dtype)
-            layout = [RankPlacement(0, os.getpid(), binding.cpus, binding.node)]
+        runner, layout = build_runner(config)  # binds every rank's threads, loads the weights
         sched = SchedulerConfig(
             config.max_num_batched_tokens,
             config.max_num_seqs,

@@ -286,6 +286,20 @@ class RankExecutor:
 TPExecutor = RankExecutor  # its name before pipeline parallelism
 
 
+def build_runner(config):
+    """(runner, layout) of an engine core: its one rank bound here and a ModelRunner, or a RankExecutor over
+    tensor x pipeline-parallel ranks (each bound in its own process, this one as rank 0)."""
+    if config.world_size > 1:
+        runner = RankExecutor(config)
+        return runner, runner.layout
+    from cpuinfer.platform.threads import bind_from_env
+    from cpuinfer.worker.model_runner import ModelRunner
+
+    binding = bind_from_env(global_rank(config.args, 0), machine_ranks(config.args))
+    runner = ModelRunner(config.spec, config.block_size, config.num_blocks, config.cache_dtype)
+    return runner, [_placement(config, 0, binding)]
+
+
 def _start(proc: mp.Process) -> None:
     """proc.start() from inside the engine core process, which is itself a daemon of the front end.
 
