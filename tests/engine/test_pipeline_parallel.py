@@ -6,15 +6,10 @@ Each run is a fresh process (tests/engine/tp_runs.py), as for tensor parallelism
 
 from __future__ import annotations
 
-import asyncio
-import os
-import signal
-import time
-
 import pytest
 import torch
 
-from tests.engine.test_tensor_parallel import _env, _wait_gone, run
+from tests.engine.test_tensor_parallel import _env, kill_rank_0, kill_rank_mid_stream, run
 from tests.models.test_tiny_models import CASES
 
 transformers = pytest.importorskip("transformers")
@@ -125,31 +120,12 @@ def pp_engine(checkpoints, monkeypatch):
 def test_the_last_stage_killed_mid_step_fails_the_engine_fast(pp_engine):
     """SIGKILL rank 1 (the last stage) while a request streams: the stream fails with EngineDeadError naming
     it within seconds (rank 0 waits on it for the logits and sees its pid gone), and the core exits."""
-    from cpuinfer.errors import EngineDeadError
-    from cpuinfer.sampling_params import SamplingParams
-
     layout = pp_engine.layout
     assert [(p.rank, p.stage) for p in layout] == [(0, 0), (1, 1)]
     assert "pp stage 1" in layout[1].describe()
-    worker = layout[1].pid
-
-    async def go():
-        stream = pp_engine.add_request("long", [5, 6, 7], SamplingParams(max_tokens=400, ignore_eos=True))
-        await stream.__anext__()
-        os.kill(worker, signal.SIGKILL)
-        t0 = time.monotonic()
-        with pytest.raises(EngineDeadError, match="rank 1") as err:
-            async for _ in stream:
-                pass
-        return time.monotonic() - t0, str(err.value)
-
-    elapsed, message = asyncio.run(go())
-    assert elapsed < 10, message
-    assert _wait_gone(layout[0].pid, 10), "the engine core did not exit"
+    kill_rank_mid_stream(pp_engine, 1)
 
 
 def test_the_first_stage_killed_stops_the_last(pp_engine):
     """SIGKILL the engine core (rank 0, the first stage): the last stage exits within seconds."""
-    worker = pp_engine.layout[1].pid
-    os.kill(pp_engine.pid, signal.SIGKILL)
-    assert _wait_gone(worker, 10), "pipeline stage 1 outlived rank 0"
+    kill_rank_0(pp_engine, 1)

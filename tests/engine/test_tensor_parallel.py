@@ -138,30 +138,39 @@ def tp_engine(checkpoints, monkeypatch):
 def test_a_rank_killed_mid_step_fails_the_engine_fast(tp_engine):
     """SIGKILL rank 1 while a request streams: the stream fails with EngineDeadError naming the rank within
     seconds (rank 0 sees the dead pid in its all-reduce), and the engine core exits."""
+    layout = tp_engine.layout
+    assert [p.rank for p in layout] == [0, 1] and layout[0].pid == tp_engine.pid
+    kill_rank_mid_stream(tp_engine, 1)
+
+
+def kill_rank_mid_stream(engine, rank: int) -> None:
+    """SIGKILL `rank` of an AsyncLLM's core while a request streams; the stream must end in EngineDeadError
+    naming that rank within 10 s, and the engine core process must exit."""
     from cpuinfer.errors import EngineDeadError
     from cpuinfer.sampling_params import SamplingParams
 
-    layout = tp_engine.layout
-    assert [p.rank for p in layout] == [0, 1] and layout[0].pid == tp_engine.pid
-    worker = layout[1].pid
-
     async def go():
-        stream = tp_engine.add_request("long", [5, 6, 7], SamplingParams(max_tokens=400, ignore_eos=True))
+        stream = engine.add_request("long", [5, 6, 7], SamplingParams(max_tokens=400, ignore_eos=True))
         await stream.__anext__()
-        os.kill(worker, signal.SIGKILL)
+        os.kill(engine.layout[rank].pid, signal.SIGKILL)
         t0 = time.monotonic()
-        with pytest.raises(EngineDeadError, match="rank 1") as err:
+        with pytest.raises(EngineDeadError, match=f"rank {rank}") as err:
             async for _ in stream:
                 pass
         return time.monotonic() - t0, str(err.value)
 
     elapsed, message = asyncio.run(go())
     assert elapsed < 10, message
-    assert _wait_gone(layout[0].pid, 10), "the engine core did not exit"
+    assert _wait_gone(engine.pid, 10), "the engine core did not exit"
+
+
+def kill_rank_0(engine, rank: int) -> None:
+    """SIGKILL an AsyncLLM's core (rank 0): worker `rank` must exit within 10 s."""
+    worker = engine.layout[rank].pid
+    os.kill(engine.pid, signal.SIGKILL)
+    assert _wait_gone(worker, 10), f"rank {rank} outlived rank 0"
 
 
 def test_rank_0_killed_stops_the_workers(tp_engine):
     """SIGKILL the engine core (rank 0): rank 1 notices (its pipe closes) and exits within seconds."""
-    worker = tp_engine.layout[1].pid
-    os.kill(tp_engine.pid, signal.SIGKILL)
-    assert _wait_gone(worker, 10), "tensor-parallel rank 1 outlived rank 0"
+    kill_rank_0(tp_engine, 1)
