@@ -124,19 +124,8 @@ def test_a_killed_core_fails_its_requests_and_the_other_keeps_serving():
         t0 = time.monotonic()
         os.kill(core_pid(server, 1), signal.SIGKILL)
         # Which stream ran on core 1 is not known here; the one that ends first with an error event is it.
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and not any(e and e[-1] == "data: [DONE]" for e in events):
-            time.sleep(0.05)
-        failed_after = time.monotonic() - t0
-        for t in threads:
-            t.join(120)
-        ends = [json.loads(e[-2][len("data: ") :]) for e in events]
-        errors = [end for end in ends if "error" in end]
-        assert len(errors) == 1, ends
-        assert errors[0]["error"]["code"] in (500, 503) and "Traceback" not in errors[0]["error"]["message"]
+        failed_after = one_stream_fails(events, threads, t0, 20)
         assert failed_after < 10, f"the dead core's stream took {failed_after:.1f}s to fail"
-        finished = [end for end in ends if "error" not in end]
-        assert finished[0]["choices"][0]["finish_reason"] == "length"  # the other core's stream ran to the end
 
         # /health names the dead core; the server keeps serving on the other one.
         r = httpx.get(server.url + "/health", timeout=5)
@@ -157,6 +146,24 @@ def test_a_killed_core_fails_its_requests_and_the_other_keeps_serving():
         os.kill(core_pid(server, 0), signal.SIGKILL)
         assert server.proc.wait(30) == 1, server.log()[-3000:]
         assert "every data-parallel engine core died" in server.log()
+
+
+def one_stream_fails(events: list[list[str]], threads, t0: float, timeout: float) -> float:
+    """Two raw streams (test_lifecycle.raw_stream), one on a core that was just lost: wait for the first to end,
+    then both; exactly one must end in a 5xx error event without a traceback, the other run to its length.
+    Returns the seconds from t0 until the first ended."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not any(e and e[-1] == "data: [DONE]" for e in events):
+        time.sleep(0.05)
+    first_end = time.monotonic() - t0
+    for t in threads:
+        t.join(120)
+    ends = [json.loads(e[-2][len("data: ") :]) for e in events]
+    errors = [end for end in ends if "error" in end]
+    assert len(errors) == 1, ends
+    assert errors[0]["error"]["code"] in (500, 503) and "Traceback" not in errors[0]["error"]["message"]
+    assert next(end for end in ends if "error" not in end)["choices"][0]["finish_reason"] == "length"
+    return first_end
 
 
 def wait_routed(server, routed: int, running: int, timeout: float = 60) -> None:
