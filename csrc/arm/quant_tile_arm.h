@@ -5,8 +5,8 @@
 // bytes of one quad against 4 bytes of x is one dot-product instruction,
 // the x bytes taken by lane from a register holding a 16-k half of the row:
 // - i8mm (neon_bf16, apple_m2): USDOT, u8 weights times s8 x, as they are.
-// - dotprod only (neon, apple_m1): SDOT (both signed). 4-bit values (0..15)
-//   are already valid int8. 8-bit values enter as u - 128 (one EOR of the
+// - dotprod only (neon, apple_m1): SDOT (both signed). 4- to 6-bit values
+//   (0..63) are already valid int8. 8-bit values enter as u - 128 (one EOR of the
 //   top bit, shared by the tile's rows) and the accumulator starts at
 //   128 * sum(x), which the activation rows carry: the same exact int32.
 // The f32 epilogue is the portable tile's, step by step (FMLA is fused like
@@ -42,14 +42,26 @@ struct NeonQuantTile : UnrolledRows<NeonQuantTile<Bits, Min, G16>, 4> {
     // 8-bit values through SDOT are u - 128: each half's sum is short by 128 * sum(x).
     static constexpr bool kBias = Bits == 8 && !kUnsignedDot;
 
-    // Quad q (features 4q..4q+3) of the values for k = 16h + 4j .. +3, as the dot product takes them.
-    CPUINFER_QUANT_INLINE static uint8x16_t operand(const uint8_t *qb, int h, int j, int q) {
+    // Quad q (features 4q..4q+3) of the values for k = 16H + 4J .. +3, as the dot product takes them
+    // (5- and 6-bit values: the nibble with its high bits from the block's plane, quant_tile.h).
+    template <int H, int J>
+    CPUINFER_QUANT_INLINE static uint8x16_t operand(const uint8_t *qb, int q) {
         if constexpr (Bits == 8) {
-            const uint8x16_t v = vld1q_u8(qb + 64 * (4 * h + j) + 16 * q);
+            const uint8x16_t v = vld1q_u8(qb + 64 * (4 * H + J) + 16 * q);
             return kBias ? veorq_u8(v, vdupq_n_u8(0x80)) : v;
         } else {
-            const uint8x16_t v = vld1q_u8(qb + 64 * j + 16 * q);
-            return h ? vshrq_n_u8(v, 4) : vandq_u8(v, vdupq_n_u8(15));
+            const uint8x16_t v = vld1q_u8(qb + 64 * J + 16 * q);
+            const uint8x16_t nib = H ? vshrq_n_u8(v, 4) : vandq_u8(v, vdupq_n_u8(15));
+            if constexpr (Bits == 4) {
+                return nib;
+            } else {
+                constexpr int kUp = 4 - plane_bit<Bits>(H, J);
+                const uint8x16_t p = vld1q_u8(qb + plane_offset<Bits>(H) + 16 * q);
+                uint8x16_t moved = p;
+                if constexpr (kUp > 0) moved = vshlq_n_u8(p, kUp > 0 ? kUp : 1);
+                else if constexpr (kUp < 0) moved = vshrq_n_u8(p, kUp < 0 ? -kUp : 1);
+                return vorrq_u8(nib, vandq_u8(moved, vdupq_n_u8(plane_mask<Bits>())));
+            }
         }
     }
 
@@ -79,7 +91,7 @@ struct NeonQuantTile : UnrolledRows<NeonQuantTile<Bits, Min, G16>, 4> {
     CPUINFER_QUANT_INLINE static void step(const uint8_t *qb, const int8x16_t (&xv)[MR][2], int32x4_t (&s)[MR][NQ]) {
         CPUINFER_QUANT_UNROLL
         for (int q = 0; q < NQ; ++q) {
-            const uint8x16_t u = operand(qb, H, J, Q0 + q);
+            const uint8x16_t u = operand<H, J>(qb, Q0 + q);
             CPUINFER_QUANT_UNROLL
             for (int r = 0; r < MR; ++r) s[r][q] = dot<J>(s[r][q], u, xv[r][H]);
         }

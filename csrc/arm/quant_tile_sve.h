@@ -10,8 +10,8 @@
 // 16-k half is replicated into every segment (LD1RQB) and each segment's 4
 // features meet the same 4 x bytes at any VL.
 //
-// The sve variant has no i8mm (no USDOT): 4-bit values (0..15) are valid
-// int8 as they are; 8-bit values enter as u - 128 (EOR of the top bit) and
+// The sve variant has no i8mm (no USDOT): 4- to 6-bit values (0..63) are
+// valid int8 as they are; 8-bit values enter as u - 128 (EOR of the top bit) and
 // the sum starts at 128 * sum(x), as NEON's SDOT path does: the int32 sums
 // are exact, and the f32 epilogue is the portable tile's step by step (FMLA
 // is fused like std::fma), so every variant produces the same bits.
@@ -42,6 +42,14 @@ struct SveQuantTile : TileDefaults {
     }
     // The int32 start of a sum: 8-bit values through SDOT are u - 128, short by 128 * sum(x).
     static svint32_t start(int32_t sum_x) { return svdup_n_s32(Bits == 8 ? 128 * sum_x : 0); }
+    // nib | the plane's bits from bit Low on, moved up to bit 4 (quant_tile.h).
+    template <int Low>
+    static svuint8_t with_high(svbool_t pb, svuint8_t nib, svuint8_t p) {
+        svuint8_t moved = p;
+        if constexpr (Low < 4) moved = svlsl_n_u8_x(pb, p, 4 - Low);
+        else if constexpr (Low > 4) moved = svlsr_n_u8_x(pb, p, Low - 4);
+        return svorr_u8_x(pb, nib, svand_n_u8_x(pb, moved, plane_mask<Bits>()));
+    }
     static svint32_t dot4(svint32_t s, svint8_t u0, svint8_t u1, svint8_t u2, svint8_t u3, svint8_t x) {
         s = svdot_lane_s32(s, u0, x, 0);
         s = svdot_lane_s32(s, u1, x, 1);
@@ -85,9 +93,20 @@ struct SveQuantTile : TileDefaults {
                 } else {
                     const svuint8_t r0 = svld1_u8(pb, qb + off), r1 = svld1_u8(pb, qb + 64 + off),
                                     r2 = svld1_u8(pb, qb + 128 + off), r3 = svld1_u8(pb, qb + 192 + off);
-                    auto lo = [&](svuint8_t v) { return svreinterpret_s8_u8(svand_n_u8_x(pb, v, 15)); };
-                    auto hi = [&](svuint8_t v) { return svreinterpret_s8_u8(svlsr_n_u8_x(pb, v, 4)); };
-                    u0 = lo(r0), u1 = lo(r1), u2 = lo(r2), u3 = lo(r3), u4 = hi(r0), u5 = hi(r1), u6 = hi(r2), u7 = hi(r3);
+                    auto lo = [&](svuint8_t v) { return svand_n_u8_x(pb, v, 15); };
+                    auto hi = [&](svuint8_t v) { return svlsr_n_u8_x(pb, v, 4); };
+                    svuint8_t n0 = lo(r0), n1 = lo(r1), n2 = lo(r2), n3 = lo(r3), n4 = hi(r0), n5 = hi(r1), n6 = hi(r2),
+                              n7 = hi(r3);
+                    if constexpr (Bits > 4) {  // the high bits from the block's planes (quant_tile.h)
+                        const svuint8_t p0 = svld1_u8(pb, qb + plane_offset<Bits>(0) + off),
+                                        p1 = svld1_u8(pb, qb + plane_offset<Bits>(1) + off);
+                        n0 = with_high<plane_bit<Bits>(0, 0)>(pb, n0, p0), n1 = with_high<plane_bit<Bits>(0, 1)>(pb, n1, p0);
+                        n2 = with_high<plane_bit<Bits>(0, 2)>(pb, n2, p0), n3 = with_high<plane_bit<Bits>(0, 3)>(pb, n3, p0);
+                        n4 = with_high<plane_bit<Bits>(1, 0)>(pb, n4, p1), n5 = with_high<plane_bit<Bits>(1, 1)>(pb, n5, p1);
+                        n6 = with_high<plane_bit<Bits>(1, 2)>(pb, n6, p1), n7 = with_high<plane_bit<Bits>(1, 3)>(pb, n7, p1);
+                    }
+                    auto s8 = [](svuint8_t v) { return svreinterpret_s8_u8(v); };
+                    u0 = s8(n0), u1 = s8(n1), u2 = s8(n2), u3 = s8(n3), u4 = s8(n4), u5 = s8(n5), u6 = s8(n6), u7 = s8(n7);
                 }
                 const int64_t at = g0 * kLanes + off / 4;
                 const svfloat32_t d0 = half(pw, w.d + at);

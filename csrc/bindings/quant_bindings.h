@@ -43,7 +43,7 @@ using Code = nb::dlpack::dtype_code;
 
 // Shape fields of a quantized weight, checked (what the kernels assume).
 inline QuantMatrix quant_shape(int bits, int64_t group, int64_t n, int64_t k, const std::string &name) {
-    if (bits != 4 && bits != 8) fail_value(name + ": bits must be 4 or 8, got " + str(bits));
+    if (bits != 4 && bits != 5 && bits != 6 && bits != 8) fail_value(name + ": bits must be 4, 5, 6 or 8, got " + str(bits));
     if (n < 1 || k < 32 || k % 32 != 0)
         fail_value(name + ": shape [" + str(n) + ", " + str(k) + "] needs n >= 1 and k a positive multiple of 32");
     if (!(group == 16 || (group >= 32 && group % 32 == 0 && k % group == 0)))
@@ -66,6 +66,9 @@ inline QuantMatrix quant_part(nb::handle obj, const std::string &name, std::vect
     nb::object z = obj.attr("z"), m = obj.attr("m");
     if (z.is_none() == m.is_none()) fail_value(name + ": exactly one of z (zero points) and m (minimums) is set");
     if (q.group == 16 && z.is_none()) fail_value(name + ": group 16 needs zero points (z)");
+    if (!quant_form_supported(q.bits, q.group, !m.is_none()))
+        fail_value(name + ": no kernel for " + str(q.bits) + "-bit values with " + (m.is_none() ? "zero points" : "minimums") +
+                   " in groups of " + str(q.group) + " (5 bits: groups of 32 or more; 6 bits: zero points in groups of 16)");
     auto tensor = [&](nb::object o, const char *what) {
         In t;
         nb::detail::cleanup_list cleanup(nullptr);
@@ -165,10 +168,12 @@ inline void py_quant_pack(nb::handle weight, In u, In d, std::optional<In> z, st
     if (bool(z) != bool(q.z) || bool(m) != bool(q.m)) fail_value("pass z or m as the weight has them");
     const void *zp = z ? flat_tensor(*z, "z", uint8_t(Code::UInt), 8, q.N * groups, "uint8") : nullptr;
     const void *mp = m ? flat_tensor(*m, "m", uint8_t(Code::Float), 16, q.N * groups, "float16") : nullptr;
-    if (q.bits == 4) {
+    if (q.bits < 8) {
         const uint8_t *v = static_cast<const uint8_t *>(up);
+        const int top = (1 << q.bits) - 1;
         for (int64_t i = 0; i < q.N * q.K; ++i)
-            if (v[i] > 15) fail_value("u holds " + str(v[i]) + ", more than 4 bits, at index " + str(i));
+            if (v[i] > top)
+                fail_value("u holds " + str(v[i]) + ", more than " + str(q.bits) + " bits, at index " + str(i));
     }
     nb::gil_scoped_release nogil;
     quant_pack(q, static_cast<const uint8_t *>(up), static_cast<const f16_t *>(dp), static_cast<const uint8_t *>(zp),

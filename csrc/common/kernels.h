@@ -97,7 +97,7 @@ const char *linear_tile_impl(DType dt);
 // (w = d * (u - z)) or a minimum m (w = d * u + m). K is a multiple of 32;
 // group is 16 (zero points only) or a multiple of 32 dividing K.
 struct QuantMatrix {
-    int bits = 4;        // 4 or 8
+    int bits = 4;        // 4, 5, 6 or 8 (quant_form_supported)
     int64_t group = 32;
     int64_t N = 0, K = 0;
     const uint8_t *qs = nullptr;  // [panels][K / 32][16 * 32 * bits / 8]
@@ -110,6 +110,10 @@ struct QuantMatrix {
     const int32_t *perm = nullptr;  // [K], a permutation of 0..K-1
 };
 inline int64_t quant_panels(int64_t N) { return (N + 15) / 16; }
+// Whether the kernels are built for this value width and form: 4 and 8 bits
+// in every form, 5 bits with zero points or minimums in groups of 32 or more,
+// 6 bits with zero points in groups of 16 (the forms GGUF's types take).
+bool quant_form_supported(int bits, int64_t group, bool has_min);
 
 // Writes the panel layout from one value per byte u [N, K] and per-row group
 // parameters d, z or m [N, K / group] (exactly one of z, m non-null; the

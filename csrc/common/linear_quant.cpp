@@ -181,18 +181,29 @@ void run(T *out, int64_t os, const quant::QuantRows &x, const QuantMatrix &w, co
     });
 }
 
-// Calls f(Tile) with the tile type for w's bits, form and group.
+// Calls f(Tile) with the tile type for w's bits, form and group. The forms
+// built are those the formats bring (quant_form_supported): every form at 4
+// and 8 bits, zero points or minimums at 5 (Q5_0, Q5_1, Q5_K), group 16 with
+// zero points at 6 (Q6_K).
 template <typename F>
 void with_tile(const QuantMatrix &w, F &&f) {
     const bool g16 = w.group == 16, has_min = w.m != nullptr;
-    if (w.bits == 4) {
-        if (g16) f(quant::Tile<4, false, true>{});
-        else if (has_min) f(quant::Tile<4, true, false>{});
-        else f(quant::Tile<4, false, false>{});
-    } else {
-        if (g16) f(quant::Tile<8, false, true>{});
-        else if (has_min) f(quant::Tile<8, true, false>{});
-        else f(quant::Tile<8, false, false>{});
+    switch (w.bits) {
+        case 4:
+            if (g16) f(quant::Tile<4, false, true>{});
+            else if (has_min) f(quant::Tile<4, true, false>{});
+            else f(quant::Tile<4, false, false>{});
+            break;
+        case 5:
+            if (has_min) f(quant::Tile<5, true, false>{});
+            else f(quant::Tile<5, false, false>{});
+            break;
+        case 6: f(quant::Tile<6, false, true>{}); break;
+        default:
+            if (g16) f(quant::Tile<8, false, true>{});
+            else if (has_min) f(quant::Tile<8, true, false>{});
+            else f(quant::Tile<8, false, false>{});
+            break;
     }
 }
 
@@ -210,38 +221,43 @@ void quant_linear(DType dt, void *out, int64_t out_stride, const void *x, int64_
     });
 }
 
+bool quant_form_supported(int bits, int64_t group, bool has_min) {
+    switch (bits) {
+        case 4:
+        case 8: return true;
+        case 5: return group != 16;
+        case 6: return group == 16 && !has_min;
+        default: return false;
+    }
+}
+
 void quant_pack(const QuantMatrix &s, const uint8_t *u, const f16_t *d, const uint8_t *z, const f16_t *m,
                 uint8_t *qs_out, f16_t *d_out, uint8_t *z_out, f16_t *m_out) {
     const int64_t N = s.N, K = s.K, panels = quant_panels(N), blocks = K / kBlock, groups = K / s.group;
     const int64_t bb = block_bytes(s.bits);
-    parallel_for(panels, 4, [&](int64_t pb, int64_t pe) {
-        for (int64_t p = pb; p < pe; ++p) {
-            for (int64_t b = 0; b < blocks; ++b) {
-                uint8_t *o = qs_out + (p * blocks + b) * bb;
-                for (int f = 0; f < kLanes; ++f) {
-                    const int64_t n = p * kLanes + f;
-                    const uint8_t *row = n < N ? u + n * K + b * kBlock : nullptr;
-                    auto val = [&](int k) -> uint8_t { return row ? row[k] : 0; };
-                    if (s.bits == 8) {
-                        for (int j = 0; j < 8; ++j)
-                            for (int t = 0; t < 4; ++t) o[(j * kLanes + f) * 4 + t] = val(4 * j + t);
-                    } else {
-                        for (int j = 0; j < 4; ++j)
-                            for (int t = 0; t < 4; ++t)
-                                o[(j * kLanes + f) * 4 + t] = uint8_t(val(4 * j + t) | (val(4 * j + 16 + t) << 4));
+    quant::with_bits(s.bits, [&](auto bits) {
+        constexpr int Bits = decltype(bits)::value;
+        parallel_for(panels, 4, [&](int64_t pb, int64_t pe) {
+            alignas(64) uint8_t v[kLanes][kBlock];
+            for (int64_t p = pb; p < pe; ++p) {
+                for (int64_t b = 0; b < blocks; ++b) {
+                    for (int f = 0; f < kLanes; ++f) {
+                        const int64_t n = p * kLanes + f;
+                        for (int k = 0; k < kBlock; ++k) v[f][k] = n < N ? u[n * K + b * kBlock + k] : 0;
+                    }
+                    quant::pack_block<Bits>(v, qs_out + (p * blocks + b) * bb);
+                }
+                for (int64_t g = 0; g < groups; ++g) {
+                    for (int f = 0; f < kLanes; ++f) {
+                        const int64_t n = p * kLanes + f, at = (p * groups + g) * kLanes + f;
+                        const bool in = n < N;
+                        d_out[at] = in ? d[n * groups + g] : f16_t{0};
+                        if (z_out) z_out[at] = in ? z[n * groups + g] : 0;
+                        if (m_out) m_out[at] = in ? m[n * groups + g] : f16_t{0};
                     }
                 }
             }
-            for (int64_t g = 0; g < groups; ++g) {
-                for (int f = 0; f < kLanes; ++f) {
-                    const int64_t n = p * kLanes + f, at = (p * groups + g) * kLanes + f;
-                    const bool in = n < N;
-                    d_out[at] = in ? d[n * groups + g] : f16_t{0};
-                    if (z_out) z_out[at] = in ? z[n * groups + g] : 0;
-                    if (m_out) m_out[at] = in ? m[n * groups + g] : f16_t{0};
-                }
-            }
-        }
+        });
     });
 }
 
@@ -255,8 +271,9 @@ void quant_rows(DType dt, void *out, int64_t out_stride, const QuantMatrix &w, c
                 const int64_t p = ids[i] / kLanes, f = ids[i] % kLanes;
                 T *o = static_cast<T *>(out) + i * out_stride;
                 for (int64_t b = 0; b < blocks; ++b) {
-                    if (w.bits == 8) quant::unpack_block<8>(w.qs + (p * blocks + b) * bb, u);
-                    else quant::unpack_block<4>(w.qs + (p * blocks + b) * bb, u);
+                    quant::with_bits(w.bits, [&](auto bits) {
+                        quant::unpack_block<decltype(bits)::value>(w.qs + (p * blocks + b) * bb, u);
+                    });
                     for (int k = 0; k < kBlock; ++k) {
                         const int64_t g = (b * kBlock + k) / w.group, at = (p * groups + g) * kLanes + f;
                         const float d = to_f32(w.d[at]);

@@ -5,9 +5,18 @@
 // Weight panel (QuantMatrix in kernels.h): for every block of 32 k, the 16
 // features' unsigned values u, 4 consecutive k of one feature in 4 bytes, the
 // 16 features side by side (64 bytes per 4 k: the operand of one VPDPBUSD,
-// whose 16 int32 lanes are the 16 features). 4-bit values share bytes: byte
-// (j, f, t) of a block holds k = 4j + t in its low nibble and k = 4j + 16 + t
-// in its high nibble, so one AND and one shift give two 64-byte operands.
+// whose 16 int32 lanes are the 16 features). Operand (h, j) holds
+// k = 16h + 4j .. 16h + 4j + 3; its byte i = 4f + t is feature f's k = 16h + 4j + t.
+// - 8-bit values: the 8 operands one after the other (512 bytes).
+// - 4-bit values share bytes: byte (j, f, t) of a block holds operand
+//   (0, j)'s value in its low nibble and operand (1, j)'s in its high nibble,
+//   so one AND and one shift give two 64-byte operands (256 bytes).
+// - 5- and 6-bit values: their low 4 bits as the 4-bit block, then their high
+//   bits in 64-byte planes that line up with the operands byte for byte: 5-bit
+//   operand (h, j) finds bit 4 of its values at bit 4h + j of plane 0; 6-bit
+//   operand (h, j) finds bits 4-5 at bits 2j, 2j + 1 of plane h (320 and 384
+//   bytes). A shift, an AND and an OR per operand rebuild the bytes, and the
+//   block is bits / 8 of a byte per value, as in the file.
 // Per group of `group` k and feature: a scale d (f16) and either a zero point
 // z (u8: w = d * (u - z)) or a minimum m (f16: w = d * u + m).
 //
@@ -38,6 +47,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "dtype.h"
@@ -50,6 +60,22 @@ constexpr int kTileReadRows = 16;  // rows of x a tile call may read (see above)
 
 // Bytes of one panel's block of 32 k.
 constexpr int64_t block_bytes(int bits) { return int64_t(kLanes) * kBlock * bits / 8; }
+
+// 5- and 6-bit blocks (see above): the nibble bytes, then the high-bit planes.
+constexpr int kNibbleBytes = 256;
+// Where operand (h, j)'s high bits are: its plane's offset in the block, their
+// lowest bit in that plane's bytes, and the mask that keeps them once moved up
+// to bit 4 (a left shift by 4 - plane_bit, or a right shift when negative).
+template <int Bits>
+constexpr int plane_offset(int h) { return kNibbleBytes + (Bits == 6 ? 64 * h : 0); }
+template <int Bits>
+constexpr int plane_bit(int h, int j) { return Bits == 5 ? 4 * h + j : 2 * j; }
+template <int Bits>
+constexpr uint8_t plane_mask() { return Bits == 5 ? 0x10 : 0x30; }
+// Values below 2^6 are valid signed bytes and keep every dot product's pair
+// sums within 16 bits (2 * 63 * 127); only 8-bit values need the tiles' care.
+template <int Bits>
+constexpr bool kNarrow = Bits < 8;
 
 // Quantized activation rows as the tile reads them (row r at offsets r * stride).
 struct QuantRows {
@@ -73,6 +99,7 @@ struct QuantPanel {
 // The 16 x 32 values of one block, unpacked to u[feature][k].
 template <int Bits>
 inline void unpack_block(const uint8_t *b, uint8_t u[kLanes][kBlock]) {
+    static_assert(Bits == 4 || Bits == 5 || Bits == 6 || Bits == 8, "4, 5, 6 or 8-bit values");
     if constexpr (Bits == 8) {
         for (int j = 0; j < 8; ++j)
             for (int f = 0; f < kLanes; ++f)
@@ -81,10 +108,50 @@ inline void unpack_block(const uint8_t *b, uint8_t u[kLanes][kBlock]) {
         for (int j = 0; j < 4; ++j)
             for (int f = 0; f < kLanes; ++f)
                 for (int t = 0; t < 4; ++t) {
-                    const uint8_t v = b[(j * kLanes + f) * 4 + t];
-                    u[f][4 * j + t] = v & 15;
-                    u[f][4 * j + 16 + t] = v >> 4;
+                    const int i = (j * kLanes + f) * 4 + t;
+                    uint8_t lo = b[i] & 15, hi = b[i] >> 4;
+                    if constexpr (Bits > 4) {
+                        constexpr int kTop = (1 << (Bits - 4)) - 1;
+                        lo |= ((b[plane_offset<Bits>(0) + i - 64 * j] >> plane_bit<Bits>(0, j)) & kTop) << 4;
+                        hi |= ((b[plane_offset<Bits>(1) + i - 64 * j] >> plane_bit<Bits>(1, j)) & kTop) << 4;
+                    }
+                    u[f][4 * j + t] = lo;
+                    u[f][4 * j + 16 + t] = hi;
                 }
+    }
+}
+
+// The inverse: u[f][k] (< 2^Bits) into the block's bytes b.
+template <int Bits>
+inline void pack_block(const uint8_t u[kLanes][kBlock], uint8_t *b) {
+    if constexpr (Bits == 8) {
+        for (int j = 0; j < 8; ++j)
+            for (int f = 0; f < kLanes; ++f)
+                for (int t = 0; t < 4; ++t) b[(j * kLanes + f) * 4 + t] = u[f][4 * j + t];
+    } else {
+        for (int64_t i = kNibbleBytes; i < block_bytes(Bits); ++i) b[i] = 0;
+        for (int j = 0; j < 4; ++j)
+            for (int f = 0; f < kLanes; ++f)
+                for (int t = 0; t < 4; ++t) {
+                    const int i = (j * kLanes + f) * 4 + t;
+                    const uint8_t lo = u[f][4 * j + t], hi = u[f][4 * j + 16 + t];
+                    b[i] = uint8_t((lo & 15) | ((hi & 15) << 4));
+                    if constexpr (Bits > 4) {
+                        b[plane_offset<Bits>(0) + i - 64 * j] |= uint8_t((lo >> 4) << plane_bit<Bits>(0, j));
+                        b[plane_offset<Bits>(1) + i - 64 * j] |= uint8_t((hi >> 4) << plane_bit<Bits>(1, j));
+                    }
+                }
+    }
+}
+
+// Calls f(std::integral_constant<int, bits>{}) for a supported value width.
+template <typename F>
+inline void with_bits(int bits, F &&f) {
+    switch (bits) {
+        case 4: f(std::integral_constant<int, 4>{}); break;
+        case 5: f(std::integral_constant<int, 5>{}); break;
+        case 6: f(std::integral_constant<int, 6>{}); break;
+        default: f(std::integral_constant<int, 8>{}); break;
     }
 }
 
@@ -115,7 +182,6 @@ struct UnrolledRows : TileDefaults {
 
 template <int Bits, bool Min, bool G16>
 struct QuantTile : TileDefaults {
-    static_assert(Bits == 4 || Bits == 8, "4- or 8-bit values");
     static_assert(!(Min && G16), "group 16 comes with zero points only (Q6_K)");
     static constexpr int kMaxRows = 4;
     static constexpr const char *kName = "portable";

@@ -233,7 +233,9 @@ void reserve(int fd, size_t offset, size_t bytes, const std::string &name) {
 
 }  // namespace
 
-ShmComm::ShmComm(const std::string &name, int rank, int world_size, size_t buffer_bytes, double timeout_s) {
+ShmComm::ShmComm(const std::string &name, int rank, int world_size, size_t buffer_bytes, double timeout_s,
+                 std::vector<int> watch)
+    : watch_(std::move(watch)) {
     if (world_size < 1 || world_size > kMaxWorld)
         throw std::invalid_argument("world_size must be in [1, " + std::to_string(kMaxWorld) + "], got " +
                                     std::to_string(world_size));
@@ -385,6 +387,10 @@ void ShmComm::attach(double timeout_s) {
                                              std::to_string(pid) + ") failed while the ranks were attaching");
                 if (pid == 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
             }
+            for (int pid : watch_)
+                if (!process_alive(pid))
+                    throw std::runtime_error("process " + std::to_string(pid) +
+                                             ", which this group waits on, exited while the ranks were attaching");
             if (seconds_since(start) > timeout_s)
                 throw std::runtime_error("tensor-parallel rank(s) " + (missing.empty() ? std::string("?") : missing) +
                                          " did not attach to the shared-memory segment '" + name_ + "' within " +

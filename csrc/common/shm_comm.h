@@ -43,7 +43,12 @@ class ShmComm {
     // segment is world_size slots plus a few pages. timeout_s bounds every
     // wait (attaching, and each collective). Throws std::invalid_argument for
     // bad arguments, std::runtime_error for everything else.
-    ShmComm(const std::string &name, int rank, int world_size, size_t buffer_bytes, double timeout_s);
+    // watch: processes that are to join the group (or whose work it serves)
+    // but may die before they attach, e.g. the workers a launcher just
+    // spawned: any of them gone ends the wait for the others at once
+    // (a peer that attached is watched anyway).
+    ShmComm(const std::string &name, int rank, int world_size, size_t buffer_bytes, double timeout_s,
+            std::vector<int> watch = {});
     ~ShmComm();
     ShmComm(const ShmComm &) = delete;
     ShmComm &operator=(const ShmComm &) = delete;
@@ -100,6 +105,7 @@ class ShmComm {
     uint64_t gen_ = 0;   // this rank's posts so far (the same count on every rank)
     uint64_t step_ = 0;  // collective steps so far: which half of the slots
     std::vector<int> pids_;
+    std::vector<int> watch_;  // see the constructor
     std::string failure_;  // set once a collective failed: the communicator is poisoned
 };
 

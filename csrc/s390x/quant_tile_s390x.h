@@ -3,7 +3,7 @@
 //
 // A panel's 16 features are four 4-lane int32 registers ("quads"). The
 // vector facility has no dot-product instruction and no mixed-sign multiply,
-// so weights enter as signed bytes: 4-bit values (0..15) as they are, 8-bit
+// so weights enter as signed bytes: 4- to 6-bit values (0..63) as they are, 8-bit
 // values as u - 128 (XOR of the top bit) with the sum started at
 // 128 * sum(x). For 4 consecutive k of a quad against 4 bytes of x
 // (replicated by one load, VLREP):
@@ -11,7 +11,8 @@
 //   VMAEH / VMAOH  pair sums times 1 into the int32 lanes
 // Every partial sum is exact: an 8-bit pair is at most 2 * 128 * 127 = 32512.
 // A 4-bit pair is at most 2 * 15 * 127 = 3810, so 4-bit sums stay in 16 bits
-// for a whole block (8 pairs, 30480) and widen once.
+// for a whole block (8 pairs, 30480) and widen once; 5- and 6-bit pairs
+// widen every step, as 8-bit ones do.
 // The f32 epilogue is the portable tile's step by step (VFMASB is fused like
 // std::fma), so every variant produces the same bits. z14 has no vector f16
 // conversion (exact integer steps here instead of the scalar routine) and no
@@ -91,25 +92,36 @@ template <int Bits, bool Min, bool G16>
 struct VxeQuantTile : UnrolledRows<VxeQuantTile<Bits, Min, G16>, 4> {
     static_assert(!(Min && G16), "group 16 comes with zero points only (Q6_K)");
     static constexpr const char *kName = "vxe";
-    // A running sum of one row and quad: int32 (8-bit), or 16-bit pair sums widened at the epilogue (4-bit).
-    using Sum = std::conditional_t<Bits == 8, vxe::i32x4, vxe::i16x8>;
+    // A running sum of one row and quad: 16-bit pair sums widened at the epilogue (4-bit: a block's 8 pairs
+    // stay below 2^15), else int32 (a 5-bit block's 8 pairs could reach 2 * 8 * 31 * 127).
+    static constexpr bool kShortSums = Bits == 4;
+    using Sum = std::conditional_t<kShortSums, vxe::i16x8, vxe::i32x4>;
 
-    // Quad q (features 4q..4q+3) of the values for k = 16h + 4j .. +3, as signed bytes.
-    CPUINFER_QUANT_INLINE static vxe::i8x16 operand(const uint8_t *qb, int h, int j, int q) {
+    // Quad q (features 4q..4q+3) of the values for k = 16H + 4J .. +3, as signed bytes (5- and 6-bit values:
+    // the nibble with its high bits from the block's plane, quant_tile.h).
+    template <int H, int J>
+    CPUINFER_QUANT_INLINE static vxe::i8x16 operand(const uint8_t *qb, int q) {
         if constexpr (Bits == 8) {
-            return (vxe::i8x16)(vec_xl(64 * (4 * h + j) + 16 * q, qb) ^ (unsigned char)0x80);
+            return (vxe::i8x16)(vec_xl(64 * (4 * H + J) + 16 * q, qb) ^ (unsigned char)0x80);
         } else {
-            const vxe::u8x16 v = vec_xl(64 * j + 16 * q, qb);
-            return (vxe::i8x16)(h ? v >> 4 : v & (unsigned char)15);
+            const vxe::u8x16 v = vec_xl(64 * J + 16 * q, qb);
+            vxe::u8x16 u = H ? v >> 4 : v & (unsigned char)15;
+            if constexpr (Bits > 4) {
+                constexpr int kUp = 4 - plane_bit<Bits>(H, J);
+                const vxe::u8x16 p = vec_xl(plane_offset<Bits>(H) + 16 * q, qb);
+                const vxe::u8x16 moved = kUp > 0 ? p << (kUp > 0 ? kUp : 0) : p >> (kUp < 0 ? -kUp : 0);
+                u = u | (moved & (unsigned char)plane_mask<Bits>());
+            }
+            return (vxe::i8x16)u;
         }
     }
     CPUINFER_QUANT_INLINE static Sum add(Sum s, vxe::i8x16 u, vxe::i8x16 x) {
-        if constexpr (Bits == 8) return vxe::widen(s, vxe::pairs(vec_splats((short)0), u, x));
-        else return vxe::pairs(s, u, x);
+        if constexpr (kShortSums) return vxe::pairs(s, u, x);
+        else return vxe::widen(s, vxe::pairs(vec_splats((short)0), u, x));
     }
     CPUINFER_QUANT_INLINE static vxe::i32x4 total(Sum s) {
-        if constexpr (Bits == 8) return s;
-        else return vxe::widen(vec_splats(0), s);
+        if constexpr (kShortSums) return vxe::widen(vec_splats(0), s);
+        else return s;
     }
 
     // The sums' start for half H of block b (both halves without G16): 8-bit values are u - 128.
@@ -120,7 +132,8 @@ struct VxeQuantTile : UnrolledRows<VxeQuantTile<Bits, Min, G16>, 4> {
             const int32_t *s16 = x.s16 + r * 2 * x.b_stride + 2 * b;
             Sum v;
             if constexpr (Bits == 8) v = vec_splats(128 * (G16 ? s16[H] : s16[0] + s16[1]));
-            else v = vec_splats((short)0);
+            else if constexpr (kShortSums) v = vec_splats((short)0);
+            else v = vec_splats(0);
             CPUINFER_QUANT_UNROLL
             for (int q = 0; q < NQ; ++q) s[r][q] = v;
         }
@@ -134,7 +147,7 @@ struct VxeQuantTile : UnrolledRows<VxeQuantTile<Bits, Min, G16>, 4> {
         for (int r = 0; r < MR; ++r) xb[r] = vxe::splat4(x.q + r * x.q_stride + b * kBlock + 16 * H + 4 * J);
         CPUINFER_QUANT_UNROLL
         for (int q = 0; q < NQ; ++q) {
-            const vxe::i8x16 u = operand(qb, H, J, Q0 + q);
+            const vxe::i8x16 u = operand<H, J>(qb, Q0 + q);
             CPUINFER_QUANT_UNROLL
             for (int r = 0; r < MR; ++r) s[r][q] = add(s[r][q], u, xb[r]);
         }

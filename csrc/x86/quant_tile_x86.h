@@ -6,14 +6,20 @@
 // - AVX512-VNNI (avx512bf16, amx): VPDPBUSD, 64 u8 x s8 products per instruction.
 // - AVX2 (avx2, avx512 without VNNI): VPMADDUBSW then VPMADDWD against ones,
 //   the same sums in two steps. VPMADDUBSW saturates its 16-bit pair sums, which
-//   4-bit values (15 * 127 * 2) never reach; 8-bit values are split into
-//   nibbles, each product exact, the high one weighted by 16.
+//   values of up to 6 bits (63 * 127 * 2) never reach; 8-bit values are split
+//   into nibbles, each product exact, the high one weighted by 16.
+// 5- and 6-bit values are rebuilt from their nibbles and high-bit planes
+// (quant_tile.h) with one shift, AND and OR per operand, shared by the rows.
 // The integer sums are exact and the f32 epilogue is the portable tile's,
 // step by step, so every variant produces the same bits.
-// Under CPUINFER_SIMDE_EMULATION the portable tile runs instead.
+// Under CPUINFER_SIMDE_EMULATION (the C++ test program's avx512 run) the
+// same code runs on SIMDe: VPDPBUSD on avx512bf16, the AMX-INT8 tile on amx
+// (on emulation/amx_emulation.h's tile model), the AVX2 tile on avx512.
 #pragma once
-#if !defined(CPUINFER_SIMDE_EMULATION) && (defined(__AVX512VNNI__) || defined(__AVX2__))
+#if defined(CPUINFER_SIMDE_EMULATION) || defined(__AVX512VNNI__) || defined(__AVX2__)
+#if !defined(CPUINFER_SIMDE_EMULATION)
 #include <immintrin.h>
+#endif
 
 #include <cstring>
 
@@ -27,7 +33,14 @@ inline int32_t load4(const int8_t *p) {
     return v;
 }
 
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if (defined(__AVX512VNNI__) && defined(__AVX512BW__)) || defined(CPUINFER_SIMDE_AVX512BF16)
+#define CPUINFER_QUANT_VNNI 1
+#endif
+#if (defined(__AMX_INT8__) && defined(CPUINFER_QUANT_VNNI)) || defined(CPUINFER_SIMDE_AMX)
+#define CPUINFER_QUANT_AMX 1
+#endif
+
+#if defined(CPUINFER_QUANT_VNNI)
 // 16 lanes in one zmm.
 struct Lanes {
     static constexpr const char *kName = "avx512vnni";
@@ -38,6 +51,13 @@ struct Lanes {
     static I low4(I v) { return _mm512_and_si512(v, _mm512_set1_epi8(15)); }
     static I high4(I v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(15)); }
     static I izero() { return _mm512_setzero_si512(); }
+    // u | (p moved up by L bits, or down by -L, in every byte) & mask. 16-bit shifts: what crosses a byte edge
+    // lands outside the masks used (quant_tile.h's planes: bit 4, or bits 4-5 moved at most 2 down).
+    template <int L>
+    static I with_high(I u, I p, uint8_t mask) {
+        const I moved = L > 0 ? _mm512_slli_epi16(p, L) : L < 0 ? _mm512_srli_epi16(p, -L) : p;
+        return _mm512_ternarylogic_epi32(u, moved, _mm512_set1_epi8(char(mask)), 0xf8);  // u | (moved & mask)
+    }
     template <int Bits>
     static I dot(I acc, I u, int32_t x4) { return _mm512_dpbusd_epi32(acc, u, _mm512_set1_epi32(x4)); }
     static I add(I a, I b) { return _mm512_add_epi32(a, b); }
@@ -69,14 +89,22 @@ struct Lanes {
     static I low4(I v) { return {and15(v.a), and15(v.b)}; }
     static I high4(I v) { return {and15(_mm256_srli_epi16(v.a, 4)), and15(_mm256_srli_epi16(v.b, 4))}; }
     static I izero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
-    // Sums of 4 products u * x per 32-bit lane, for u < 16 (no saturation).
+    // u | (p moved up by L bits, or down by -L, in every byte) & mask (see the AVX-512 one).
+    template <int L>
+    static __m256i with_high(__m256i u, __m256i p, uint8_t mask) {
+        const __m256i moved = L > 0 ? _mm256_slli_epi16(p, L) : L < 0 ? _mm256_srli_epi16(p, -L) : p;
+        return _mm256_or_si256(u, _mm256_and_si256(moved, _mm256_set1_epi8(char(mask))));
+    }
+    template <int L>
+    static I with_high(I u, I p, uint8_t mask) { return {with_high<L>(u.a, p.a, mask), with_high<L>(u.b, p.b, mask)}; }
+    // Sums of 4 products u * x per 32-bit lane, for u < 64 (no saturation: 2 * 63 * 127 < 2^15).
     static __m256i dot4(__m256i u, __m256i x) {
         return _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1));
     }
     template <int Bits>
     static I dot(I acc, I u, int32_t x4) {
         const __m256i x = _mm256_set1_epi32(x4);
-        if constexpr (Bits == 4) {
+        if constexpr (kNarrow<Bits>) {
             return {_mm256_add_epi32(acc.a, dot4(u.a, x)), _mm256_add_epi32(acc.b, dot4(u.b, x))};
         } else {
             auto one = [&](__m256i c, __m256i v) {
@@ -141,6 +169,30 @@ struct IsaQuantTile : UnrolledRows<IsaQuantTile<Bits, Min, G16>, Lanes::kMaxRows
         }
     }
 
+    // Operand J's two values (k 4J.. and 16 + 4J..) of a 4-, 5- or 6-bit block as bytes (quant_tile.h).
+    template <int J>
+    static void narrow_pair(const uint8_t *qb, I (&u)[8]) {
+        const I v = Lanes::load64(qb + 64 * J);
+        u[J] = Lanes::low4(v);
+        u[J + 4] = Lanes::high4(v);
+        if constexpr (Bits > 4) {
+            const I p0 = Lanes::load64(qb + plane_offset<Bits>(0)), p1 = Lanes::load64(qb + plane_offset<Bits>(1));
+            u[J] = Lanes::template with_high<4 - plane_bit<Bits>(0, J)>(u[J], p0, plane_mask<Bits>());
+            u[J + 4] = Lanes::template with_high<4 - plane_bit<Bits>(1, J)>(u[J + 4], p1, plane_mask<Bits>());
+        }
+    }
+    // The block's 8 operands, values as bytes.
+    static void operands(const uint8_t *qb, I (&u)[8]) {
+        if constexpr (Bits == 8) {
+            for (int j = 0; j < 8; ++j) u[j] = Lanes::load64(qb + 64 * j);
+        } else {
+            narrow_pair<0>(qb, u);
+            narrow_pair<1>(qb, u);
+            narrow_pair<2>(qb, u);
+            narrow_pair<3>(qb, u);
+        }
+    }
+
     template <int MR>
     static void tile(const QuantRows &x, const QuantPanel &w, float *acc) {
         F a[MR];
@@ -153,15 +205,7 @@ struct IsaQuantTile : UnrolledRows<IsaQuantTile<Bits, Min, G16>, Lanes::kMaxRows
                 for (int64_t l = 0; l < block_bytes(Bits); l += 64) __builtin_prefetch(qb + 8 * block_bytes(Bits) + l);
             }
             I u[8];
-            if constexpr (Bits == 8) {
-                for (int j = 0; j < 8; ++j) u[j] = Lanes::load64(qb + 64 * j);
-            } else {
-                for (int j = 0; j < 4; ++j) {
-                    const I v = Lanes::load64(qb + 64 * j);
-                    u[j] = Lanes::low4(v);
-                    u[j + 4] = Lanes::high4(v);
-                }
-            }
+            operands(qb, u);
             const int64_t g0 = G16 ? 2 * b : g;
             const F d0 = Lanes::half(w.d + g0 * kLanes);
             for (int r = 0; r < MR; ++r) {
@@ -181,7 +225,7 @@ struct IsaQuantTile : UnrolledRows<IsaQuantTile<Bits, Min, G16>, Lanes::kMaxRows
     }
 };
 
-#if defined(__AMX_INT8__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if defined(CPUINFER_QUANT_AMX)
 // amx: AMX-INT8 for 16 rows at a time. x's rows are an A tile as they lie
 // (16 rows x the block's 32 int8, q_stride apart) and a panel's block is a
 // B tile (8 rows of 4 k x 16 features, the VPDPBUSD operand layout; 4-bit
@@ -221,9 +265,9 @@ struct AmxQuantTile {
     static void begin() { x86::load_tile_config(config()); }
     static void end() { x86::release_tiles(); }
 
-    // 4-bit values with zero points are unpacked as signed u - z (in [-15, 15]), so TDPBSSD gives s - z * sum
-    // itself, the integer the epilogue would form, and the epilogue skips that step (half its work).
-    static constexpr bool kSigned = Bits == 4 && !Min;
+    // 4- to 6-bit values with zero points are unpacked as signed u - z (in [-63, 63]), so TDPBSSD gives
+    // s - z * sum itself, the integer the epilogue would form, and the epilogue skips that step (half its work).
+    static constexpr bool kSigned = kNarrow<Bits> && !Min;
 
     // The 64-byte B row operand of a group's zero points: z of feature f in bytes 4f..4f+3.
     static __m512i zero_points(const uint8_t *z) {
@@ -233,7 +277,7 @@ struct AmxQuantTile {
 
     static int64_t group_of(const QuantPanel &w, int64_t b) { return G16 ? 2 * b : b / w.bpg; }
 
-    // Block b's B tile rows: the packed block itself (8-bit), or unpacked into u (4-bit).
+    // Block b's B tile rows: the packed block itself (8-bit), or unpacked into u (4 to 6 bits).
     static const uint8_t *b_rows(const QuantPanel &w, int64_t b, uint8_t *u) {
         const uint8_t *qb = w.qs + b * block_bytes(Bits);
         if constexpr (Bits == 8) {
@@ -246,10 +290,11 @@ struct AmxQuantTile {
                 z0 = zero_points(w.z + g0 * kLanes);
                 z1 = G16 ? zero_points(w.z + (g0 + 1) * kLanes) : z0;
             }
+            __m512i ops[8];
+            Vnni::operands(qb, ops);
             for (int j = 0; j < 4; ++j) {
-                const __m512i v = Lanes::load64(qb + 64 * j);
-                _mm512_store_si512(u + 64 * j, _mm512_sub_epi8(Lanes::low4(v), z0));
-                _mm512_store_si512(u + 256 + 64 * j, _mm512_sub_epi8(Lanes::high4(v), z1));
+                _mm512_store_si512(u + 64 * j, _mm512_sub_epi8(ops[j], z0));
+                _mm512_store_si512(u + 256 + 64 * j, _mm512_sub_epi8(ops[j + 4], z1));
             }
             return u;
         }
@@ -327,7 +372,7 @@ struct AmxQuantTile {
 // This build's tile (common/quant_tile.h).
 template <>
 struct TileSelect<void> {
-#if defined(__AMX_INT8__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if defined(CPUINFER_QUANT_AMX)
     template <int Bits, bool Min, bool G16>
     using Tile = AmxQuantTile<Bits, Min, G16>;
 #else

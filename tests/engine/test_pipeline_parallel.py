@@ -129,3 +129,43 @@ def test_the_last_stage_killed_mid_step_fails_the_engine_fast(pp_engine):
 def test_the_first_stage_killed_stops_the_last(pp_engine):
     """SIGKILL the engine core (rank 0, the first stage): the last stage exits within seconds."""
     kill_rank_0(pp_engine, 1)
+
+
+def test_a_stage_killed_while_starting_fails_the_start_fast(checkpoints, monkeypatch):
+    """SIGKILL rank 1 before it attaches to the communicators: building the executor fails within seconds,
+    naming the rank, instead of rank 0 waiting out the stage link's timeout (10 minutes)."""
+    import multiprocessing as mp
+    import os
+    import signal
+    import threading
+    import time
+
+    for k, v in _env(2).items():
+        monkeypatch.setenv(k, v)
+    from cpuinfer.config import EngineArgs
+    from cpuinfer.worker.tp_executor import RankExecutor
+
+    config = EngineArgs(model=checkpoints["llama"], pipeline_parallel_size=2, block_size=16).create_engine_config()
+    outcome = {}
+
+    def build():
+        try:
+            RankExecutor(config).shutdown()
+            outcome["error"] = None
+        except Exception as exc:  # noqa: BLE001 - the test checks which exception the start raised
+            outcome["error"] = exc
+
+    before = {p.pid for p in mp.active_children()}
+    thread = threading.Thread(target=build, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not (children := [p for p in mp.active_children() if p.pid not in before]):
+        assert time.monotonic() < deadline, "rank 1 was never started"
+        time.sleep(0.005)
+    os.kill(children[0].pid, signal.SIGKILL)
+    killed = time.monotonic()
+    thread.join(timeout=30)
+    assert not thread.is_alive(), "the executor still waits for the killed rank"
+    assert time.monotonic() - killed < 15
+    assert isinstance(outcome["error"], RuntimeError), outcome
+    assert "rank 1" in str(outcome["error"]) and "while starting" in str(outcome["error"]), outcome["error"]

@@ -58,9 +58,11 @@ def test_unpack_matches_gguf_dequantize(kind):
         assert ((got - ref).abs().reshape(48, -1, group) <= bound.unsqueeze(-1) * 1.01 + 1e-12).all()
     else:
         assert torch.equal(got, ref)
-    # Never a dequantized copy (2 bytes a value): 4/8-bit types within 12% of the file, the 5/6-bit ones
-    # (a byte per value) within 1.7x.
-    assert w.nbytes <= raw.nbytes * (1.7 if kind in ("Q5_0", "Q5_1", "Q5_K", "Q6_K") else 1.12)
+    # Never a dequantized copy, and values at their own width (5 and 6 bits too): bits + f16 scale (+ u8 zero
+    # point or f16 minimum) per group, at most Q6_K's 7.5 bits per weight against its file's 6.56 (its group
+    # scales are int8 there).
+    assert w.bits == {"Q5_0": 5, "Q5_1": 5, "Q5_K": 5, "Q6_K": 6, "Q8_0": 8}.get(kind, 4)
+    assert w.nbytes <= raw.nbytes * 1.15
 
 
 @pytest.mark.parametrize("kind", KEPT_TYPES)
@@ -153,8 +155,11 @@ def test_malformed_weights_are_refused(kernels):
     bad = QuantWeight(**{**w.__dict__, "qs": w.qs[:-1]})
     with pytest.raises(ValueError, match=r"weight\.qs has \d+ elements, the weight's shape needs"):
         kernels.quant_linear(out, x, bad, None)
-    with pytest.raises(ValueError, match="bits must be 4 or 8"):
+    with pytest.raises(ValueError, match="bits must be 4, 5, 6 or 8, got 3"):
         kernels.quant_linear(out, x, QuantWeight(**{**w.__dict__, "bits": 3}), None)
+    six = QuantWeight.empty(32, 128, 6, 32, has_min=True, kind="test")
+    with pytest.raises(ValueError, match="no kernel for 6-bit values with minimums in groups of 32"):
+        kernels.quant_linear(out, x, six, None)
     with pytest.raises(ValueError, match="group 48 must be 16, or a multiple of 32"):
         kernels.quant_linear(out, x, QuantWeight(**{**w.__dict__, "group": 48}), None)
     with pytest.raises(TypeError, match=r"weight\.d must be a float16 tensor"):
@@ -163,15 +168,16 @@ def test_malformed_weights_are_refused(kernels):
         kernels.quant_linear(out, torch.randn(2, 64), w, None)
     with pytest.raises(ValueError, match="Q4_0 data holds"):
         unpack("Q4_0", raw[:-1], 32, 128)
-    with pytest.raises(ValueError, match="more than 4 bits"):
-        QuantWeight.pack(
-            np.full((16, 32), 16, np.uint8),
-            np.ones((16, 1), np.float16),
-            np.zeros((16, 1), np.uint8),
-            bits=4,
-            group=32,
-            kind="test",
-        )
+    for bits in (4, 5):
+        with pytest.raises(ValueError, match=f"u holds {2**bits}, more than {bits} bits"):
+            QuantWeight.pack(
+                np.full((16, 32), 2**bits, np.uint8),
+                np.ones((16, 1), np.float16),
+                np.zeros((16, 1), np.uint8),
+                bits=bits,
+                group=32,
+                kind="test",
+            )
 
 
 def permuted_weight(n: int, k: int, bits: int, seed: int = 0) -> tuple[QuantWeight, torch.Tensor]:
@@ -188,7 +194,7 @@ def permuted_weight(n: int, k: int, bits: int, seed: int = 0) -> tuple[QuantWeig
     return w, torch.from_numpy(ref)
 
 
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits", [4, 5, 8])
 def test_permuted_k_order(kernels, bits):
     """A weight packed in a permuted k order: x is read through perm (torch on the unpermuted weight), rows in
     input order, batch invariant and the same bits on every variant."""

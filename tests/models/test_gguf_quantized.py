@@ -54,13 +54,15 @@ def _weights(runner: ModelRunner) -> list:
 
 
 def test_weights_stay_quantized(quantized):
-    """Every projection, the lm_head and the embedding stay quantized; their bytes stay near the file's."""
+    """Every projection, the lm_head and the embedding stay quantized, within 1.1x the file's bytes."""
     _, path, runner = quantized
     weights = _weights(runner)
     assert all(is_quantized(w) for w in weights)
     unique = {id(w): w for w in weights}.values()  # a tied embedding is the lm_head
     total = sum(w.nbytes for w in unique)
-    assert total <= 1.3 * os.path.getsize(path), (
+    # Values at their own width (5- and 6-bit ones too): measured 0.99x (SmolLM2 Q4_1) and 1.01x (Gemma 3
+    # Q4_K_M, Q6_K's f16 group scales against the file's int8 ones).
+    assert total <= 1.1 * os.path.getsize(path), (
         f"{total / 1e6:.1f} MB of weights for a {os.path.getsize(path) / 1e6:.1f} MB file"
     )
 

@@ -1,6 +1,7 @@
-// Test-only software model of the AMX-BF16 instructions paged attention uses
-// (tile config, load, store, zero, TDPBF16PS), so that the C++ test program
-// checks the amx variant's tile code on CPUs without AMX. Written from
+// Test-only software model of the AMX instructions our kernels use (tile
+// config, load, store, zero; TDPBF16PS for paged attention and the bf16
+// linear, TDPBSSD / TDPBSUD for the quantized linear), so that the C++ test
+// program checks the amx variant's tile code on CPUs without AMX. Written from
 // Intel's pseudo-code; included only under CPUINFER_SIMDE_EMULATION.
 #pragma once
 #include <cstdint>
@@ -59,9 +60,29 @@ inline void dpbf16ps(int c, int a, int b) {
         }
 }
 
+// C[m][n] += sum_k A[m][4k + i] * B[k][4n + i] over i < 4 (int32 C; A, B bytes, signed or not as named):
+// TDPBSSD (both signed) and TDPBSUD (A signed, B unsigned), the quantized linear's tile.
+template <bool BSigned>
+inline void dpbs_d(int c, int a, int b) {
+    State &s = state();
+    for (int m = 0; m < s.rows[c]; ++m)
+        for (int n = 0; n < s.colsb[c] / 4; ++n) {
+            int32_t acc;
+            std::memcpy(&acc, &s.data[c][m][4 * n], 4);
+            for (int k = 0; k < s.colsb[a] / 4; ++k)
+                for (int i = 0; i < 4; ++i) {
+                    const int32_t x = int8_t(s.data[a][m][4 * k + i]);
+                    const uint8_t w = s.data[b][k][4 * n + i];
+                    acc += x * (BSigned ? int32_t(int8_t(w)) : int32_t(w));
+                }
+            std::memcpy(&s.data[c][m][4 * n], &acc, 4);
+        }
+}
 }  // namespace cpuinfer::amx_emu
 
 #define _tile_zero(t) ::cpuinfer::amx_emu::zero(t)
 #define _tile_loadd(t, base, stride) ::cpuinfer::amx_emu::load(t, base, stride)
 #define _tile_stored(t, base, stride) ::cpuinfer::amx_emu::store(t, base, stride)
 #define _tile_dpbf16ps(c, a, b) ::cpuinfer::amx_emu::dpbf16ps(c, a, b)
+#define _tile_dpbssd(c, a, b) ::cpuinfer::amx_emu::dpbs_d<true>(c, a, b)
+#define _tile_dpbsud(c, a, b) ::cpuinfer::amx_emu::dpbs_d<false>(c, a, b)

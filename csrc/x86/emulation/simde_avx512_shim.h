@@ -46,6 +46,35 @@ inline simde__m256i cvtepi32_epi16(simde__m512i a) {
     for (int i = 0; i < 16; ++i) out.v[i] = uint16_t(in.v[i]);
     return pack<simde__m256i>(out);
 }
+// VPMOVZXBD zmm, xmm: 16 unsigned bytes -> 32-bit.
+inline simde__m512i cvtepu8_epi32(simde__m128i a) {
+    auto in = ints<uint8_t, 16>(a);
+    Lanes<uint32_t, 16> out;
+    for (int i = 0; i < 16; ++i) out.v[i] = in.v[i];
+    return pack<simde__m512i>(out);
+}
+// VCVTDQ2PS with the default (round to nearest even) mode.
+inline simde__m512 cvtepi32_ps(simde__m512i a) {
+    auto in = ints<int32_t, 16>(a);
+    Lanes<float, 16> out;
+    for (int i = 0; i < 16; ++i) out.v[i] = float(in.v[i]);
+    return from(out);
+}
+// VFMADD: one rounding, as the hardware does (SIMDe without native FMA multiplies, rounds, then adds; the
+// quantized tiles' epilogues must give the portable tile's std::fma bits).
+inline simde__m512 fmadd_ps(simde__m512 a, simde__m512 b, simde__m512 c) {
+    auto x = f32(a), y = f32(b), z = f32(c);
+    for (int i = 0; i < 16; ++i) z.v[i] = std::fma(x.v[i], y.v[i], z.v[i]);
+    return from(z);
+}
+inline simde__m256 fmadd_ps(simde__m256 a, simde__m256 b, simde__m256 c) {
+    float x[8], y[8], z[8];
+    simde_mm256_storeu_ps(x, a);
+    simde_mm256_storeu_ps(y, b);
+    simde_mm256_storeu_ps(z, c);
+    for (int i = 0; i < 8; ++i) z[i] = std::fma(x[i], y[i], z[i]);
+    return simde_mm256_loadu_ps(z);
+}
 // VCVTPS2DQ with the default (round to nearest even) mode.
 inline simde__m512i cvtps_epi32(simde__m512 a) {
     auto in = f32(a);
@@ -103,6 +132,12 @@ inline simde__m256i cvtneps_pbh(simde__m512 a) {
 #define _mm512_cvtepu16_epi32(a) ::cpuinfer::simde_shim::cvtepu16_epi32(a)
 #define _mm512_cvtepi32_epi16(a) ::cpuinfer::simde_shim::cvtepi32_epi16(a)
 #define _mm512_cvtps_epi32(a) ::cpuinfer::simde_shim::cvtps_epi32(a)
+#define _mm512_cvtepu8_epi32(a) ::cpuinfer::simde_shim::cvtepu8_epi32(a)
+#undef _mm512_fmadd_ps
+#define _mm512_fmadd_ps(a, b, c) ::cpuinfer::simde_shim::fmadd_ps(a, b, c)
+#undef _mm256_fmadd_ps
+#define _mm256_fmadd_ps(a, b, c) ::cpuinfer::simde_shim::fmadd_ps(a, b, c)
+#define _mm512_cvtepi32_ps(a) ::cpuinfer::simde_shim::cvtepi32_ps(a)
 #define _mm512_cvtph_ps(a) ::cpuinfer::simde_shim::cvtph_ps(a)
 #define _mm512_cvtps_ph(a, rounding) ::cpuinfer::simde_shim::cvtps_ph(a)
 #define _mm512_reduce_add_ps(a) ::cpuinfer::simde_shim::reduce_add_ps(a)

@@ -34,8 +34,10 @@ class ShmCommunicator:
         world_size: int,
         buffer_bytes: int = DEFAULT_BUFFER_BYTES,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        watch: tuple[int, ...] = (),
     ):
-        self._comm = _C.ShmComm(name, rank, world_size, buffer_bytes, timeout_s)
+        # watch: pids (workers just spawned, a launcher) whose exit ends the wait for the ranks at once.
+        self._comm = _C.ShmComm(name, rank, world_size, buffer_bytes, timeout_s, list(watch))
         self.rank = rank
         self.world_size = world_size
 

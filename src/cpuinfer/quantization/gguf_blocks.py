@@ -8,18 +8,20 @@ reference the tests compare against):
 |------|--------|-------|------------------------------------|-------|
 | Q4_0 | 4 bit  | 32    | d * (u - 8)                        | yes   |
 | Q4_1 | 4 bit  | 32    | d * u + m                          | yes   |
-| Q5_0 | 8 bit  | 32    | d * (u - 16)                       | yes   |
-| Q5_1 | 8 bit  | 32    | d * u + m                          | yes   |
+| Q5_0 | 5 bit  | 32    | d * (u - 16)                       | yes   |
+| Q5_1 | 5 bit  | 32    | d * u + m                          | yes   |
 | Q8_0 | 8 bit  | 32    | d * (u - 128)                      | yes   |
 | Q4_K | 4 bit  | 32    | (d * sc) * u - dmin * mn           | scales rounded to f16 |
-| Q5_K | 8 bit  | 32    | (d * sc) * u - dmin * mn           | scales rounded to f16 |
-| Q6_K | 8 bit  | 16    | (d * sc) * (u - 32)                | scales rounded to f16 |
+| Q5_K | 5 bit  | 32    | (d * sc) * u - dmin * mn           | scales rounded to f16 |
+| Q6_K | 6 bit  | 16    | (d * sc) * (u - 32)                | scales rounded to f16 |
 
 K-quants keep two levels of scales (an f16 per 256 values times a 6- or 8-bit integer per
 sub-block); we store their product per group as f16, a relative error of at most 2^-11 of that
 group's scale, eight times below the int8 activation quantization the kernels apply anyway.
-5- and 6-bit values are held in a byte each: those tensors take 8.5-9 bits per weight here
-against 5.5-6.6 in the file (Q4_K_M files hold a few of them).
+Values keep their width (5- and 6-bit ones as a nibble plus bits in a high-bit plane,
+csrc/common/quant_tile.h), so a tensor takes bits + 16 / group (+ 8 / group for zero points or
+16 / group for minimums) bits per weight: 5.75-6 for the 5-bit types against 5.5-6 in the file,
+7.5 for Q6_K against 6.56 (its group scales are f16 here, int8 there).
 """
 
 from __future__ import annotations
@@ -82,10 +84,10 @@ def unpack(type_name: str, data: np.ndarray, rows: int, cols: int, row_order: np
     elif type_name == "Q4_1":
         u, d, m, bits, group = _nibbles(b[:, 4:]), _f16(b[:, :2]), _f16(b[:, 2:4]), 4, 32
     elif type_name == "Q5_0":
-        u, d, z, bits, group = _nibbles(b[:, 6:]) | (_high_bits(b[:, 2:6]) << 4), _f16(b[:, :2]), 16, 8, 32
+        u, d, z, bits, group = _nibbles(b[:, 6:]) | (_high_bits(b[:, 2:6]) << 4), _f16(b[:, :2]), 16, 5, 32
     elif type_name == "Q5_1":
         u = _nibbles(b[:, 8:]) | (_high_bits(b[:, 4:8]) << 4)
-        d, m, bits, group = _f16(b[:, :2]), _f16(b[:, 2:4]), 8, 32
+        d, m, bits, group = _f16(b[:, :2]), _f16(b[:, 2:4]), 5, 32
     elif type_name == "Q8_0":
         u = (b[:, 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
         d, z, bits, group = _f16(b[:, :2]), 128, 8, 32
@@ -100,7 +102,7 @@ def unpack(type_name: str, data: np.ndarray, rows: int, cols: int, row_order: np
         if type_name == "Q5_K":
             qh = b[:, 16:48].reshape(n, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
             u = u | ((qh & 1) << 4)
-            bits = 8
+            bits = 5
         u = u.reshape(n, 256)
         d = scale16(dd * sc.astype(np.float32))
         m = scale16(-(dmin * mn.astype(np.float32)))
@@ -112,7 +114,7 @@ def unpack(type_name: str, data: np.ndarray, rows: int, cols: int, row_order: np
         u = ((ql & 15).reshape(n, 8, 32) | ((qh & 3).reshape(n, 8, 32) << 4)).reshape(n, 256)
         sc = b[:, 192:208].view(np.int8).astype(np.float32)
         d = scale16(_f16(b[:, 208:210]).astype(np.float32) * sc)
-        z, bits, group = 32, 8, 16
+        z, bits, group = 32, 6, 16
     groups = cols // group
     u = u.reshape(rows, cols)
     d = d.reshape(rows, groups)

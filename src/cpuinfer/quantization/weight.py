@@ -1,8 +1,8 @@
 """Quantized weights as the kernels read them: integer values in 16-row panels, per-group scales.
 
-A QuantWeight holds one [n, k] matrix in the layout of csrc/common/quant_tile.h: values u of 4 or
-8 bits, and per group of `group` consecutive k and row a float16 scale d with either a uint8 zero
-point z (w = d * (u - z)) or a float16 minimum m (w = d * u + m). Every format we load (GGUF's
+A QuantWeight holds one [n, k] matrix in the layout of csrc/common/quant_tile.h: values u of 4, 5,
+6 or 8 bits (kept at that width), and per group of `group` consecutive k and row a float16 scale d
+with either a uint8 zero point z (w = d * (u - z)) or a float16 minimum m (w = d * u + m). Every format we load (GGUF's
 block quants, GPTQ, AWQ, compressed-tensors) is rewritten into this form once, at load; the
 layout does not depend on the kernel variant. A QuantStack is several of them stacked along n
 (a fused QKV whose q, k and v came in different formats).

@@ -86,7 +86,7 @@ def machine_ranks(args) -> int:
     return dp * world_size(args)
 
 
-def _connect(config, rank: int, name: str):
+def _connect(config, rank: int, name: str, watch: tuple[int, ...]):
     """This rank's communicators: (TPGroup of its stage, PPStage with its links to the neighbouring stages).
 
     Every rank opens them in the same order (its stage's, the previous stage's link, the next stage's link,
@@ -97,13 +97,13 @@ def _connect(config, rank: int, name: str):
 
     tp, pp = config.args.tensor_parallel_size, config.args.pipeline_parallel_size
     stage, t = divmod(rank, tp)
-    group = TPGroup(t, tp, ShmCommunicator(f"{name}t{stage}", t, tp) if tp > 1 else None)
+    group = TPGroup(t, tp, ShmCommunicator(f"{name}t{stage}", t, tp, watch=watch) if tp > 1 else None)
     if pp == 1:
         return group, PPStage()
     try:
 
         def link(sender: int, me: int, suffix: str):
-            return ShmCommunicator(f"{name}{suffix}{sender}", me, 2, timeout_s=P2P_TIMEOUT_S)
+            return ShmCommunicator(f"{name}{suffix}{sender}", me, 2, timeout_s=P2P_TIMEOUT_S, watch=watch)
 
         prev = link(rank - tp, 1, "p") if stage > 0 else None
         nxt = link(rank, 0, "p") if stage < pp - 1 else None
@@ -122,14 +122,16 @@ def _connect(config, rank: int, name: str):
         raise
 
 
-def _build_rank(config, rank: int, comm_name: str):
-    """Bind, attach to the communicators, load this rank's share; returns (runner, binding)."""
+def _build_rank(config, rank: int, comm_name: str, watch: tuple[int, ...]):
+    """Bind, attach to the communicators, load this rank's share; returns (runner, binding). watch: the pids
+    whose exit ends the wait for the other ranks (rank 0: its workers; a worker: rank 0), so that a rank that
+    dies before it attaches fails the start at once, not after the communicators' timeouts."""
     from cpuinfer.platform.threads import bind_from_env
     from cpuinfer.worker.model_runner import ModelRunner
 
     args = config.args
     binding = bind_from_env(global_rank(args, rank), machine_ranks(args))
-    tp, pp = _connect(config, rank, comm_name)
+    tp, pp = _connect(config, rank, comm_name, watch)
     try:
         runner = ModelRunner(config.spec, config.block_size, config.num_blocks, config.cache_dtype, tp, pp)
     except BaseException:
@@ -156,7 +158,7 @@ def _worker_main(args, rank: int, comm_name: str, conn) -> None:
     logging.basicConfig(level=logging.INFO, format=f"%(levelname)s %(asctime)s rank-{rank}: %(message)s")
     try:
         config = args.create_engine_config(serving=False)
-        runner, binding = _build_rank(config, rank, comm_name)
+        runner, binding = _build_rank(config, rank, comm_name, (os.getppid(),))
         conn.send(_placement(config, rank, binding))
     except BaseException as exc:  # report, then die
         logger.critical("rank %d failed to start", rank, exc_info=exc)
@@ -200,10 +202,13 @@ class RankExecutor:
             child.close()
             self.workers.append((proc, parent))
         try:
-            self.runner, binding = _build_rank(config, 0, name)
+            self.runner, binding = _build_rank(config, 0, name, tuple(p.pid for p, _ in self.workers))
             self.layout = [_placement(config, 0, binding), *self._wait_ready()]
-        except BaseException:
+        except BaseException as exc:
+            dead = self.dead_ranks()
             self.shutdown()
+            if dead and not isinstance(exc, KeyboardInterrupt):
+                raise RuntimeError(f"parallel {dead} while starting (its log above says why)") from exc
             raise
         for r in self.layout:
             logger.info("%s", r.describe())
