@@ -129,17 +129,27 @@ inline vf in_register(vf v) {
     asm("" : "+x"(v.v));
     return v;
 }
+// ((x0 + x4) + (x2 + x6)) + ((x1 + x5) + (x3 + x7)).
 inline float reduce_add(vf a) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
-// Four sums at once: one horizontal-add tree instead of four.
+// Four sums at once, each in reduce_add's order (the same bits): attention
+// reduces a key's score with reduce_add or reduce_add4 depending on how many
+// rows share its tile, so any other order made a query row's output depend on
+// its batch (a prefill row against the same row decoded alone).
 #define CPUINFER_VEC_REDUCE_ADD4 1
 inline void reduce_add4(vf a, vf b, vf c, vf d, float *out) {
-    __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a.v, b.v), _mm256_hadd_ps(c.v, d.v));
-    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
+    // [a0+a4 .. a3+a7 | b0+b4 .. b3+b7] and the same for c, d
+    const __m256 ab = _mm256_add_ps(_mm256_permute2f128_ps(a.v, b.v, 0x20), _mm256_permute2f128_ps(a.v, b.v, 0x31));
+    const __m256 cd = _mm256_add_ps(_mm256_permute2f128_ps(c.v, d.v, 0x20), _mm256_permute2f128_ps(c.v, d.v, 0x31));
+    // (s0 + s2, s1 + s3) of each: [a02 a13 c02 c13 | b02 b13 d02 d13]
+    const __m256 s = _mm256_add_ps(_mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m256 h = _mm256_hadd_ps(s, s);  // [a c a c | b d b d]
+    _mm_storeu_ps(out, _mm_unpacklo_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
 }
 inline float reduce_max(vf a) {
     __m128 s = _mm_max_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));

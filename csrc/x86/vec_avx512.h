@@ -87,17 +87,32 @@ inline vf in_register(vf v) {
     return v;
 }
 #endif
-inline float reduce_add(vf a) { return _mm512_reduce_add_ps(a.v); }
 inline float reduce_max(vf a) { return _mm512_reduce_max_ps(a.v); }
-// Four sums at once: halve each to 256 bits, then one horizontal-add tree
-// (as the AVX2 layer; not timed here, no AVX-512 on the development machine).
-#define CPUINFER_VEC_REDUCE_ADD4 1
+// Sums in one fixed order, written out (not _mm512_reduce_add_ps, whose tree
+// is the compiler's): halve to 256 bits (y_i = x_i + x_{i+8}), then
+// ((y0 + y4) + (y2 + y6)) + ((y1 + y5) + (y3 + y7)). reduce_add4 gives each of
+// its four sums the same bits: attention reduces a key's score with either,
+// depending on how many rows share its tile, and a query row's output must
+// not depend on its batch (a prefill row against the same row decoded alone).
 inline __m256 fold256(__m512 x) {
     return _mm256_add_ps(_mm512_castps512_ps256(x), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
 }
+inline float reduce_add(vf a) {
+    const __m256 y = fold256(a.v);
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(y), _mm256_extractf128_ps(y, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#define CPUINFER_VEC_REDUCE_ADD4 1
 inline void reduce_add4(vf a, vf b, vf c, vf d, float *out) {
-    __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(fold256(a.v), fold256(b.v)), _mm256_hadd_ps(fold256(c.v), fold256(d.v)));
-    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
+    const __m256 ya = fold256(a.v), yb = fold256(b.v), yc = fold256(c.v), yd = fold256(d.v);
+    const __m256 ab = _mm256_add_ps(_mm256_permute2f128_ps(ya, yb, 0x20), _mm256_permute2f128_ps(ya, yb, 0x31));
+    const __m256 cd = _mm256_add_ps(_mm256_permute2f128_ps(yc, yd, 0x20), _mm256_permute2f128_ps(yc, yd, 0x31));
+    const __m256 s = _mm256_add_ps(_mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m256 h = _mm256_hadd_ps(s, s);  // [a c a c | b d b d]
+    _mm_storeu_ps(out, _mm_unpacklo_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
 }
 
 }  // namespace cpuinfer::vec

@@ -262,3 +262,71 @@ CPUINFER_TEST(paged_attention_bf16_tile_paths) {
         check_attention(DType::bf16, DType::bf16, D, 1, 16, 16, {{2, 40}}, 0, 15.f);
     }
 }
+
+namespace {
+
+// A query row's output, bit for bit, does not depend on the rows computed with it: each row of a prefill
+// chunk (q rows after a cached prefix) against the same row run alone as a decode step. (Key scores are
+// reduced four at a time or one at a time depending on the tile's row count; every vector layer's
+// reduce_add4 must give reduce_add's bits.) Contexts below the flash-decoding split (2 x 256 keys).
+void check_rows_alone(DType dt, DType cdt, int64_t D, int64_t hkv, int64_t group, int64_t bs, int q, int ctx) {
+    const int64_t hq = hkv * group, blocks = (ctx + bs - 1) / bs;
+    std::vector<int32_t> table(static_cast<size_t>(blocks), 0);
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), rng());
+    CacheBuf kc(cdt, blocks * hkv * bs * D), vc(cdt, blocks * hkv * bs * D);
+    kc.fill_normal();
+    vc.fill_normal();
+    Buffer query(dt, q * hq * D), out(dt, q * hq * D), one(dt, hq * D);
+    query.fill_normal();
+    auto run = [&](void *o, const void *qp, int rows, int32_t len) {
+        const int32_t qsl[2] = {0, rows}, lens[1] = {len};
+        PagedAttentionArgs a{};
+        a.dt = dt;
+        a.cache_dt = cdt;
+        a.out = o;
+        a.out_token_stride = hq * D;
+        a.out_head_stride = D;
+        a.query = qp;
+        a.q_token_stride = hq * D;
+        a.q_head_stride = D;
+        a.key_cache = kc.data();
+        a.value_cache = vc.data();
+        a.num_q_heads = hq;
+        a.num_kv_heads = hkv;
+        a.head_size = D;
+        a.block_size = bs;
+        a.query_start_loc = qsl;
+        a.seq_lens = lens;
+        a.block_tables = table.data();
+        a.num_seqs = 1;
+        a.block_table_stride = blocks;
+        a.scale = 1.f / std::sqrt(float(D));
+        paged_attention(a);
+    };
+    run(out.data(), query.data(), q, ctx);
+    const int64_t es = dtype_size(dt), row = hq * D;
+    bool same = true;
+    for (int t = 0; t < q && same; ++t) {
+        run(one.data(), static_cast<const char *>(query.data()) + t * row * es, 1, ctx - q + t + 1);
+        same = std::memcmp(one.data(), static_cast<const char *>(out.data()) + t * row * es, size_t(row * es)) == 0;
+    }
+    expect_true(std::string("paged_attention ") + dtype_name(dt) + " cache " + cache_name(cdt) + " D=" +
+                    std::to_string(D) + " kv=" + std::to_string(hkv) + "x" + std::to_string(group) + " q=" +
+                    std::to_string(q) + " ctx=" + std::to_string(ctx) + ": each prefill row's bits = that row decoded alone",
+                same);
+}
+
+}  // namespace
+
+CPUINFER_TEST(paged_attention_row_independent_of_its_tile) {
+    std::uniform_int_distribution<int> ctxd(2, 300);
+    int i = 0;
+    for (DType dt : kFloatTypes)
+        for (DType cdt : kCacheTypes)
+            for (int64_t D : {64, 128}) {
+                const int ctx = ctxd(rng()), q = std::uniform_int_distribution<int>(1, ctx)(rng());
+                const int64_t group = (i++ % 3) + 1;
+                check_rows_alone(dt, cdt, D, 2, group, 16, q, ctx);
+            }
+}
