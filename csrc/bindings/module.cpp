@@ -158,7 +158,7 @@ DType dtype_from_name(const std::string &name) {
 void py_linear(Out out, In input, In weight, std::optional<In> bias, bool packed) {
     DType dt = float_dtype(input, "input");
     check_same_dtype(float_dtype(weight, "weight"), dt, "weight", "input");
-    check_same_dtype(float_dtype(out, "out"), dt, "out", "input");
+    const bool out_f32 = out_f32_or_same(float_dtype(out, "out"), dt);
     if (weight.ndim() != 2)
         fail_value("weight must be 2-D [out_features, in_features], got " + std::to_string(weight.ndim()) + " dimensions");
     Rows x = as_rows(input, "input"), o = as_rows(out, "out"), w = as_rows(weight, "weight");
@@ -182,7 +182,7 @@ void py_linear(Out out, In input, In weight, std::optional<In> bias, bool packed
     }
     if (packed) check_packable(w.cols, dt, "weight");
     nb::gil_scoped_release nogil;
-    linear(dt, out.data(), o.stride, input.data(), x.stride, weight.data(), b, x.rows, w.rows, w.cols, packed);
+    linear(dt, out.data(), o.stride, input.data(), x.stride, weight.data(), b, x.rows, w.rows, w.cols, packed, out_f32);
 }
 
 void py_linear_pack_weight(Out out, In weight) {
@@ -236,8 +236,9 @@ NB_MODULE(CPUINFER_MODULE(CPUINFER_VARIANT), m) {
     bind_comm(m);
     m.def("linear", &py_linear, nb::arg("out"), nb::arg("input"), nb::arg("weight"), nb::arg("bias").none(),
           nb::arg("packed") = false,
-          "out = input @ weight.T (+ bias), f32 accumulation, rounded once. packed: weight is in "
-          "linear_pack_weight's layout (GEMV for few rows, blocked GEMM for many); else a GEMV at every M.");
+          "out = input @ weight.T (+ bias), f32 accumulation, rounded once to out's dtype (input's, or float32 "
+          "for the unrounded sums). packed: weight is in linear_pack_weight's layout (GEMV for few rows, blocked "
+          "GEMM for many); else a GEMV at every M.");
     m.def("linear_pack_weight", &py_linear_pack_weight, nb::arg("out"), nb::arg("weight"),
           "Write weight [N, K] into out in the packed panel layout (K % linear_pack_pair(dtype) == 0).");
     m.attr("LINEAR_PACK_COLS") = linear_pack_cols();

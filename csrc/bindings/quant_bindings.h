@@ -138,7 +138,7 @@ inline bool is_quant_weight(nb::handle h) { return nb::hasattr(h, "parts") || nb
 
 inline void py_quant_linear(Out out, In input, nb::handle weight, std::optional<In> bias) {
     DType dt = float_dtype(input, "input");
-    check_same_dtype(float_dtype(out, "out"), dt, "out", "input");
+    const bool out_f32 = out_f32_or_same(float_dtype(out, "out"), dt);
     std::vector<nb::object> keep;
     int64_t N, K;
     LinearWeight w = quant_weight(weight, "weight", keep, N, K);
@@ -155,7 +155,7 @@ inline void py_quant_linear(Out out, In input, nb::handle weight, std::optional<
         b = bias->data();
     }
     nb::gil_scoped_release nogil;
-    linear_weight(dt, out.data(), o.stride, input.data(), x.stride, w, b, x.rows, N, K);
+    linear_weight(dt, out.data(), o.stride, input.data(), x.stride, w, b, x.rows, N, K, out_f32);
 }
 
 // Pack u [n, k] (uint8 values) with d and z or m [n, k / group] into a QuantWeight's tensors.
@@ -204,7 +204,8 @@ inline void bind_quant(nb::module_ &m) {
     m.def("quant_linear", &py_quant_linear, nb::arg("out"), nb::arg("input"), nb::arg("weight"),
           nb::arg("bias").none(),
           "out = input @ W.T (+ bias) for a quantized weight (QuantWeight or QuantStack): int8 activations per "
-          "block of 32, the variant's integer dot product, f32 accumulation.");
+          "block of 32, the variant's integer dot product, f32 accumulation, rounded once to out's dtype (input's, "
+          "or float32 for the unrounded sums).");
     m.def("quant_pack", &py_quant_pack, nb::arg("weight"), nb::arg("u"), nb::arg("d"), nb::arg("z").none(),
           nb::arg("m").none(), "Fill weight's qs, d, z / m from values u [n, k] and per-group d and z or m.");
     m.def("quant_rows", &py_quant_rows, nb::arg("out"), nb::arg("weight"), nb::arg("ids"),

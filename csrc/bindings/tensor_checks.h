@@ -104,6 +104,15 @@ inline void check_same_dtype(DType got, DType want, const char *name, const char
         fail_type(std::string(name) + " has dtype " + dtype_label(got) + " but " + ref + " is " + dtype_label(want));
 }
 
+// A linear layer's out: the input's dtype, or float32 for its unrounded sums; returns whether float32 (and
+// the input is not).
+inline bool out_f32_or_same(DType out, DType in) {
+    if (out != in && out != DType::f32)
+        fail_type(std::string("out has dtype ") + dtype_label(out) + " but input is " + dtype_label(in) +
+                  " (out must be the input's dtype, or float32 for the unrounded sums)");
+    return out != in;
+}
+
 // A weight of K input features can take the packed layout (linear_pack_pair) for dt.
 inline void check_packable(int64_t K, DType dt, const char *name) {
     if (K % linear_pack_pair(dt) != 0)

@@ -5,7 +5,10 @@
 #include <algorithm>
 #include <cstring>
 
+#include "dispatch_dtype.h"
 #include "kernels.h"
+#include "parallel.h"
+#include "vec.h"
 
 namespace cpuinfer {
 namespace {
@@ -18,7 +21,7 @@ constexpr int64_t kMlpRows = 512;
 
 // Scratch regions, in elements of the run dtype, each 64-byte aligned.
 struct Layout {
-    int64_t qkv, attn_or_gate_up, act, total;
+    int64_t qkv, attn_or_gate_up, act, partial, total;
 };
 
 Layout layout(const DecoderLayerWeights &w, int64_t tokens) {
@@ -31,8 +34,38 @@ Layout layout(const DecoderLayerWeights &w, int64_t tokens) {
     // The attention output is dead once o_proj has read it: gate_up reuses it.
     l.attn_or_gate_up = up(tokens * (q + 2 * kv));
     l.act = l.attn_or_gate_up + up(std::max(tokens * q, mlp * 2 * w.intermediate));
-    l.total = l.act + up(mlp * w.intermediate);
+    l.partial = l.act + up(mlp * w.intermediate);
+    // Tensor parallel: a row-parallel projection's f32 share of the sum (o_proj's, then down_proj's per chunk).
+    l.total = l.partial + (w.all_reduce ? up(tokens * w.hidden * int64_t(sizeof(float)) / es) : 0);
     return l;
+}
+
+// dst[i] = src[i] rounded to T, for n elements.
+void round_to(DType dt, void *dst, const float *src, int64_t n) {
+    with_float_type(dt, [&](auto tag) {
+        using T = decltype(tag);
+        T *d = static_cast<T *>(dst);
+        parallel_for(n, 1 << 14, [&](int64_t b, int64_t e) {
+            const int W = vec::width();
+            int64_t i = b;
+            for (; i + W <= e; i += W) vec::store(d + i, vec::load(src + i));
+            for (; i < e; ++i) d[i] = from_f32<T>(src[i]);
+        });
+    });
+}
+
+// out[rows, H] = a row-parallel projection of x, summed over the tensor-parallel ranks: each rank's share in
+// f32, summed in f32 and rounded once to dt (as one rank's product is); alone, the projection itself.
+void row_parallel(const DecoderLayerWeights &w, void *out, const void *x, int64_t xs, const LinearWeight &lw,
+                  const void *bias, int64_t rows, int64_t K, float *partial) {
+    const int64_t H = w.hidden;
+    if (!w.all_reduce) {
+        linear_weight(w.dt, out, H, x, xs, lw, bias, rows, H, K);
+        return;
+    }
+    linear_weight(w.dt, partial, H, x, xs, lw, bias, rows, H, K, /*out_f32=*/true);
+    w.all_reduce(w.all_reduce_ctx, partial, rows * H, DType::f32);
+    round_to(w.dt, out, partial, rows * H);
 }
 
 }  // namespace
@@ -51,6 +84,7 @@ void decoder_layer(const DecoderLayerWeights &w, const DecoderBatch &b, void *h,
     const Layout l = layout(w, T);
     char *base = static_cast<char *>(scratch);
     char *qkv = base + l.qkv * es, *attn = base + l.attn_or_gate_up * es, *gate_up = attn, *act = base + l.act * es;
+    float *partial = reinterpret_cast<float *>(base + l.partial * es);
     char *hb = static_cast<char *>(h);
 
     // Input norm: the first layer starts the residual stream with h.
@@ -100,8 +134,7 @@ void decoder_layer(const DecoderLayerWeights &w, const DecoderBatch &b, void *h,
     a.sliding_window = w.sliding_window;
     a.soft_cap = w.soft_cap;
     paged_attention(a);
-    linear_weight(dt, h, H, attn, q_size, w.o, w.o_b, T, H, q_size);
-    if (w.all_reduce) w.all_reduce(w.all_reduce_ctx, h, T * H, dt);
+    row_parallel(w, h, attn, q_size, w.o, w.o_b, T, q_size, partial);
 
     // MLP, with Gemma's sandwich norms when present.
     if (w.pre_ff_norm) {
@@ -115,8 +148,7 @@ void decoder_layer(const DecoderLayerWeights &w, const DecoderBatch &b, void *h,
         char *ht = hb + t0 * H * es;
         linear_weight(dt, gate_up, 2 * I, ht, H, w.gate_up, w.gate_up_b, n, 2 * I, H);
         act_and_mul(dt, w.act, act, I, gate_up, 2 * I, n, I);
-        linear_weight(dt, ht, H, act, I, w.down, w.down_b, n, H, I);
-        if (w.all_reduce) w.all_reduce(w.all_reduce_ctx, ht, n * H, dt);  // elementwise: chunks give the same bits
+        row_parallel(w, ht, act, I, w.down, w.down_b, n, I, partial);  // elementwise: chunks give the same bits
         if (w.post_ff_norm) rms_norm(dt, ht, H, ht, H, w.post_ff_norm, n, H, w.eps);
     }
 }

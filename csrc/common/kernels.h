@@ -72,9 +72,12 @@ void paged_attention(const PagedAttentionArgs &args);
 // alignment). Row-major: a GEMV tuned for small M. Packed: one kernel that is
 // the GEMV for a few rows and a blocked GEMM (the variant's matrix
 // instructions) for many. Either way each row's result does not depend on M
-// (see the dispatch comment in linear.cpp).
+// (see the dispatch comment in linear.cpp). out_f32: out is float32 whatever
+// dt, the f32 sums (+ bias) unrounded (every linear entry point takes it: a
+// tensor-parallel rank's share of a row-parallel projection is summed over
+// the ranks in f32 and rounded once, as one rank's product is).
 void linear(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_stride, const void *weight,
-            const void *bias, int64_t M, int64_t N, int64_t K, bool packed = false);
+            const void *bias, int64_t M, int64_t N, int64_t K, bool packed = false, bool out_f32 = false);
 
 // The packed weight layout: output features in panels of
 // C = linear_pack_cols() (2 vectors of this build), each panel K x C elements,
@@ -126,7 +129,7 @@ void quant_pack(const QuantMatrix &shape, const uint8_t *u, const f16_t *d, cons
 // accumulation, rounded once to dt. Each row's result depends on that row
 // only (batch invariant), and is the same on every variant.
 void quant_linear(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_stride, const QuantMatrix &w,
-                  const void *bias, int64_t M);
+                  const void *bias, int64_t M, bool out_f32 = false);
 
 // out[i] = row ids[i] of the dequantized weight, in dt, in input-feature order
 // (perm undone; ids checked by the caller).
@@ -145,7 +148,7 @@ struct LinearWeight {
 
 // out[m, :N] = x[m, :K] @ w.T (+ bias[N]): linear() or quant_linear() per part.
 void linear_weight(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_stride, const LinearWeight &w,
-                   const void *bias, int64_t M, int64_t N, int64_t K);
+                   const void *bias, int64_t M, int64_t N, int64_t K, bool out_f32 = false);
 
 // Which tile quant_linear runs on this build ("avx512vnni", "avx2", "neon_i8mm",
 // "neon_dotprod", "sve_dotprod", "vxe", "portable").
@@ -183,8 +186,9 @@ struct DecoderLayerWeights {  // filled field by field (the binding names each)
     Activation act = Activation::silu;
     float eps = 0.0f, scale = 1.0f, soft_cap = 0.0f;
     int64_t sliding_window = 0;
-    // Tensor parallelism: o_proj's and down_proj's outputs are partial sums over the ranks, summed in place
-    // by this call (a ShmComm's all-reduce) before the residual adds them; null on a single rank.
+    // Tensor parallelism: o_proj's and down_proj's outputs are partial sums over the ranks: each rank's share
+    // stays f32, this call (a ShmComm's all-reduce) sums them in place, and the sum is rounded once to dt
+    // before the residual adds it (so a run dtype's rounding is the one rank's); null on a single rank.
     void (*all_reduce)(void *ctx, void *data, int64_t numel, DType dt) = nullptr;
     void *all_reduce_ctx = nullptr;
 };

@@ -117,8 +117,8 @@ inline void tile(const T *x, int64_t xs, const T *w, int64_t K, float *acc) {
 }
 
 // Output features [n0, n0 + NR) for every row of x.
-template <typename T, int NR>
-inline void rows_block(T *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, int64_t M,
+template <typename T, int NR, typename O>
+inline void rows_block(O *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, int64_t M,
                        int64_t K, int64_t n0) {
     float acc[kMR * NR];
     const T *wn = w + n0 * K;
@@ -132,18 +132,19 @@ inline void rows_block(T *out, int64_t os, const T *x, int64_t xs, const T *w, c
             default: tile<T, NR, 4>(xm, xs, wn, K, acc); break;
         }
         for (int64_t m = 0; m < mr; ++m) {
-            T *o = out + (m0 + m) * os + n0;
+            O *o = out + (m0 + m) * os + n0;
             for (int j = 0; j < NR; ++j) {
                 float v = acc[m * NR + j];
                 if (bias) v += to_f32(bias[n0 + j]);
-                o[j] = from_f32<T>(v);
+                o[j] = from_f32<O>(v);
             }
         }
     }
 }
 
-template <typename T>
-void run(T *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, int64_t M, int64_t N, int64_t K) {
+// O: the output's type, T or float (unrounded sums, linear()'s out_f32).
+template <typename T, typename O>
+void run(O *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, int64_t M, int64_t N, int64_t K) {
     const int64_t blocks = N / kNR;
     // Each task gets at least ~64K multiply-adds (~128 KB of bf16 weight,
     // ~10 us from memory): waking the team costs a few microseconds on an
@@ -159,14 +160,13 @@ void run(T *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, 
     parallel_for(blocks + (N % kNR ? 1 : 0), grain, [&](int64_t b, int64_t e) {
         for (int64_t m0 = 0; m0 < M; m0 += m_chunk) {
             const T *xm = x + m0 * xs;
-            T *om = out + m0 * os;
+            O *om = out + m0 * os;
             int64_t mc = std::min(m_chunk, M - m0);
             for (int64_t t = b; t < e; ++t) {
                 if (t < blocks) {
                     rows_block<T, kNR>(om, os, xm, xs, w, bias, mc, K, t * kNR);
                 } else {
-                    for (int64_t n = blocks * kNR; n < N; ++n)
-                        rows_block<T, 1>(om, os, xm, xs, w, bias, mc, K, n);
+                    for (int64_t n = blocks * kNR; n < N; ++n) rows_block<T, 1>(om, os, xm, xs, w, bias, mc, K, n);
                 }
             }
         }
@@ -176,11 +176,12 @@ void run(T *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, 
 }  // namespace
 
 void linear_row_major(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_stride, const void *weight,
-                      const void *bias, int64_t M, int64_t N, int64_t K) {
+                      const void *bias, int64_t M, int64_t N, int64_t K, bool out_f32) {
     if (M <= 0 || N <= 0) return;
-    with_float_type(dt, [&](auto tag) {
+    with_float_types(dt, out_f32, [&](auto tag, auto out_tag) {
         using T = decltype(tag);
-        run<T>(static_cast<T *>(out), out_stride, static_cast<const T *>(x), x_stride, static_cast<const T *>(weight),
+        using O = decltype(out_tag);
+        run<T>(static_cast<O *>(out), out_stride, static_cast<const T *>(x), x_stride, static_cast<const T *>(weight),
                static_cast<const T *>(bias), M, N, K);
     });
 }
@@ -197,33 +198,34 @@ void linear_row_major(DType dt, void *out, int64_t out_stride, const void *x, in
 // reason (batch invariance): pack the weight (the model loader does) to get
 // the GEMM. Panels need K % linear_pack_pair(dt) == 0 (the binding checks).
 void linear(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_stride, const void *weight,
-            const void *bias, int64_t M, int64_t N, int64_t K, bool packed) {
+            const void *bias, int64_t M, int64_t N, int64_t K, bool packed, bool out_f32) {
     if (M <= 0 || N <= 0) return;
     if (!packed) {
-        linear_row_major(dt, out, out_stride, x, x_stride, weight, bias, M, N, K);
+        linear_row_major(dt, out, out_stride, x, x_stride, weight, bias, M, N, K, out_f32);
         return;
     }
     const int64_t C = linear_pack_cols(), panels = N / C, es = dtype_size(dt), tail = panels * C;
-    linear_panels(dt, out, out_stride, x, x_stride, weight, bias, M, panels, K);
+    const int64_t os = out_f32 ? int64_t(sizeof(float)) : es;
+    linear_panels(dt, out, out_stride, x, x_stride, weight, bias, M, panels, K, out_f32);
     if (tail < N)  // rows past the last full panel are row-major
-        linear_row_major(dt, static_cast<char *>(out) + tail * es, out_stride, x, x_stride,
+        linear_row_major(dt, static_cast<char *>(out) + tail * os, out_stride, x, x_stride,
                          static_cast<const char *>(weight) + tail * K * es,
-                         bias ? static_cast<const char *>(bias) + tail * es : nullptr, M, N - tail, K);
+                         bias ? static_cast<const char *>(bias) + tail * es : nullptr, M, N - tail, K, out_f32);
 }
 
 // A LinearWeight is dense (the rule above) or quantized parts, each writing its own output columns.
 void linear_weight(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_stride, const LinearWeight &w,
-                   const void *bias, int64_t M, int64_t N, int64_t K) {
+                   const void *bias, int64_t M, int64_t N, int64_t K, bool out_f32) {
     if (w.parts == 0) {
-        linear(dt, out, out_stride, x, x_stride, w.dense, bias, M, N, K, w.packed);
+        linear(dt, out, out_stride, x, x_stride, w.dense, bias, M, N, K, w.packed, out_f32);
         return;
     }
-    const int64_t es = dtype_size(dt);
+    const int64_t es = dtype_size(dt), os = out_f32 ? int64_t(sizeof(float)) : es;
     int64_t n0 = 0;
     for (int i = 0; i < w.parts; ++i) {
         const QuantMatrix &q = w.part[i];
         const void *b = bias ? static_cast<const char *>(bias) + n0 * es : nullptr;
-        quant_linear(dt, static_cast<char *>(out) + n0 * es, out_stride, x, x_stride, q, b, M);
+        quant_linear(dt, static_cast<char *>(out) + n0 * os, out_stride, x, x_stride, q, b, M, out_f32);
         n0 += q.N;
     }
 }

@@ -38,8 +38,9 @@ namespace {
 
 constexpr int kMaxLanes = 64;                // f32 lanes of the widest vector (SVE 2048-bit)
 
-template <typename T>
-void run(T *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, int64_t M, int64_t panels,
+// O: the output's type, T or float (unrounded sums, linear()'s out_f32).
+template <typename T, typename O>
+void run(O *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, int64_t M, int64_t panels,
          int64_t K) {
     using Kernel = panel::PanelKernel<T>;
     using X = typename Kernel::X;
@@ -107,18 +108,20 @@ void run(T *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, 
                 Kernel::run(mr, np, xc + r0 * xcs, xcs, wp, C * K, K, acc);
                 for (int r = 0; r < mr; ++r) {
                     for (int q = 0; q < np; ++q) {
-                        T *o = out + (m0 + r) * os + (p + q) * C;
+                        O *o = out + (m0 + r) * os + (p + q) * C;
                         const float *a = acc + (r * np + q) * C;
                         vec::vf va = vec::load(a), vb = vec::load(a + W);
                         if (bias) {
                             va = vec::add(va, vec::load(bias_f + q * C));
                             vb = vec::add(vb, vec::load(bias_f + q * C + W));
                         }
-                        if constexpr (Kernel::kPairOrder) {
+                        if constexpr (Kernel::kPairOrder && std::is_same_v<O, T>) {
                             vec::store2(o, va, vb);
                         } else {
                             vec::store(o, va);
                             vec::store(o + W, vb);
+                            // f32 out of a pair-order tile: its lanes back into column order.
+                            if constexpr (Kernel::kPairOrder) vec::natural_order(o, C, static_cast<const T *>(nullptr));
                         }
                     }
                 }
@@ -175,11 +178,12 @@ void linear_pack_weight(DType dt, void *dst, const void *src, int64_t N, int64_t
 }
 
 void linear_panels(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_stride, const void *weight,
-                   const void *bias, int64_t M, int64_t panels, int64_t K) {
+                   const void *bias, int64_t M, int64_t panels, int64_t K, bool out_f32) {
     if (M <= 0 || panels <= 0) return;
-    with_float_type(dt, [&](auto tag) {
+    with_float_types(dt, out_f32, [&](auto tag, auto out_tag) {
         using T = decltype(tag);
-        run<T>(static_cast<T *>(out), out_stride, static_cast<const T *>(x), x_stride,
+        using O = decltype(out_tag);
+        run<T>(static_cast<O *>(out), out_stride, static_cast<const T *>(x), x_stride,
                static_cast<const T *>(weight), static_cast<const T *>(bias), M, panels, K);
     });
 }

@@ -140,8 +140,9 @@ quant::QuantPanel panel(const QuantMatrix &w, int64_t p) {
             blocks, w.group >= kBlock ? w.group / kBlock : 0};
 }
 
-template <typename Tile, typename T>
-void run(T *out, int64_t os, const quant::QuantRows &x, const QuantMatrix &w, const T *bias, int64_t M) {
+// O: the output's type, T or float (unrounded sums, out_f32).
+template <typename Tile, typename T, typename O>
+void run(O *out, int64_t os, const quant::QuantRows &x, const QuantMatrix &w, const T *bias, int64_t M) {
     static_assert(Tile::kMaxRows <= 16, "acc below holds 16 rows");
     const int64_t panels = quant_panels(w.N), K = w.K, MR = Tile::kMaxRows;
     const int64_t chunk = row_chunk(M, K, MR, Tile::kChunkBytes), tasks = (M + chunk - 1) / chunk * panels;
@@ -167,12 +168,12 @@ void run(T *out, int64_t os, const quant::QuantRows &x, const QuantMatrix &w, co
                 xr.s16 += m0 * 2 * x.b_stride;
                 Tile::run(mr, xr, wp, acc);
                 for (int r = 0; r < mr; ++r) {
-                    T *o = out + (m0 + r) * os + n0;
+                    O *o = out + (m0 + r) * os + n0;
                     const float *a = acc + r * kLanes;
                     if (bias) {
-                        for (int64_t f = 0; f < nn; ++f) o[f] = from_f32<T>(a[f] + to_f32(bias[n0 + f]));
+                        for (int64_t f = 0; f < nn; ++f) o[f] = from_f32<O>(a[f] + to_f32(bias[n0 + f]));
                     } else {
-                        for (int64_t f = 0; f < nn; ++f) o[f] = from_f32<T>(a[f]);
+                        for (int64_t f = 0; f < nn; ++f) o[f] = from_f32<O>(a[f]);
                     }
                 }
             }
@@ -210,13 +211,14 @@ void with_tile(const QuantMatrix &w, F &&f) {
 }  // namespace
 
 void quant_linear(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_stride, const QuantMatrix &w,
-                  const void *bias, int64_t M) {
+                  const void *bias, int64_t M, bool out_f32) {
     if (M <= 0 || w.N <= 0) return;
-    with_float_type(dt, [&](auto tag) {
+    with_float_types(dt, out_f32, [&](auto tag, auto out_tag) {
         using T = decltype(tag);
+        using O = decltype(out_tag);
         const QuantizedX xq(static_cast<const T *>(x), x_stride, M, w.K, w.perm);
         with_tile(w, [&](auto tile) {
-            run<decltype(tile)>(static_cast<T *>(out), out_stride, xq.rows, w, static_cast<const T *>(bias), M);
+            run<decltype(tile)>(static_cast<O *>(out), out_stride, xq.rows, w, static_cast<const T *>(bias), M);
         });
     });
 }

@@ -115,14 +115,23 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
-def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None, packed: bool = False) -> torch.Tensor:
+def linear(
+    x: torch.Tensor,
+    weight,
+    bias: torch.Tensor | None = None,
+    packed: bool = False,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
     """x @ weight.T (+ bias): our kernel for bf16/f16 and quantized weights, torch.nn.functional.linear otherwise.
 
     packed: weight is in the layout pack_weight() writes (our kernel only).
     weight may be a QuantWeight / QuantStack (cpuinfer.quantization): see quant_linear.
+    out_dtype: x's dtype (None), or torch.float32 for the f32 sums unrounded (a share that other ranks' shares
+    join before the one rounding).
     """
+    out_dtype = _out_dtype(x, out_dtype)
     if is_quantized(weight):
-        return quant_linear(x, weight, bias)
+        return quant_linear(x, weight, bias, out_dtype)
     # Dispatch (the rule itself is in csrc/common/linear.cpp, so the fused
     # decoder layer follows it too). bf16/f16 take our kernel at every M:
     # - packed weights (what the model loader keeps): one register-tile kernel
@@ -149,7 +158,7 @@ def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None, packed: bo
         and (bias is None or bias.dtype == x.dtype)
     ):
         x2 = _rows(x)
-        out = torch.empty(x2.shape[0], weight.shape[0], dtype=x.dtype)
+        out = torch.empty(x2.shape[0], weight.shape[0], dtype=out_dtype)
         _C.linear(out, x2, weight, bias, packed)
         return out.view(*x.shape[:-1], weight.shape[0])
     if packed:
@@ -157,18 +166,32 @@ def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None, packed: bo
             f"a packed weight needs bfloat16/float16 input, weight and bias of one dtype; got input "
             f"{x.dtype}, weight {weight.dtype}"
         )
+    if out_dtype != x.dtype:  # torch rounds to its inputs' dtype: multiply in the output's
+        x, weight = x.to(out_dtype), weight.to(out_dtype)
+        bias = None if bias is None else bias.to(out_dtype)
     return torch.nn.functional.linear(x, weight, bias)
 
 
-def quant_linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+def quant_linear(
+    x: torch.Tensor, weight, bias: torch.Tensor | None = None, out_dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """x @ W.T (+ bias) for a quantized W: x quantized per row and block of 32 to int8, integer dot products.
 
     Each row's result depends on that row alone (not on the batch), and is the same on every variant.
+    out_dtype: as linear's.
     """
     x2 = _rows(x)
-    out = torch.empty(x2.shape[0], weight.n, dtype=x.dtype)
+    out = torch.empty(x2.shape[0], weight.n, dtype=_out_dtype(x, out_dtype))
     _C.quant_linear(out, x2, weight, bias)
     return out.view(*x.shape[:-1], weight.n)
+
+
+def _out_dtype(x: torch.Tensor, out_dtype: torch.dtype | None) -> torch.dtype:
+    if out_dtype is None or out_dtype == x.dtype:
+        return x.dtype
+    if out_dtype != torch.float32:
+        raise ValueError(f"out_dtype must be the input's dtype ({x.dtype}) or torch.float32, got {out_dtype}")
+    return out_dtype
 
 
 def pack_layout(dtype: torch.dtype, kernels=None) -> tuple[int, int]:

@@ -78,13 +78,13 @@ def test_float32_three_stages_and_tp2_pp2(checkpoints, size):
 @pytest.mark.parametrize("name", ["llama", "gemma3"])
 def test_bfloat16_pp2_fused_layers(checkpoints, name):
     """bf16 runs the fused decoder layer on both stages (the second stage's first layer continues the residual
-    stream it received): first-token logits within the bf16 tolerance of the other tests."""
+    stream it received): one stage's tokens and first-token logits, bit for bit (a stage boundary changes no
+    arithmetic, and every kernel gives a row the same bits in any micro-batch)."""
     one = run("runner", checkpoints[name], "bfloat16", "1")
     two = run("runner", checkpoints[name], "bfloat16", "1x2", env=SPLIT)
     assert all(two["fused"]) and all(one["fused"])
-    for a, b in zip(two["first"], one["first"], strict=True):
-        a, b = torch.tensor(a), torch.tensor(b)
-        assert (a - b).abs().max() <= 0.05 * b.abs().max()
+    assert two["tokens"] == one["tokens"]
+    assert torch.equal(torch.tensor(two["first"]), torch.tensor(one["first"]))
 
 
 @pytest.mark.parametrize("kv", ["auto", "fp8_e5m2"])

@@ -69,14 +69,17 @@ def test_float32_tp2_gives_tp1_tokens(checkpoints, name):
 
 @pytest.mark.parametrize("name", ["llama", "gemma3"])
 def test_bfloat16_tp2_stays_close_to_tp1(checkpoints, name):
-    """bf16 (the fused decoder layer, with its all-reduces in the kernel): first-token logits within the bf16
-    tolerance the other model tests use, and the fused path taken."""
+    """bf16 (the fused decoder layer, with its all-reduces in the kernel): one rank's greedy tokens, and
+    first-token logits within 1% of its (each rank's row-parallel share stays f32 and the sum is rounded once,
+    as one rank's product is; only the f32 summation order differs. Measured: 0 to 0.5%; bf16 shares rounded
+    before the sum had needed the 5% bf16 tolerance of the model tests)."""
     one = run("runner", checkpoints[name], "bfloat16", "1")
     two = run("runner", checkpoints[name], "bfloat16", "2")
     assert all(two["fused"]) and all(one["fused"])
+    assert two["tokens"] == one["tokens"]
     for a, b in zip(two["first"], one["first"], strict=True):
         a, b = torch.tensor(a), torch.tensor(b)
-        assert (a - b).abs().max() <= 0.05 * b.abs().max()
+        assert (a - b).abs().max() <= 0.01 * b.abs().max()
 
 
 @pytest.mark.parametrize("kv", ["auto", "fp8_e5m2"])
@@ -91,14 +94,15 @@ def test_engine_features_under_tp2(checkpoints, kv):
 
 def test_quantized_gguf_shares_stay_quantized(smol_path):
     """SmolLM2's Q4_1 GGUF on 3 ranks (its 9 heads and 3 KV heads split 3 ways): every projection and the tied
-    vocabulary-parallel table stay Q4_1 on every rank, and the logits stay within bf16 tolerance of one rank."""
+    vocabulary-parallel table stay Q4_1 on every rank, one rank's greedy tokens, and logits within 1% of its
+    (measured: equal; with bf16 shares rounded before the sum they were 5.8% apart on an AVX2 CPU)."""
     one = run("smol", smol_path, "1")
     three = run("smol", smol_path, "3", timeout=400)
     assert three["quantized"] and one["quantized"]
+    assert three["tokens"] == one["tokens"]
     for a, b in zip(three["first"], one["first"], strict=True):
         a, b = torch.tensor(a), torch.tensor(b)
-        assert (a - b).abs().max() <= 0.05 * b.abs().max()
-        assert int(a.argmax()) == int(b.argmax())
+        assert (a - b).abs().max() <= 0.01 * b.abs().max()
 
 
 def test_indivisible_heads_are_refused(smol_path):

@@ -255,3 +255,43 @@ def test_packed_rows_read_embeddings_back():
             ops.packed_rows(packed, torch.tensor(bad))
     with pytest.raises(ValueError, match="packed weight"):
         ops.linear(x.float(), packed.float(), packed=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("m", [1, 3, 13, 70])
+def test_float32_out_is_the_unrounded_sum(kernels, dtype, packed, m):
+    """out float32 (a tensor-parallel rank's share of a row-parallel projection): the f32 sums (+ bias) before
+    the one rounding, so rounding them to dtype gives the dtype output's bits, and they are the float64
+    product to f32 accuracy. Row-major and packed weights, panels and the row-major tail of a packed one."""
+    cols, pair = _layout(kernels, dtype)
+    n, k = 2 * cols + 5, 64 * pair
+    x = torch.randn(m, k, dtype=dtype)
+    w = (torch.randn(n, k) / k**0.5).to(dtype)
+    b = torch.randn(n, dtype=dtype)
+    weight = _pack(kernels, w) if packed else w
+    rounded, wide = torch.empty(m, n, dtype=dtype), torch.empty(m, n, dtype=torch.float32)
+    kernels.linear(rounded, x, weight, b, packed=packed)
+    kernels.linear(wide, x, weight, b, packed=packed)
+    assert torch.equal(wide.to(dtype), rounded)
+    torch.testing.assert_close(wide.double(), _reference64(x, w, b), atol=1e-5, rtol=1e-5)
+    with pytest.raises(TypeError, match="out must be the input's dtype, or float32"):
+        other = torch.float16 if dtype == torch.bfloat16 else torch.bfloat16
+        kernels.linear(torch.empty(m, n, dtype=other), x, weight, b, packed=packed)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_ops_linear_out_dtype(dtype):
+    """ops.linear(out_dtype=torch.float32): the unrounded sums on every path (packed, row-major, torch's for
+    float32 input); rounded, the default output's bits. Only float32 may differ from the input's dtype."""
+    x = torch.randn(9, 64, dtype=dtype)
+    w = (torch.randn(40, 64) / 8).to(dtype)
+    b = torch.randn(40, dtype=dtype)
+    weights = [(w, False)] + ([(ops.pack_weight(w), True)] if dtype != torch.float32 else [])
+    for weight, packed in weights:
+        wide = ops.linear(x, weight, b, packed, out_dtype=torch.float32)
+        assert wide.dtype == torch.float32
+        assert torch.equal(wide.to(dtype), ops.linear(x, weight, b, packed))
+        torch.testing.assert_close(wide.double(), _reference64(x, w, b), atol=1e-5, rtol=1e-5)
+        with pytest.raises(ValueError, match="out_dtype must be the input's dtype"):
+            ops.linear(x, weight, b, packed, out_dtype=torch.float64)

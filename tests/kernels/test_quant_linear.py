@@ -270,3 +270,22 @@ def test_a_non_finite_activation_makes_its_row_nan_and_only_its_row(kernels, bad
     keep = [r for r in range(20) if r != 7]
     exact = int8_rows(x[keep]).double() @ w.dequantize().double().T
     torch.testing.assert_close(out[keep].double(), exact, rtol=1e-5, atol=1e-5 * exact.abs().max().item())
+
+
+@pytest.mark.parametrize("kind", ["Q4_1", "Q5_0", "Q6_K", "Q8_0"])
+def test_float32_out_is_the_unrounded_sum(kernels, kind):
+    """out float32 (a tensor-parallel rank's share of a row-parallel projection): the f32 sums (+ bias), which
+    round to the bfloat16 output's bits; also through a stack of two formats."""
+    raw, _ = gguf_tensor(kind, 40, 256, seed=3)
+    other, _ = gguf_tensor("Q4_0", 24, 256, seed=4)
+    x = torch.randn(7, 256, dtype=torch.bfloat16)
+    for w in (unpack(kind, raw, 40, 256), concat([unpack(kind, raw, 40, 256), unpack("Q4_0", other, 24, 256)])):
+        b = torch.randn(w.n, dtype=torch.bfloat16)
+        rounded, wide = torch.empty(7, w.n, dtype=torch.bfloat16), torch.empty(7, w.n)
+        kernels.quant_linear(rounded, x, w, b)
+        kernels.quant_linear(wide, x, w, b)
+        assert torch.equal(wide.to(torch.bfloat16), rounded)
+        exact = int8_rows(x).double() @ w.dequantize().double().T + b.double()
+        torch.testing.assert_close(wide.double(), exact, rtol=1e-5, atol=1e-5 * exact.abs().max().item())
+    with pytest.raises(TypeError, match="out must be the input's dtype, or float32"):
+        kernels.quant_linear(torch.empty(7, w.n, dtype=torch.float16), x, w, b)

@@ -166,7 +166,17 @@ class Attention:
             self.sliding_window,
             self.soft_cap,
         )
-        return self.tp.all_reduce_(ops.linear(out.view(t, self.q_size), self.o_w, self.o_b, self.packed))
+        return row_parallel(self.tp, out.view(t, self.q_size), self.o_w, self.o_b, self.packed)
+
+
+def row_parallel(tp: TPGroup, x: torch.Tensor, weight, bias, packed: bool = False) -> torch.Tensor:
+    """x @ weight.T (+ bias) for a row-parallel shard (o_proj, down_proj), summed over the tensor-parallel
+    ranks: each rank's share stays float32, the ranks sum in float32 and the sum is rounded once to x's
+    dtype, as one rank's whole product is (bf16 shares rounded before the sum drifted from one rank's
+    greedy tokens; the fused decoder layer does the same in C++)."""
+    if tp.size == 1:
+        return ops.linear(x, weight, bias, packed)
+    return tp.all_reduce_(ops.linear(x, weight, bias, packed, out_dtype=torch.float32)).to(x.dtype)
 
 
 class GatedMLP:
@@ -201,7 +211,7 @@ class GatedMLP:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """MLP output for x [T, hidden]."""
         gate_up = ops.linear(x, self.gate_up_w, self.gate_up_b, self.packed)
-        return self.tp.all_reduce_(ops.linear(self.act(gate_up), self.down_w, self.down_b, self.packed))
+        return row_parallel(self.tp, self.act(gate_up), self.down_w, self.down_b, self.packed)
 
 
 def pack_layer(attn: Attention, mlp: GatedMLP) -> None:

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from .. import ops
 from ..attention import AttentionMetadata
 from ..model_loader.errors import ModelLoadError
-from .layers import Attention, WeightBag, select_rows, stage_head, stage_layer_ids
+from .layers import Attention, WeightBag, row_parallel, select_rows, stage_head, stage_layer_ids
 
 _ACTS = {"relu": F.relu, "gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh")}
 POSITION_OFFSET = 2  # OPT's learned position table starts at index 2 (a fairseq padding leftover)
@@ -111,8 +111,7 @@ class OPTForCausalLM:
             if not self.pre_norm:
                 h = self._ln(h, layer.attn_ln)
             x = self._ln(h, layer.ff_ln) if self.pre_norm else h
-            ff = ops.linear(self.act(ops.linear(x, layer.fc1_w, layer.fc1_b)), layer.fc2_w, layer.fc2_b)
-            h = h + self.tp.all_reduce_(ff)
+            h = h + row_parallel(self.tp, self.act(ops.linear(x, layer.fc1_w, layer.fc1_b)), layer.fc2_w, layer.fc2_b)
             if not self.pre_norm:
                 h = self._ln(h, layer.ff_ln)
         if not self.stage.last:
