@@ -1,13 +1,19 @@
 // Paged attention over a mixed batch (decode tokens and prefill chunks).
 //
 // Work is cut into groups (sequence, KV head, up to kChunkRows query rows,
-// where a row is one (token, query head) pair of that KV head's GQA group),
-// and a group's key range may be split into partitions (flash-decoding) when
-// there are too few groups to keep every thread busy; split partitions leave
-// (max, sum, unnormalised output) behind and a second pass merges them.
+// where a row is one (token, query head) pair of that KV head's GQA group).
+// Keys are taken in partitions of kPartKeys at fixed positions (flash-
+// decoding): each partition's softmax is online, in f32, from scratch; a row
+// whose keys span several partitions merges their (max, sum, unnormalised
+// output) in partition order at the end. Where the partitions sit depends on
+// the key positions only, so a row gets the same bits whatever the batch, the
+// rows beside it or the thread count (a prefill row equals that row decoded
+// alone: the engine's greedy outputs under preemption rely on it). Which
+// thread runs what is separate: a group's partitions are one unit, or spans
+// of them run in parallel (their results through a shared buffer, merged by
+// a second pass) when there are too few groups to keep every thread busy.
 // Inside a unit every KV block is read once and used by all the unit's rows,
-// kTileRows rows at a time with register accumulators; softmax is online, in
-// f32.
+// kTileRows rows at a time with register accumulators.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -30,7 +36,10 @@ constexpr int64_t kChunkRows = 64;      // query rows that share one pass over t
 #define CPUINFER_ATTN_PREFETCH 1
 #endif
 constexpr bool kPrefetch = CPUINFER_ATTN_PREFETCH;
-constexpr int64_t kMinPartKeys = 256;   // a flash-decoding partition is at least this long
+// Keys per partition (rounded up to whole blocks): long enough that the merge (D multiply-adds per row and
+// partition) is noise against the partition's 2 x D per key, short enough that one long sequence's decode
+// step has partitions for several threads.
+constexpr int64_t kPartKeys = 512;
 constexpr int64_t kPvKeys = 16;        // keys per PV pass: a few KB of V, read front to back
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -38,18 +47,21 @@ struct Group {
     int32_t seq, kv_head;
     int64_t row0, rows;  // rows [row0, row0 + rows) of (token, head-in-group), token-major
     int64_t k_lo, k_hi;  // keys any row of the group sees
-    int64_t part_len, parts;
-    int64_t scratch;  // float offset of the partial results when parts > 1
+    int64_t first, parts;  // its partitions: [first, first + parts), partition p = keys [p * P, (p + 1) * P)
+    int64_t units;         // units its partitions are spread over
+    int64_t scratch;       // float offset of its partitions' results in `partials` when units > 1
 };
 
 struct Unit {
-    int32_t group, part;
+    int32_t group;
+    int64_t p0, p1;  // partitions [p0, p1) of the group
     int64_t cost;
 };
 
 // Per-thread working memory, grown on demand and kept across calls.
 struct Scratch {
     std::vector<float> q, acc, m, l, s, alpha, dm;  // alpha, dm: a tile's rows, padded to whole vectors
+    std::vector<float> parts;  // a one-unit group's partition results (rows x (D + 2) each), merged at its end
     std::vector<int64_t> pos;
     std::vector<bf16_t> qb;   // raw bf16 query rows, for the bf16 x bf16 fast paths
     void reserve(int64_t rows, int64_t D, int64_t bs) {
@@ -108,8 +120,10 @@ struct Runner {
 
     int64_t q_len(int64_t s) const { return a.query_start_loc[s + 1] - a.query_start_loc[s]; }
 
+    int64_t part_keys() const { return (kPartKeys + bs - 1) / bs * bs; }
+
     void plan() {
-        const int64_t W = a.sliding_window;
+        const int64_t W = a.sliding_window, P = part_keys();
         int64_t total = 0;
         for (int64_t s = 0; s < a.num_seqs; ++s) {
             const int64_t L = q_len(s), ctx = a.seq_lens[s];
@@ -117,32 +131,31 @@ struct Runner {
                 const int64_t rows = std::min(kChunkRows, L * G - r0);
                 const int64_t first_pos = ctx - L + r0 / G, last_pos = ctx - L + (r0 + rows - 1) / G;
                 const int64_t lo = W > 0 ? std::max<int64_t>(0, first_pos - W + 1) : 0;
+                const int64_t first = lo / P, parts = last_pos / P + 1 - first;
                 for (int64_t h = 0; h < a.num_kv_heads; ++h) {
-                    groups.push_back({int32_t(s), int32_t(h), r0, rows, lo, last_pos + 1, 0, 1, -1});
+                    groups.push_back({int32_t(s), int32_t(h), r0, rows, lo, last_pos + 1, first, parts, 1, -1});
                     total += (last_pos + 1 - lo) * (rows + 4);
                 }
             }
         }
-        // Split long key ranges so that there are about 8 units per thread:
-        // dynamic hand-out then evens out ragged lengths and busy cores.
+        // Spread long key ranges over several units so that there are about 8 units per thread: dynamic
+        // hand-out then evens out ragged lengths and busy cores. (Only the schedule: a row's partitions and
+        // their merge are the same either way.)
         const int64_t threads = max_threads();
         const int64_t target = threads > 1 ? std::max<int64_t>(1, total / (threads * 8)) : 0;
         int64_t scratch = 0;
         for (size_t gi = 0; gi < groups.size(); ++gi) {
             Group &g = groups[gi];
-            const int64_t start = g.k_lo / bs * bs, keys = g.k_hi - start;
             const int64_t cost = (g.k_hi - g.k_lo) * (g.rows + 4);
-            int64_t parts = target > 0 ? std::max<int64_t>(1, cost / target) : 1;
-            parts = std::min(parts, std::max<int64_t>(1, keys / kMinPartKeys));
-            g.part_len = ((keys + parts - 1) / parts + bs - 1) / bs * bs;
-            g.parts = (keys + g.part_len - 1) / g.part_len;
-            if (g.parts > 1) {
+            g.units = std::min(g.parts, target > 0 ? std::max<int64_t>(1, cost / target) : 1);
+            if (g.units > 1) {
                 g.scratch = scratch;
                 scratch += g.parts * g.rows * (D + 2);
             }
-            for (int64_t p = 0; p < g.parts; ++p) {
-                const int64_t k0 = std::max(g.k_lo, start + p * g.part_len), k1 = std::min(g.k_hi, start + (p + 1) * g.part_len);
-                units.push_back({int32_t(gi), int32_t(p), (k1 - k0) * (g.rows + 4)});
+            for (int64_t i = 0; i < g.units; ++i) {
+                const int64_t p0 = g.first + g.parts * i / g.units, p1 = g.first + g.parts * (i + 1) / g.units;
+                const int64_t k0 = std::max(g.k_lo, p0 * P), k1 = std::min(g.k_hi, p1 * P);
+                units.push_back({int32_t(gi), p0, p1, (k1 - k0) * (g.rows + 4)});
             }
         }
         partials.resize(scratch);
@@ -153,12 +166,9 @@ struct Runner {
     void run_unit(const Unit &u, Scratch &sc) {
         const Group &g = groups[u.group];
         const int64_t s = g.seq, h = g.kv_head, L = q_len(s), ctx = a.seq_lens[s], qs = a.query_start_loc[s];
-        const int64_t start = g.k_lo / bs * bs;
-        const int64_t k0 = std::max(g.k_lo, start + u.part * g.part_len);
-        const int64_t k1 = std::min(g.k_hi, start + (u.part + 1) * g.part_len);
-        const int64_t rows = g.rows, W = a.sliding_window;
+        const int64_t rows = g.rows, P = part_keys();
         sc.reserve(rows, D, bs);
-        float *qf = sc.q.data(), *acc = sc.acc.data(), *m = sc.m.data(), *l = sc.l.data(), *sbuf = sc.s.data();
+        float *qf = sc.q.data(), *acc = sc.acc.data(), *m = sc.m.data(), *l = sc.l.data();
         int64_t *pos = sc.pos.data();
         const T *query = static_cast<const T *>(a.query);
         // Raw bf16 query rows for the bf16 fast paths, in whole 16-row tiles (the AMX path reads them so).
@@ -171,11 +181,42 @@ struct Runner {
             const T *src = query + (qs + t) * a.q_token_stride + qh * a.q_head_stride;
             if (!whole) load_row(qf + r * D, src);  // the whole-unit path reads the raw rows only
             if constexpr (kBf16) std::memcpy(sc.qb.data() + r * D, src, sizeof(T) * D);
-            m[r] = kNegInf;
-            l[r] = 0.f;
         }
-        std::memset(acc, 0, sizeof(float) * rows * D);
+        if (whole) std::memset(sc.qb.data() + rows * D, 0, sizeof(bf16_t) * size_t((padded - rows) * D));
+        // Where the group's partition results go: this thread's scratch when this unit is the group's only one
+        // (merged below), else the shared buffer (merged after every unit ran).
+        const int64_t stride = rows * (D + 2);
+        float *results = nullptr;
+        if (g.parts > 1) {
+            if (g.units == 1) {
+                if (int64_t(sc.parts.size()) < g.parts * stride) sc.parts.resize(size_t(g.parts * stride));
+                results = sc.parts.data();
+            } else {
+                results = partials.data() + g.scratch;
+            }
+        }
+        for (int64_t p = u.p0; p < u.p1; ++p) {
+            for (int64_t r = 0; r < rows; ++r) m[r] = kNegInf, l[r] = 0.f;
+            std::memset(acc, 0, sizeof(float) * rows * D);
+            attend(g, sc, std::max(g.k_lo, p * P), std::min(g.k_hi, (p + 1) * P), whole);
+            if (!results) {  // the group's one partition: its rows out
+                write_rows(g, l, acc);
+            } else {
+                float *dst = results + (p - g.first) * stride;
+                std::memcpy(dst, m, sizeof(float) * rows);
+                std::memcpy(dst + rows, l, sizeof(float) * rows);
+                std::memcpy(dst + 2 * rows, acc, sizeof(float) * rows * D);
+            }
+        }
+        if (results && g.units == 1) merge(g, results);
+    }
 
+    // The online softmax of the unit's rows over keys [k0, k1) (within one partition) into sc's m, l and acc,
+    // which start at -inf, 0 and 0.
+    void attend(const Group &g, Scratch &sc, int64_t k0, int64_t k1, bool whole) {
+        const int64_t h = g.kv_head, s = g.seq, rows = g.rows, W = a.sliding_window;
+        float *qf = sc.q.data(), *acc = sc.acc.data(), *sbuf = sc.s.data();
+        const int64_t *pos = sc.pos.data();
         const C *kc = static_cast<const C *>(a.key_cache), *vc = static_cast<const C *>(a.value_cache);
         const int32_t *table = a.block_tables + s * a.block_table_stride;
         const int64_t row_bytes = D * int64_t(sizeof(C));
@@ -185,13 +226,12 @@ struct Runner {
         // flash attention) writes natural order, which the layers that
         // have one keep for load2a/b.
         if (whole) {
-            std::memset(sc.qb.data() + rows * D, 0, sizeof(bf16_t) * size_t((padded - rows) * D));
             const auto *kb = reinterpret_cast<const bf16_t *>(kc), *vb = reinterpret_cast<const bf16_t *>(vc);
-            attn::WholeUnit<T, C>::run({.q = sc.qb.data(), .rows = rows, .D = D, .pos = pos, .k0 = k0, .k1 = k1, .window = W,
-                                  .qscale = qscale, .soft_cap = a.soft_cap, .m = m, .l = l, .acc = acc},
-                                 [&](int64_t j) { return kb + block(j / bs) + (j % bs) * D; },
-                                 [&](int64_t j) { return vb + block(j / bs) + (j % bs) * D; });
-            finish_unit(g, u, m, l, acc);
+            attn::WholeUnit<T, C>::run({.q = sc.qb.data(), .rows = rows, .D = D, .pos = pos, .k0 = k0, .k1 = k1,
+                                        .window = W, .qscale = qscale, .soft_cap = a.soft_cap, .m = sc.m.data(),
+                                        .l = sc.l.data(), .acc = acc},
+                                       [&](int64_t j) { return kb + block(j / bs) + (j % bs) * D; },
+                                       [&](int64_t j) { return vb + block(j / bs) + (j % bs) * D; });
             return;
         }
         // Where this unit's keys of block nb sit in a cache, and how many bytes (0 past the end).
@@ -255,24 +295,16 @@ struct Runner {
                 nk_pf.rest();
             }
         }
-        finish_unit(g, u, m, l, acc);
     }
 
-    // Writes a unit's rows out, or leaves its partial results for merge().
-    void finish_unit(const Group &g, const Unit &u, const float *m, const float *l, float *acc) {
-        const int64_t rows = g.rows, h = g.kv_head, s = g.seq, qs = a.query_start_loc[s];
-        if (g.parts == 1) {
-            T *out = static_cast<T *>(a.out);
-            for (int64_t r = 0; r < rows; ++r) {
-                const int64_t t = (g.row0 + r) / G, qh = h * G + (g.row0 + r) % G;
-                store_row(out + (qs + t) * a.out_token_stride + qh * a.out_head_stride, acc + r * D,
-                          l[r] > 0.f ? 1.f / l[r] : 0.f);
-            }
-        } else {
-            float *dst = partials.data() + g.scratch + u.part * rows * (D + 2);
-            std::memcpy(dst, m, sizeof(float) * rows);
-            std::memcpy(dst + rows, l, sizeof(float) * rows);
-            std::memcpy(dst + 2 * rows, acc, sizeof(float) * rows * D);
+    // A one-partition group's rows out: acc / l, rounded to T.
+    void write_rows(const Group &g, const float *l, float *acc) {
+        const int64_t h = g.kv_head, qs = a.query_start_loc[g.seq];
+        T *out = static_cast<T *>(a.out);
+        for (int64_t r = 0; r < g.rows; ++r) {
+            const int64_t t = (g.row0 + r) / G, qh = h * G + (g.row0 + r) % G;
+            store_row(out + (qs + t) * a.out_token_stride + qh * a.out_head_stride, acc + r * D,
+                      l[r] > 0.f ? 1.f / l[r] : 0.f);
         }
     }
 
@@ -368,10 +400,10 @@ struct Runner {
         for (; i < D; ++i) dst[i] = from_f32<T>(src[i] * mul);
     }
 
-    // Combines a split group's partitions: rescale each to the common max.
-    void merge(const Group &g) {
+    // A group's rows out from its partitions' results (base: parts x [m | l | acc], rows x (D + 2) each), in
+    // partition order, each rescaled to the rows' common max.
+    void merge(const Group &g, const float *base) {
         const int64_t rows = g.rows, h = g.kv_head, s = g.seq, qs = a.query_start_loc[s];
-        const float *base = partials.data() + g.scratch;
         const int64_t stride = rows * (D + 2);
         std::vector<float> acc(D);
         T *out = static_cast<T *>(a.out);
@@ -401,11 +433,11 @@ struct Runner {
             Scratch &sc = thread_scratch();
             for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) run_unit(units[i], sc);
         });
-        std::vector<int32_t> split;
+        std::vector<int32_t> split;  // groups whose partitions ran as several units
         for (size_t gi = 0; gi < groups.size(); ++gi)
-            if (groups[gi].parts > 1) split.push_back(int32_t(gi));
+            if (groups[gi].units > 1) split.push_back(int32_t(gi));
         parallel_for(int64_t(split.size()), 1, [&](int64_t b, int64_t e) {
-            for (int64_t i = b; i < e; ++i) merge(groups[split[i]]);
+            for (int64_t i = b; i < e; ++i) merge(groups[split[i]], partials.data() + groups[split[i]].scratch);
         });
     }
 };

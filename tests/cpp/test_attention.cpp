@@ -268,7 +268,7 @@ namespace {
 // A query row's output, bit for bit, does not depend on the rows computed with it: each row of a prefill
 // chunk (q rows after a cached prefix) against the same row run alone as a decode step. (Key scores are
 // reduced four at a time or one at a time depending on the tile's row count; every vector layer's
-// reduce_add4 must give reduce_add's bits.) Contexts below the flash-decoding split (2 x 256 keys).
+// reduce_add4 must give reduce_add's bits; flash-decoding partitions sit at fixed key positions.)
 void check_rows_alone(DType dt, DType cdt, int64_t D, int64_t hkv, int64_t group, int64_t bs, int q, int ctx) {
     const int64_t hq = hkv * group, blocks = (ctx + bs - 1) / bs;
     std::vector<int32_t> table(static_cast<size_t>(blocks), 0);
@@ -320,12 +320,15 @@ void check_rows_alone(DType dt, DType cdt, int64_t D, int64_t hkv, int64_t group
 }  // namespace
 
 CPUINFER_TEST(paged_attention_row_independent_of_its_tile) {
-    std::uniform_int_distribution<int> ctxd(2, 300);
+    std::uniform_int_distribution<int> ctxd(2, 300), longd(600, 1400);
     int i = 0;
     for (DType dt : kFloatTypes)
         for (DType cdt : kCacheTypes)
             for (int64_t D : {64, 128}) {
-                const int ctx = ctxd(rng()), q = std::uniform_int_distribution<int>(1, ctx)(rng());
+                // Every fourth case spans several 512-key partitions (a few rows: the reference is one call a row).
+                const bool long_ctx = i % 4 == 3;
+                const int ctx = long_ctx ? longd(rng()) : ctxd(rng());
+                const int q = std::uniform_int_distribution<int>(1, long_ctx ? 12 : ctx)(rng());
                 const int64_t group = (i++ % 3) + 1;
                 check_rows_alone(dt, cdt, D, 2, group, 16, q, ctx);
             }
