@@ -44,18 +44,22 @@ inline void bind_comm(nb::module_ &m) {
         .def(
             "__init__",
             [](ShmComm *self, const std::string &name, int rank, int world_size, int64_t buffer_bytes,
-               double timeout_s, std::vector<int> watch) {
+               double timeout_s, std::vector<int> watch, std::vector<std::string> labels) {
                 if (buffer_bytes < 0) fail_value("buffer_bytes must be positive, got " + std::to_string(buffer_bytes));
                 nb::gil_scoped_release nogil;
-                new (self) ShmComm(name, rank, world_size, size_t(buffer_bytes), timeout_s, std::move(watch));
+                new (self) ShmComm(name, rank, world_size, size_t(buffer_bytes), timeout_s, std::move(watch),
+                                   std::move(labels));
             },
             nb::arg("name"), nb::arg("rank"), nb::arg("world_size"), nb::arg("buffer_bytes") = int64_t(16) << 20,
             nb::arg("timeout_s") = 30.0, nb::arg("watch") = std::vector<int>{},
+            nb::arg("labels") = std::vector<std::string>{},
             "Rank 0 creates the segment `name`, the others attach (retrying until it exists); returns once all "
             "world_size ranks attached, when the name is unlinked (nothing is left in /dev/shm). buffer_bytes is "
             "each rank's slot: a collective moves at most buffer_bytes / 2 per rank at once, larger tensors go "
             "in chunks. watch: pids of processes (e.g. workers just spawned) whose exit ends the wait for the "
-            "ranks at once, with a RuntimeError, instead of after timeout_s.")
+            "ranks at once, with a RuntimeError, instead of after timeout_s. labels: what each rank is called in "
+            "errors (all world_size of them, e.g. the global ranks of a pipeline link); default 'tensor-parallel "
+            "rank r'.")
         .def(
             "all_reduce_",
             [](ShmComm &c, Out t) {

@@ -234,11 +234,14 @@ void reserve(int fd, size_t offset, size_t bytes, const std::string &name) {
 }  // namespace
 
 ShmComm::ShmComm(const std::string &name, int rank, int world_size, size_t buffer_bytes, double timeout_s,
-                 std::vector<int> watch)
-    : watch_(std::move(watch)) {
+                 std::vector<int> watch, std::vector<std::string> labels)
+    : watch_(std::move(watch)), labels_(std::move(labels)) {
     if (world_size < 1 || world_size > kMaxWorld)
         throw std::invalid_argument("world_size must be in [1, " + std::to_string(kMaxWorld) + "], got " +
                                     std::to_string(world_size));
+    if (!labels_.empty() && labels_.size() != size_t(world_size))
+        throw std::invalid_argument("labels must name all " + std::to_string(world_size) + " ranks, got " +
+                                    std::to_string(labels_.size()));
     if (rank < 0 || rank >= world_size)
         throw std::invalid_argument("rank must be in [0, " + std::to_string(world_size) + "), got " +
                                     std::to_string(rank));
@@ -345,7 +348,7 @@ void ShmComm::attach(double timeout_s) {
                 throw std::runtime_error("shm_open('" + name_ + "') failed: " + errno_text(errno));
             }
             if (seconds_since(start) > timeout_s)
-                throw std::runtime_error("tensor-parallel rank 0 did not create the shared-memory segment '" + name_ +
+                throw std::runtime_error(label(0) + " did not create the shared-memory segment '" + name_ +
                                          "' within " + fmt_seconds(timeout_s) + " s");
             std::this_thread::sleep_for(std::chrono::microseconds(500));
         }
@@ -360,8 +363,7 @@ void ShmComm::attach(double timeout_s) {
         int32_t expected = 0;
         if (!lines_[rank_].pid.compare_exchange_strong(expected, int32_t(getpid()), std::memory_order_acq_rel)) {
             unlinked_ = true;  // the other process with this rank owns the group; leave its name alone
-            throw std::runtime_error("tensor-parallel rank " + std::to_string(rank_) +
-                                     " is already attached to '" + name_ + "' by pid " + std::to_string(expected));
+            throw std::runtime_error(label(rank_) + " is already attached to '" + name_ + "' by pid " + std::to_string(expected));
         }
         reserve(fd_, meta + stride * rank_, stride, name_);
         if (header_->attached.fetch_add(1, std::memory_order_acq_rel) + 1 == world_) {
@@ -380,19 +382,17 @@ void ShmComm::attach(double timeout_s) {
             for (int r = 0; r < world_; ++r) {
                 int pid = lines_[r].pid.load(std::memory_order_acquire);
                 if (r != rank_ && pid != 0 && !process_alive(pid))
-                    throw std::runtime_error("tensor-parallel rank " + std::to_string(r) + " (pid " +
-                                             std::to_string(pid) + ") exited while the ranks were attaching");
+                    throw std::runtime_error(label(r) + " (pid " + std::to_string(pid) + ") exited while the ranks were attaching");
                 if (r != rank_ && lines_[r].state.load(std::memory_order_acquire) == kFailed)
-                    throw std::runtime_error("tensor-parallel rank " + std::to_string(r) + " (pid " +
-                                             std::to_string(pid) + ") failed while the ranks were attaching");
-                if (pid == 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+                    throw std::runtime_error(label(r) + " (pid " + std::to_string(pid) + ") failed while the ranks were attaching");
+                if (pid == 0) missing += (missing.empty() ? "" : ", ") + label(r);
             }
             for (int pid : watch_)
                 if (!process_alive(pid))
                     throw std::runtime_error("process " + std::to_string(pid) +
                                              ", which this group waits on, exited while the ranks were attaching");
             if (seconds_since(start) > timeout_s)
-                throw std::runtime_error("tensor-parallel rank(s) " + (missing.empty() ? std::string("?") : missing) +
+                throw std::runtime_error((missing.empty() ? std::string("some rank") : missing) +
                                          " did not attach to the shared-memory segment '" + name_ + "' within " +
                                          fmt_seconds(timeout_s) + " s");
         }
@@ -432,9 +432,11 @@ void ShmComm::fail(const std::string &message) {
     throw std::runtime_error(message);
 }
 
-std::string ShmComm::who(int r) const {
-    return "tensor-parallel rank " + std::to_string(r) + " (pid " + std::to_string(pids_[r]) + ")";
+std::string ShmComm::label(int r) const {
+    return labels_.empty() ? "tensor-parallel rank " + std::to_string(r) : labels_[size_t(r)];
 }
+
+std::string ShmComm::who(int r) const { return label(r) + " (pid " + std::to_string(pids_[r]) + ")"; }
 
 char *ShmComm::slot(int r, uint64_t half) const {
     return base_ + slots_offset_ + size_t(r) * slot_stride_ + half * half_bytes_;
@@ -470,8 +472,8 @@ void ShmComm::wait_all(const Call &call) {
         // A peer is at most one post ahead, and that post used the other entry.
         uint64_t got = peer.call[g & 1].load(std::memory_order_relaxed);
         if (got != want)
-            fail("tensor-parallel ranks called different collectives: rank " + std::to_string(rank_) + ": " +
-                 describe(want) + "; rank " + std::to_string(r) + ": " + describe(got) +
+            fail("the ranks called different collectives: " + label(rank_) + ": " + describe(want) + "; " +
+                 label(r) + ": " + describe(got) +
                  " (every rank must make the same calls in the same order)");
     }
 }

@@ -47,8 +47,11 @@ class ShmComm {
     // but may die before they attach, e.g. the workers a launcher just
     // spawned: any of them gone ends the wait for the others at once
     // (a peer that attached is watched anyway).
+    // labels: what each member is called in errors, e.g. "rank 3 (pp stage
+    // 1)" for a pipeline link whose members are global ranks 1 and 3; empty
+    // means "tensor-parallel rank r". Every member should pass the same ones.
     ShmComm(const std::string &name, int rank, int world_size, size_t buffer_bytes, double timeout_s,
-            std::vector<int> watch = {});
+            std::vector<int> watch = {}, std::vector<std::string> labels = {});
     ~ShmComm();
     ShmComm(const ShmComm &) = delete;
     ShmComm &operator=(const ShmComm &) = delete;
@@ -87,7 +90,8 @@ class ShmComm {
     void post(const Call &call);
     void wait_all(const Call &call);
     void check_peers(const Call &call, int awaited, double waited_s);
-    std::string who(int r) const;
+    std::string who(int r) const;    // label(r) and its pid
+    std::string label(int r) const;  // labels_[r], or "tensor-parallel rank r"
     char *slot(int r, uint64_t half) const;
     void reduce_chunk(char *data, int64_t n, DType dt, const Call &call);
 
@@ -106,6 +110,7 @@ class ShmComm {
     uint64_t step_ = 0;  // collective steps so far: which half of the slots
     std::vector<int> pids_;
     std::vector<int> watch_;  // see the constructor
+    std::vector<std::string> labels_;  // see the constructor
     std::string failure_;  // set once a collective failed: the communicator is poisoned
 };
 

@@ -291,12 +291,15 @@ def test_a_peer_that_closed_is_an_error():
 def test_a_missing_peer_at_startup_times_out_and_leaves_nothing():
     name = unique_name()
     start = time.monotonic()
-    with pytest.raises(RuntimeError, match=r"rank\(s\) 1 did not attach .* within 0.5 s"):
+    with pytest.raises(RuntimeError, match=r"tensor-parallel rank 1 did not attach .* within 0.5 s"):
         ShmCommunicator(name, 0, 2, timeout_s=0.5)
     assert time.monotonic() - start < 3
     assert not os.path.exists(shm_path(name))
     with pytest.raises(RuntimeError, match="rank 0 did not create the shared-memory segment"):
         ShmCommunicator(unique_name(), 1, 2, timeout_s=0.3)
+    # labels (a pipeline link's global ranks) name the members instead
+    with pytest.raises(RuntimeError, match=r"^rank 3 \(pp stage 1\) did not attach .* within 0.3 s"):
+        ShmCommunicator(unique_name(), 0, 2, timeout_s=0.3, labels=("rank 1 (pp stage 0)", "rank 3 (pp stage 1)"))
 
 
 def test_a_rank_with_other_sizes_is_refused():
@@ -360,6 +363,7 @@ def test_single_rank_and_argument_checks():
         ((name, 0, 1, -1), "buffer_bytes must be positive"),
         ((name, 0, 1, 4096, 0.0), "timeout_s"),
         (("a/b", 0, 1), "without '/'"),
+        ((name, 0, 2, 4096, 1.0, [], ["only one"]), "labels must name all 2 ranks, got 1"),
     ]:
         with pytest.raises(ValueError, match=match):
             cpuinfer._C.ShmComm(*args)

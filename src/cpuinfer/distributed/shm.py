@@ -35,9 +35,11 @@ class ShmCommunicator:
         buffer_bytes: int = DEFAULT_BUFFER_BYTES,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         watch: tuple[int, ...] = (),
+        labels: tuple[str, ...] = (),
     ):
         # watch: pids (workers just spawned, a launcher) whose exit ends the wait for the ranks at once.
-        self._comm = _C.ShmComm(name, rank, world_size, buffer_bytes, timeout_s, list(watch))
+        # labels: each member's name in errors (default "tensor-parallel rank r").
+        self._comm = _C.ShmComm(name, rank, world_size, buffer_bytes, timeout_s, list(watch), list(labels))
         self.rank = rank
         self.world_size = world_size
 

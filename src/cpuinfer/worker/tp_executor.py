@@ -97,21 +97,32 @@ def _connect(config, rank: int, name: str, watch: tuple[int, ...]):
 
     tp, pp = config.args.tensor_parallel_size, config.args.pipeline_parallel_size
     stage, t = divmod(rank, tp)
-    group = TPGroup(t, tp, ShmCommunicator(f"{name}t{stage}", t, tp, watch=watch) if tp > 1 else None)
+
+    def label(r: int) -> str:  # a member's name in the communicators' errors
+        return f"rank {r} (pp stage {r // tp})" if tp == 1 else f"rank {r} (tp rank {r % tp}, pp stage {r // tp})"
+
+    tp_labels = tuple(label(stage * tp + i) for i in range(tp)) if pp > 1 else ()
+    comm = ShmCommunicator(f"{name}t{stage}", t, tp, watch=watch, labels=tp_labels) if tp > 1 else None
+    group = TPGroup(t, tp, comm)
     if pp == 1:
         return group, PPStage()
     try:
 
-        def link(sender: int, me: int, suffix: str):
-            return ShmCommunicator(f"{name}{suffix}{sender}", me, 2, timeout_s=P2P_TIMEOUT_S, watch=watch)
+        def link(first: int, second: int, me: int, suffix: str):
+            # A two-member link between global ranks first (member 0, who names it) and second (member 1).
+            members = (label(first), label(second))
+            return ShmCommunicator(
+                f"{name}{suffix}{first}", me, 2, timeout_s=P2P_TIMEOUT_S, watch=watch, labels=members
+            )
 
-        prev = link(rank - tp, 1, "p") if stage > 0 else None
-        nxt = link(rank, 0, "p") if stage < pp - 1 else None
+        prev = link(rank - tp, rank, 1, "p") if stage > 0 else None
+        nxt = link(rank, rank + tp, 0, "p") if stage < pp - 1 else None
         logits = None
+        last = (pp - 1) * tp
         if rank == 0:
-            logits = link((pp - 1) * tp, 1, "l")
+            logits = link(last, 0, 1, "l")
         elif stage == pp - 1 and t == 0:
-            logits = link(rank, 0, "l")
+            logits = link(rank, 0, 0, "l")
         start, end = stage_layers(config.spec.num_layers, pp, stage)
         forced = envs.PP_MICRO_BATCHES.get()  # set: that many micro-batches whatever the step's size
         min_tokens = 1 if forced else MIN_MICRO_TOKENS
