@@ -71,6 +71,10 @@ function(cpuinfer_add_kernels variant)
   add_library(${lib} STATIC ${CPUINFER_KERNEL_SOURCES})
   set_target_properties(${lib} PROPERTIES POSITION_INDEPENDENT_CODE ON CXX_VISIBILITY_PRESET hidden
                                           VISIBILITY_INLINES_HIDDEN ON)
+  if(NOT CPUINFER_BUILD_PYTHON)
+    # A C++-tests-only build compiles just the variants a test program links (CPUINFER_TEST_VARIANTS).
+    set_target_properties(${lib} PROPERTIES EXCLUDE_FROM_ALL ON)
+  endif()
   if(CPUINFER_SIMDE_EMULATION AND CPUINFER_VEC_${variant} STREQUAL "AVX512")
     target_compile_definitions(${lib} PUBLIC CPUINFER_SIMDE_EMULATION)
     target_include_directories(${lib} PUBLIC "${CPUINFER_SIMDE_INCLUDE}")

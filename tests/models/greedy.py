@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import os
+
 import torch
 
 from cpuinfer.worker import ModelRunner, ScheduledSeq
@@ -76,3 +79,15 @@ def hf_greedy(model, prompt: list[int], new_tokens: int) -> tuple[list[int], tor
         past = out.past_key_values
         toks.append(int(out.logits[0, -1].argmax()))
     return toks, first
+
+
+@functools.lru_cache(maxsize=2)
+def hf_gguf_model(path: str):
+    """transformers' float32 eager model of a GGUF file (its own dequantization), loaded once per test session:
+    the GGUF test modules share it, and Gemma 3's takes about a minute to dequantize in Python."""
+    import transformers
+
+    directory, name = os.path.split(path)
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        directory, gguf_file=name, dtype=torch.float32, attn_implementation="eager"
+    ).eval()

@@ -24,7 +24,7 @@ from cpuinfer.model_loader import load_model_spec
 from cpuinfer.quantization import is_quantized
 from cpuinfer.worker import ModelRunner
 
-from .greedy import greedy
+from .greedy import greedy, hf_gguf_model
 from .test_gguf_models import MODELS, _prompts
 
 transformers = pytest.importorskip("transformers")
@@ -70,10 +70,7 @@ def test_weights_stay_quantized(quantized):
 def test_logits_near_transformers(quantized):
     """First-token logits within the stated tolerance of transformers' dequantized float32 model."""
     name, path, runner = quantized
-    directory, file = os.path.split(path)
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        directory, gguf_file=file, dtype=torch.float32, attn_implementation="eager"
-    ).eval()
+    model = hf_gguf_model(path)
     prompts = _prompts(runner.spec)
     _, first = greedy(runner, prompts, 1)
     for i, p in enumerate(prompts):
