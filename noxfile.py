@@ -135,11 +135,7 @@ CROSS_TARGETS = {
     ),
     "avx512": (
         None,
-        [
-            "-DCPUINFER_SIMDE_EMULATION=ON",
-            "-DCPUINFER_ISAS=avx512,avx512bf16,amx",
-            "-DCPUINFER_TEST_VARIANTS=avx512,avx512bf16,amx",
-        ],
+        ["-DCPUINFER_SIMDE_EMULATION=ON", "-DCPUINFER_TEST_VARIANTS=avx512,avx512bf16,amx"],
         {"CPUINFER_TEST_REQUIRE_CPU": "0"},
     ),
 }
@@ -150,16 +146,15 @@ def run_cpp_tests(session: nox.Session, target: str) -> None:
     toolchain, extra, env = CROSS_TARGETS[target]
     build = f"build/nox-cpp-{target}"
     args = ["-S", ".", "-B", build, "-G", "Ninja", "-DCPUINFER_BUILD_PYTHON=OFF", "-DCPUINFER_BUILD_TESTS=ON"]
-    # -O2, not the release -O3: the same intrinsics and code paths, at a third of the compile time (-O3's
-    # unrolling of the attention and quant templates, and of SIMDe's scalar loops, took most of this session:
-    # paged_attention.cpp for amx on SIMDe 157 s at -O3, 59 s at -O2); the test programs ran no slower
-    # under qemu. The -O3 build is the wheel's, which `tests` runs natively.
+    # -O2, not the release -O3: the same intrinsics and code paths at a third of the compile time (-O3
+    # unrolls the attention and quant templates and SIMDe's scalar loops: paged_attention.cpp for amx on
+    # SIMDe takes 157 s at -O3, 59 s at -O2), and the programs run no slower under qemu. The -O3 build is
+    # the wheel's, which `tests` runs natively.
     args += [f"-DCMAKE_{lang}_FLAGS_RELEASE=-O2 -DNDEBUG" for lang in ("C", "CXX")]
     if toolchain:
         args.append(f"-DCMAKE_TOOLCHAIN_FILE={toolchain}")
-    if not any(a.startswith("-DCPUINFER_ISAS=") for a in extra):
-        args.append("-DCPUINFER_ISAS=all")
-    session.run("cmake", *args, *extra)
+    # Every variant is configured; a tests-only build compiles just those its test programs link.
+    session.run("cmake", *args, "-DCPUINFER_ISAS=all", *extra)
     jobs = os.environ.get("MAX_JOBS") or str(os.cpu_count() or 2)  # MAX_JOBS caps compile jobs, as for the wheel
     session.run("cmake", "--build", build, "--parallel", jobs)
     # The test programs run single-threaded (no OpenMP runtime in them), so one per core.

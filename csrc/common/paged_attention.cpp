@@ -208,7 +208,7 @@ struct Runner {
                 std::memcpy(dst + 2 * rows, acc, sizeof(float) * rows * D);
             }
         }
-        if (results && g.units == 1) merge(g, results);
+        if (results && g.units == 1) merge(g, results, acc);  // acc is free again: the partitions are in results
     }
 
     // The online softmax of the unit's rows over keys [k0, k1) (within one partition) into sc's m, l and acc,
@@ -401,16 +401,15 @@ struct Runner {
     }
 
     // A group's rows out from its partitions' results (base: parts x [m | l | acc], rows x (D + 2) each), in
-    // partition order, each rescaled to the rows' common max.
-    void merge(const Group &g, const float *base) {
+    // partition order, each rescaled to the rows' common max. acc: D floats of the caller's scratch.
+    void merge(const Group &g, const float *base, float *acc) {
         const int64_t rows = g.rows, h = g.kv_head, s = g.seq, qs = a.query_start_loc[s];
         const int64_t stride = rows * (D + 2);
-        std::vector<float> acc(D);
         T *out = static_cast<T *>(a.out);
         for (int64_t r = 0; r < rows; ++r) {
             float mx = kNegInf;
             for (int64_t p = 0; p < g.parts; ++p) mx = std::max(mx, base[p * stride + r]);
-            std::fill(acc.begin(), acc.end(), 0.f);
+            std::fill(acc, acc + D, 0.f);
             float l = 0.f;
             for (int64_t p = 0; p < g.parts; ++p) {
                 const float *part = base + p * stride;
@@ -421,7 +420,7 @@ struct Runner {
                 for (int64_t d = 0; d < D; ++d) acc[d] += w * pa[d];
             }
             const int64_t t = (g.row0 + r) / G, qh = h * G + (g.row0 + r) % G;
-            store_row(out + (qs + t) * a.out_token_stride + qh * a.out_head_stride, acc.data(), l > 0.f ? 1.f / l : 0.f);
+            store_row(out + (qs + t) * a.out_token_stride + qh * a.out_head_stride, acc, l > 0.f ? 1.f / l : 0.f);
         }
     }
 
@@ -437,7 +436,12 @@ struct Runner {
         for (size_t gi = 0; gi < groups.size(); ++gi)
             if (groups[gi].units > 1) split.push_back(int32_t(gi));
         parallel_for(int64_t(split.size()), 1, [&](int64_t b, int64_t e) {
-            for (int64_t i = b; i < e; ++i) merge(groups[split[i]], partials.data() + groups[split[i]].scratch);
+            Scratch &sc = thread_scratch();
+            sc.reserve(1, D, bs);
+            for (int64_t i = b; i < e; ++i) {
+                const Group &g = groups[split[i]];
+                merge(g, partials.data() + g.scratch, sc.acc.data());
+            }
         });
     }
 };

@@ -363,7 +363,8 @@ void ShmComm::attach(double timeout_s) {
         int32_t expected = 0;
         if (!lines_[rank_].pid.compare_exchange_strong(expected, int32_t(getpid()), std::memory_order_acq_rel)) {
             unlinked_ = true;  // the other process with this rank owns the group; leave its name alone
-            throw std::runtime_error(label(rank_) + " is already attached to '" + name_ + "' by pid " + std::to_string(expected));
+            throw std::runtime_error(label(rank_) + " is already attached to '" + name_ + "' by pid " +
+                                     std::to_string(expected));
         }
         reserve(fd_, meta + stride * rank_, stride, name_);
         if (header_->attached.fetch_add(1, std::memory_order_acq_rel) + 1 == world_) {
@@ -382,9 +383,11 @@ void ShmComm::attach(double timeout_s) {
             for (int r = 0; r < world_; ++r) {
                 int pid = lines_[r].pid.load(std::memory_order_acquire);
                 if (r != rank_ && pid != 0 && !process_alive(pid))
-                    throw std::runtime_error(label(r) + " (pid " + std::to_string(pid) + ") exited while the ranks were attaching");
+                    throw std::runtime_error(label(r) + " (pid " + std::to_string(pid) +
+                                             ") exited while the ranks were attaching");
                 if (r != rank_ && lines_[r].state.load(std::memory_order_acquire) == kFailed)
-                    throw std::runtime_error(label(r) + " (pid " + std::to_string(pid) + ") failed while the ranks were attaching");
+                    throw std::runtime_error(label(r) + " (pid " + std::to_string(pid) +
+                                             ") failed while the ranks were attaching");
                 if (pid == 0) missing += (missing.empty() ? "" : ", ") + label(r);
             }
             for (int pid : watch_)

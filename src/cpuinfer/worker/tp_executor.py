@@ -118,9 +118,8 @@ def _connect(config, rank: int, name: str, watch: tuple[int, ...]):
         prev = link(rank - tp, rank, 1, "p") if stage > 0 else None
         nxt = link(rank, rank + tp, 0, "p") if stage < pp - 1 else None
         logits = None
-        last = (pp - 1) * tp
         if rank == 0:
-            logits = link(last, 0, 1, "l")
+            logits = link((pp - 1) * tp, 0, 1, "l")
         elif stage == pp - 1 and t == 0:
             logits = link(rank, 0, 0, "l")
         start, end = stage_layers(config.spec.num_layers, pp, stage)
