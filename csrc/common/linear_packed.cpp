@@ -39,10 +39,9 @@ namespace {
 constexpr int kMaxLanes = 64;                // f32 lanes of the widest vector (SVE 2048-bit)
 
 // O: the output's type, T or float (unrounded sums, linear()'s out_f32).
-template <typename T, typename O>
+template <typename Kernel, typename T, typename O>
 void run(O *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, int64_t M, int64_t panels,
          int64_t K) {
-    using Kernel = panel::PanelKernel<T>;
     using X = typename Kernel::X;
     const int W = vec::width();
     const int64_t C = 2 * int64_t(W), MR = Kernel::kMaxRows;
@@ -150,13 +149,17 @@ int64_t linear_pack_cols() { return 2 * int64_t(vec::width()); }
 
 int64_t linear_pack_pair(DType dt) {
     int64_t pair = 1;
-    with_float_type(dt, [&](auto tag) { pair = panel::PanelKernel<decltype(tag)>::kPair; });
+    with_float_type(dt, [&](auto tag) {
+        panel::KernelChoice<decltype(tag)>::with([&](auto *kernel) { pair = std::remove_pointer_t<decltype(kernel)>::kPair; });
+    });
     return pair;
 }
 
 const char *linear_tile_impl(DType dt) {
     const char *name = "";
-    with_float_type(dt, [&](auto tag) { name = panel::PanelKernel<decltype(tag)>::kName; });
+    with_float_type(dt, [&](auto tag) {
+        panel::KernelChoice<decltype(tag)>::with([&](auto *kernel) { name = std::remove_pointer_t<decltype(kernel)>::kName; });
+    });
     return name;
 }
 
@@ -183,8 +186,11 @@ void linear_panels(DType dt, void *out, int64_t out_stride, const void *x, int64
     with_float_types(dt, out_f32, [&](auto tag, auto out_tag) {
         using T = decltype(tag);
         using O = decltype(out_tag);
-        run<T>(static_cast<O *>(out), out_stride, static_cast<const T *>(x), x_stride,
-               static_cast<const T *>(weight), static_cast<const T *>(bias), M, panels, K);
+        panel::KernelChoice<T>::with([&](auto *kernel) {
+            run<std::remove_pointer_t<decltype(kernel)>>(static_cast<O *>(out), out_stride, static_cast<const T *>(x),
+                                                         x_stride, static_cast<const T *>(weight),
+                                                         static_cast<const T *>(bias), M, panels, K);
+        });
     });
 }
 

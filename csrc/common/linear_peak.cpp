@@ -2,6 +2,7 @@
 // their GFLOP/s as a share of it (one core; multiply by the cores in use).
 #include <algorithm>
 #include <chrono>
+#include <type_traits>
 
 #include "dispatch_dtype.h"
 #include "kernels.h"
@@ -11,8 +12,8 @@ namespace cpuinfer {
 
 double linear_peak_flops(DType dt, double seconds) {
     double best = 0;
-    with_float_type(dt, [&](auto tag) {
-        using Kernel = panel::PanelKernel<decltype(tag)>;
+    with_float_type(dt, [&](auto tag) { panel::KernelChoice<decltype(tag)>::with([&](auto *kernel) {
+        using Kernel = std::remove_pointer_t<decltype(kernel)>;
         using clock = std::chrono::steady_clock;
         float sink = 0;
         int64_t iters = 1 << 16;
@@ -27,7 +28,7 @@ double linear_peak_flops(DType dt, double seconds) {
         }
         volatile float keep = sink;
         (void)keep;
-    });
+    }); });
     return best;
 }
 

@@ -12,8 +12,9 @@
 // PanelKernel<T> is the portable tile, written against vec.h (elements
 // widened to f32, then FMA; kPair = 1). An ISA folder may specialise it for a
 // type with a faster tile (csrc/x86/panel_kernel_x86.h: bf16 pairs through
-// VDPBF16PS on avx512bf16, AMX-BF16 tiles on amx, both kPair = 2); the layout
-// follows the specialisation's kPair.
+// VDPBF16PS on avx512bf16, AMX-BF16 tiles on amx, f16 on AMX-FP16 where the
+// CPU has it; csrc/arm/panel_kernel_arm.h: BFDOT on neon_bf16 and apple_m2;
+// all kPair = 2); the layout follows the specialisation's kPair.
 // Accumulators are named variables, not arrays: SVE vectors are sizeless.
 #pragma once
 #include <algorithm>
@@ -193,6 +194,18 @@ struct PanelKernel : RegisterTiles<PanelKernel<T>> {
 #undef CPUINFER_SUM
         *sink = reduce_add(s);
         return 12 * iters * width();
+    }
+};
+
+// The tile T runs on this CPU: PanelKernel<T>, unless the vector layer's hooks
+// choose between two at run time (amx: f16 on AMX-FP16 tiles where the CPU has
+// them). with(f) calls f with a null pointer of the kernel's type; the packed
+// layout (kPair) follows the choice, so pack in the process that runs.
+template <typename T>
+struct KernelChoice {
+    template <typename F>
+    static void with(F &&f) {
+        f(static_cast<PanelKernel<T> *>(nullptr));
     }
 };
 

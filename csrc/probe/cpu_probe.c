@@ -68,6 +68,7 @@ static void probe(feature_list *f) {
         add(f, (d >> 25) & 1, "amx_int8");
         add(f, (eax1 >> 4) & 1, "avx_vnni");
         add(f, (eax1 >> 5) & 1, "avx512_bf16");
+        add(f, (eax1 >> 21) & 1, "amx_fp16");
     }
     if (__get_cpuid_max(0x80000000, NULL) >= 0x80000001) {
         __cpuid(0x80000001, a, b, c, d);

@@ -11,6 +11,7 @@
 #if defined(CPUINFER_SIMDE_EMULATION)
 #include "emulation/amx_emulation.h"
 #else
+#include <cpuid.h>
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -68,6 +69,21 @@ inline const TileConfig &full_tiles() {
         return c;
     }();
     return cfg;
+}
+
+// AMX-FP16 (TDPFP16PS; Granite Rapids on): CPUID.(EAX=7, ECX=1):EAX bit 21.
+// The tile state is the one the amx variant already holds the OS grant for.
+// The software model has it, so the C++ tests run the f16 tile on SIMDe.
+inline bool has_amx_fp16() {
+#if defined(CPUINFER_SIMDE_EMULATION)
+    return true;
+#else
+    static const bool has = [] {
+        unsigned a = 0, b = 0, c = 0, d = 0;
+        return __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 21) & 1);
+    }();
+    return has;
+#endif
 }
 
 inline void release_tiles() {

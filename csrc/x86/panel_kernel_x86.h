@@ -95,10 +95,111 @@ struct DpBf16Tiles : RegisterTiles<DpBf16Tiles> {
 
 #if defined(__AMX_BF16__) || defined(CPUINFER_SIMDE_AMX)
 
-// amx: AMX-BF16 tiles on the same packed layout. A panel's 16 k-pairs x 16
-// columns are a B tile as they lie (rows of 64 bytes, 128 bytes apart); x is
-// copied by pack_x into whole 16-row tiles, each k-step's 16 x 32 A tile one
-// contiguous KB. A call takes up to 128 rows x one panel (32 columns):
+// The f16 tile of amx when K is not a multiple of 32 (AMX-FP16's step):
+// AVX-512 FMAs on the same pair layout. A 64-byte load holds 16 columns x 2
+// k; VPMOVDW of its low and high halves gives the 16 columns' f16 at k and at
+// k + 1, which widen exactly. Each column is the f32 FMA chain in k order, as
+// on the AMX-FP16 tile and the portable tile.
+struct PairFmaTiles : RegisterTiles<PairFmaTiles> {
+    static constexpr int kPair = 2;
+    static constexpr const char *kName = "avx512-pairs";
+    using X = f16_t;  // each pair of x widened where it is used (two values per conversion)
+    static constexpr bool kPairOrder = false;
+
+    // Columns 16h..16h+15 of a panel's pair (k, k + 1): [at k, at k + 1].
+    static void widen(const f16_t *p, __m512 &even, __m512 &odd) {
+        const __m512i v = _mm512_loadu_si512(p);
+        even = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v));
+        odd = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(v, 16)));
+    }
+
+    template <int MR, int NP>
+    static void tile(const f16_t *x, int64_t xs, const f16_t *w, int64_t ps, int64_t K, float *acc) {
+        static_assert(MR >= 1 && MR <= kMaxRows && NP >= 1 && NP <= 4 && MR * NP <= 12, "tile shape");
+        const f16_t *w0 = w, *w1 = w + (NP > 1 ? ps : 0), *w2 = w + (NP > 2 ? 2 * ps : 0), *w3 = w + (NP > 3 ? 3 * ps : 0);
+#define CPUINFER_DECL(s) __m512 c##s##a = _mm512_setzero_ps(), c##s##b = _mm512_setzero_ps();
+        CPUINFER_PANEL_SLOTS(CPUINFER_DECL)
+#undef CPUINFER_DECL
+        for (int64_t p = 0; p < K / 2; ++p) {
+            const int64_t o = p * 64;  // a pair of k for 32 columns
+            __m512 e0a, o0a, e0b, o0b;
+            widen(w0 + o, e0a, o0a);
+            widen(w0 + o + 32, e0b, o0b);
+            __m512 e1a = e0a, o1a = o0a, e1b = e0b, o1b = o0b, e2a = e0a, o2a = o0a, e2b = e0b, o2b = o0b;
+            __m512 e3a = e0a, o3a = o0a, e3b = e0b, o3b = o0b;
+            if constexpr (NP > 1) widen(w1 + o, e1a, o1a), widen(w1 + o + 32, e1b, o1b);
+            if constexpr (NP > 2) widen(w2 + o, e2a, o2a), widen(w2 + o + 32, e2b, o2b);
+            if constexpr (NP > 3) widen(w3 + o, e3a, o3a), widen(w3 + o + 32, e3b, o3b);
+#define CPUINFER_SLOT(s)                                                                        \
+    if constexpr (s < MR * NP) {                                                                \
+        constexpr int r = s / NP, q = s % NP;                                                   \
+        uint32_t xp;                                                                            \
+        std::memcpy(&xp, x + r * xs + 2 * p, 4);                                                \
+        const __m128 xf = _mm_cvtph_ps(_mm_cvtsi32_si128(int(xp)));                             \
+        const __m512 xe = _mm512_broadcastss_ps(xf), xo = _mm512_broadcastss_ps(_mm_movehdup_ps(xf)); \
+        c##s##a = _mm512_fmadd_ps(xe, pick<q>(e0a, e1a, e2a, e3a), c##s##a);                    \
+        c##s##b = _mm512_fmadd_ps(xe, pick<q>(e0b, e1b, e2b, e3b), c##s##b);                    \
+        c##s##a = _mm512_fmadd_ps(xo, pick<q>(o0a, o1a, o2a, o3a), c##s##a);                    \
+        c##s##b = _mm512_fmadd_ps(xo, pick<q>(o0b, o1b, o2b, o3b), c##s##b);                    \
+    }
+            CPUINFER_PANEL_SLOTS(CPUINFER_SLOT)
+#undef CPUINFER_SLOT
+        }
+#define CPUINFER_STORE(s)                             \
+    if constexpr (s < MR * NP) {                      \
+        _mm512_storeu_ps(acc + s * 32, c##s##a);      \
+        _mm512_storeu_ps(acc + s * 32 + 16, c##s##b); \
+    }
+        CPUINFER_PANEL_SLOTS(CPUINFER_STORE)
+#undef CPUINFER_STORE
+    }
+};
+
+// The AMX product of a type's k-pairs, C += A * B on tiles (numbers as
+// template arguments: GCC's _tile_* macros paste their arguments into the
+// asm text, so they cannot take template constants).
+// bf16: TDPBF16PS. K not a multiple of 32 takes the VDPBF16PS tile.
+// f16: TDPFP16PS (AMX-FP16, Granite Rapids on), written as bytes since GCC 12
+// and older assemblers do not know it: VEX.128.F2.0F38.W0 5C /r with C in
+// ModRM.reg, A in ModRM.rm and B in VEX.vvvv (binutils 2.40 assembles
+// `tdpfp16ps %tmm6, %tmm4, %tmm0` to c4 e2 4b 5c c4, as here). Each step is
+// an f32 FMA rounded to nearest even, f16 denormals kept and f32 denormal
+// results flushed; f16 products are exact in f32, so the sums are the FMA
+// chain's bits (the portable tile's, the f16 path of every other variant).
+template <typename T>
+struct AmxDot;
+template <>
+struct AmxDot<bf16_t> {
+    static constexpr const char *kName = "amx";
+    using Fallback = DpBf16Tiles;
+    template <int C, int A, int B>
+    static void dp() {
+#if defined(CPUINFER_SIMDE_EMULATION)
+        _tile_dpbf16ps(C, A, B);
+#else
+        asm volatile("tdpbf16ps %%tmm%c0, %%tmm%c1, %%tmm%c2" ::"i"(B), "i"(A), "i"(C));
+#endif
+    }
+};
+template <>
+struct AmxDot<f16_t> {
+    static constexpr const char *kName = "amx-fp16";
+    using Fallback = PairFmaTiles;
+    template <int C, int A, int B>
+    static void dp() {
+#if defined(CPUINFER_SIMDE_EMULATION)
+        _tile_dpfp16ps(C, A, B);
+#else
+        asm volatile(".byte 0xc4, 0xe2, %c0, 0x5c, %c1" ::"i"(((~B & 15) << 3) | 3), "i"(0xc0 | (C << 3) | A));
+#endif
+    }
+};
+
+// amx: AMX tiles (AMX-BF16 for bf16, AMX-FP16 for f16) on the same packed
+// layout. A panel's 16 k-pairs x 16 columns are a B tile as they lie (rows of
+// 64 bytes, 128 bytes apart); x is copied by pack_x into whole 16-row tiles,
+// each k-step's 16 x 32 A tile one contiguous KB. A call takes up to 128 rows
+// x one panel (32 columns):
 //   for each block of kKBlock k (its 16 KB of the panel stay in L1):
 //     for each 32 rows: four C tiles (32 x 32) from acc (or zero), the
 //     block's k-steps (2 A and 2 B tiles, 4 products each), C back to acc.
@@ -111,13 +212,17 @@ struct DpBf16Tiles : RegisterTiles<DpBf16Tiles> {
 // L1, no better inside the GEMM) and software prefetch of the A tiles (0.9x).
 // The k-steps run in the same order for every row count and C passes
 // through f32 memory exactly, so a row's result does not depend on its
-// batch; K not a multiple of 32 takes the VDPBF16PS tile for every row
-// count instead. The C++ tests run it on the software tile model
-// (emulation/amx_emulation.h).
+// batch; K not a multiple of 32 takes the type's register tile
+// (AmxDot::Fallback) for every row count instead. The C++ tests run it on the
+// software tile model (emulation/amx_emulation.h); the f16 tile was never
+// run on an AMX-FP16 CPU (none at hand).
+template <typename T>
 struct AmxTiles {
+    using Dot = AmxDot<T>;
+    using Fallback = typename Dot::Fallback;
     static constexpr int kPair = 2;
-    static constexpr const char *kName = "amx";
-    using X = bf16_t;
+    static constexpr const char *kName = Dot::kName;
+    using X = T;
     static constexpr bool kPairOrder = false;
     static constexpr int kMaxRows = 128;  // the driver's acc holds 128 rows x 32 columns
     static constexpr int kRowPad = 16;
@@ -132,13 +237,12 @@ struct AmxTiles {
 
     // K % 32 == 0: x in 16-row tiles, [group][k / 32][16 rows][32 k] (the
     // returned stride K puts group r / 16 at x + r * K); else row-major for
-    // the VDPBF16PS tile.
-    static int64_t pack_x(bf16_t *dst, int64_t ds, const bf16_t *x, int64_t xs, int64_t rows, int64_t padded,
-                          int64_t K) {
-        if (K % 32 != 0) return RegisterTiles<DpBf16Tiles>::pack_x(dst, ds, x, xs, rows, padded, K);
+    // the fallback tile.
+    static int64_t pack_x(T *dst, int64_t ds, const T *x, int64_t xs, int64_t rows, int64_t padded, int64_t K) {
+        if (K % 32 != 0) return RegisterTiles<Fallback>::pack_x(dst, ds, x, xs, rows, padded, K);
         const __m512i zero = _mm512_setzero_si512();
         for (int64_t g = 0; g < padded; g += 16) {
-            bf16_t *tile = dst + g * K;
+            T *tile = dst + g * K;
             for (int64_t k = 0; k < K; k += 32, tile += 512)
                 for (int64_t r = 0; r < 16; ++r)
                     _mm512_storeu_si512(tile + r * 32, g + r < rows ? _mm512_loadu_si512(x + (g + r) * xs + k) : zero);
@@ -147,12 +251,11 @@ struct AmxTiles {
     }
 
     // acc[r * 32 + j] for r < mr (<= 128), j < 32.
-    static void run(int mr, int np, const bf16_t *x, int64_t xs, const bf16_t *w, int64_t ps, int64_t K,
-                    float *acc) {
+    static void run(int mr, int np, const T *x, int64_t xs, const T *w, int64_t ps, int64_t K, float *acc) {
         (void)np;
         if (K % 32 != 0) {
             for (int r0 = 0; r0 < mr; r0 += 12)
-                DpBf16Tiles::run(std::min(12, mr - r0), 1, x + r0 * xs, xs, w, ps, K, acc + r0 * 32);
+                Fallback::run(std::min(12, mr - r0), 1, x + r0 * xs, xs, w, ps, K, acc + r0 * 32);
             return;
         }
         const bool stream = mr <= 4;  // decode: the panel comes from memory
@@ -174,19 +277,19 @@ struct AmxTiles {
                         _tile_loadd(3, c + 16 * 32 + 16, 128);
                     }
                 }
-                const bf16_t *a0 = x + g * K, *a1 = x + (g + 16) * K;  // one KB per k-step each
+                const T *a0 = x + g * K, *a1 = x + (g + 16) * K;  // one KB per k-step each
                 for (int64_t k = k0; k < k1; k += 32) {
-                    const bf16_t *wk = w + k * 32;  // 16 k-pairs x 32 columns x 2
+                    const T *wk = w + k * 32;  // 16 k-pairs x 32 columns x 2
                     if (stream) prefetch_stream(wk, 2048);
                     _tile_loadd(4, a0 + k * 16, 64);
                     _tile_loadd(6, wk, 128);
-                    _tile_dpbf16ps(0, 4, 6);
+                    Dot::template dp<0, 4, 6>();
                     _tile_loadd(7, wk + 32, 128);
-                    _tile_dpbf16ps(1, 4, 7);
+                    Dot::template dp<1, 4, 7>();
                     if (two) {
                         _tile_loadd(5, a1 + k * 16, 64);
-                        _tile_dpbf16ps(2, 5, 6);
-                        _tile_dpbf16ps(3, 5, 7);
+                        Dot::template dp<2, 5, 6>();
+                        Dot::template dp<3, 5, 7>();
                     }
                 }
                 _tile_stored(0, c, 128);
@@ -199,7 +302,7 @@ struct AmxTiles {
         }
     }
 
-    // Four independent TDPBF16PS chains (16 x 16 x 32 multiply-adds each).
+    // Four independent tile-product chains (16 x 16 x 32 multiply-adds each).
     static int64_t peak(int64_t iters, float *sink) {
         alignas(64) static const uint16_t zeros[16 * 32] = {};
         alignas(64) float c[16 * 16];
@@ -213,10 +316,10 @@ struct AmxTiles {
         _tile_loadd(6, zeros, 64);
         _tile_loadd(7, zeros, 64);
         for (int64_t it = 0; it < iters; ++it) {
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_dpbf16ps(1, 4, 7);
-            _tile_dpbf16ps(2, 5, 6);
-            _tile_dpbf16ps(3, 5, 7);
+            Dot::template dp<0, 4, 6>();
+            Dot::template dp<1, 4, 7>();
+            Dot::template dp<2, 5, 6>();
+            Dot::template dp<3, 5, 7>();
         }
         _tile_stored(0, c, 64);
         end();
@@ -226,7 +329,18 @@ struct AmxTiles {
 };
 
 template <>
-struct PanelKernel<bf16_t> : AmxTiles {};
+struct PanelKernel<bf16_t> : AmxTiles<bf16_t> {};
+
+// f16 on amx: the AMX-FP16 tile where the CPU has it, else the portable tile
+// (kPair 1; Sapphire Rapids has no AMX-FP16).
+template <>
+struct KernelChoice<f16_t> {
+    template <typename F>
+    static void with(F &&f) {
+        if (x86::has_amx_fp16()) f(static_cast<AmxTiles<f16_t> *>(nullptr));
+        else f(static_cast<PanelKernel<f16_t> *>(nullptr));
+    }
+};
 #else
 template <>
 struct PanelKernel<bf16_t> : DpBf16Tiles {};

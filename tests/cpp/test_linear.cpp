@@ -1,7 +1,9 @@
 // linear (row-major and packed weights) against a double-precision reference,
 // on every variant: the packed layout's step is 2 vectors of the variant, so
 // NEON, SVE at each vector length and VXE each pack differently.
+#include <cmath>
 #include <string>
+#include <vector>
 
 #include "common/kernels.h"
 #include "harness.h"
@@ -82,9 +84,46 @@ CPUINFER_TEST(linear_matches_reference_row_major_and_packed) {
 }
 
 CPUINFER_TEST(linear_tile_matches_variant) {
-    // The x86 bf16 fast paths are the ones that run (a build slip would silently test the portable tile).
+    // The ISA bf16 fast paths are the ones that run (a build slip would silently test the portable tile).
     const std::string variant = CPUINFER_TEST_VARIANT, tile = linear_tile_impl(DType::bf16);
     if (variant == "amx" || variant == "avx512bf16") expect_true("bf16 tile of " + variant, tile == variant);
+#if defined(CPUINFER_SIMDE_EMULATION)
+    // The software AMX model has AMX-FP16.
+    if (variant == "amx") expect_true("f16 tile of amx", std::string(linear_tile_impl(DType::f16)) == "amx-fp16");
+#endif
+    if (variant == "neon_bf16" || variant == "apple_m2") expect_true("bf16 tile of " + variant, tile == "bfdot");
+    if (variant == "neon" || variant == "apple_m1" || variant == "sve") expect_true("bf16 tile of " + variant, tile == "fma");
+}
+
+// f16 products are exact in f32, so every variant's packed f16 tile gives the
+// f32 FMA chain in k order bit for bit: the portable FMA tile, AMX-FP16 on amx
+// where the CPU has it (on SIMDe here), and amx's AVX-512 pair tile for K not
+// a multiple of 32. With f32 output that chain plus the bias is what comes out.
+CPUINFER_TEST(linear_packed_f16_is_the_fma_chain) {
+    const DType dt = DType::f16;
+    const int64_t C = linear_pack_cols(), N = 2 * C;  // whole panels (tail rows take the row-major kernel)
+    for (int64_t M : {1, 5, 17, 40, 131}) {
+        // Multiples of 32 (one tile step, and past a 256-k block), and not.
+        for (int64_t K : {64, 288, 70, 2}) {
+            if (K % linear_pack_pair(dt) != 0) continue;
+            Buffer x(dt, M * K), w(dt, N * K), packed(dt, N * K), bias(dt, N);
+            x.fill_normal(1.f);
+            w.fill_normal(1.f / float(K));
+            bias.fill_normal(0.5f);
+            linear_pack_weight(dt, packed.data(), w.data(), N, K);
+            std::vector<float> out(size_t(M * N));
+            linear(dt, out.data(), N, x.data(), K, packed.data(), bias.data(), M, N, K, true, true);
+            int64_t differ = 0;
+            for (int64_t m = 0; m < M; ++m)
+                for (int64_t n = 0; n < N; ++n) {
+                    float acc = 0.f;
+                    for (int64_t k = 0; k < K; ++k) acc = std::fma(x.get(m * K + k), w.get(n * K + k), acc);
+                    differ += (acc + bias.get(n)) != out[size_t(m * N + n)];
+                }
+            expect_true(label("f16 packed = the FMA chain", dt, M, N, K) + " (" + std::to_string(differ) + " differ)",
+                        differ == 0);
+        }
+    }
 }
 
 // Many rows and a long K: several row chunks (each a bounded number of bytes

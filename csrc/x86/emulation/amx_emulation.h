@@ -1,11 +1,15 @@
 // Test-only software model of the AMX instructions our kernels use (tile
 // config, load, store, zero; TDPBF16PS for paged attention and the bf16
-// linear, TDPBSSD / TDPBSUD for the quantized linear), so that the C++ test
+// linear, TDPFP16PS for the f16 linear where a CPU has AMX-FP16, TDPBSSD /
+// TDPBSUD for the quantized linear), so that the C++ test
 // program checks the amx variant's tile code on CPUs without AMX. Written from
 // Intel's pseudo-code; included only under CPUINFER_SIMDE_EMULATION.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+
+#include "../../common/dtype.h"
 
 namespace cpuinfer::amx_emu {
 
@@ -60,6 +64,30 @@ inline void dpbf16ps(int c, int a, int b) {
         }
 }
 
+// C[m][n] += A[m][2k] B[k][2n], then += A[m][2k+1] B[k][2n+1], for k in
+// order (f32 C, f16 A, B): each step an FMA rounded to nearest even, f16
+// denormal inputs kept, f32 denormal results flushed to zero (Intel's
+// TDPFP16PS). f16 products are exact in f32, so this is the f32 FMA chain.
+inline void dpfp16ps(int c, int a, int b) {
+    State &s = state();
+    auto half = [](const uint8_t *p) {
+        uint16_t h;
+        std::memcpy(&h, p, 2);
+        return half_bits_to_f32(h);
+    };
+    auto ftz = [](float v) { return std::fpclassify(v) == FP_SUBNORMAL ? std::copysign(0.f, v) : v; };
+    for (int m = 0; m < s.rows[c]; ++m)
+        for (int n = 0; n < s.colsb[c] / 4; ++n) {
+            float acc;
+            std::memcpy(&acc, &s.data[c][m][4 * n], 4);
+            for (int k = 0; k < s.colsb[a] / 4; ++k) {
+                acc = ftz(std::fma(half(&s.data[a][m][4 * k]), half(&s.data[b][k][4 * n]), acc));
+                acc = ftz(std::fma(half(&s.data[a][m][4 * k + 2]), half(&s.data[b][k][4 * n + 2]), acc));
+            }
+            std::memcpy(&s.data[c][m][4 * n], &acc, 4);
+        }
+}
+
 // C[m][n] += sum_k A[m][4k + i] * B[k][4n + i] over i < 4 (int32 C; A, B bytes, signed or not as named):
 // TDPBSSD (both signed) and TDPBSUD (A signed, B unsigned), the quantized linear's tile.
 template <bool BSigned>
@@ -84,5 +112,6 @@ inline void dpbs_d(int c, int a, int b) {
 #define _tile_loadd(t, base, stride) ::cpuinfer::amx_emu::load(t, base, stride)
 #define _tile_stored(t, base, stride) ::cpuinfer::amx_emu::store(t, base, stride)
 #define _tile_dpbf16ps(c, a, b) ::cpuinfer::amx_emu::dpbf16ps(c, a, b)
+#define _tile_dpfp16ps(c, a, b) ::cpuinfer::amx_emu::dpfp16ps(c, a, b)
 #define _tile_dpbssd(c, a, b) ::cpuinfer::amx_emu::dpbs_d<true>(c, a, b)
 #define _tile_dpbsud(c, a, b) ::cpuinfer::amx_emu::dpbs_d<false>(c, a, b)
