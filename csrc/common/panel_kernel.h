@@ -66,7 +66,7 @@ struct RegisterTiles {
     static constexpr int kRowPad = 1;                  // x copies padded to a multiple of this many rows
     static constexpr bool kCopyX = false;              // read x through a copy even when X is T
     static constexpr int64_t kChunkBytes = 192 * 1024; // x bytes per row chunk: half of a 1-2 MB L2 with the panel
-    static int panels(int mr) { return panels_for_rows(mr); }
+    static constexpr int panels(int mr) { return panels_for_rows(mr); }
     static void begin() {}  // per thread, before a run of calls (tile registers, ...)
     static void end() {}
 
@@ -91,14 +91,14 @@ struct RegisterTiles {
         return ds;
     }
 
-    // Derived::tile<mr, np>, for np <= panels(mr).
+    // Derived::tile<mr, np>, for mr <= Derived::kMaxRows and np <= Derived::panels(mr).
     template <typename X, typename T>
     static void run(int mr, int np, const X *x, int64_t xs, const T *w, int64_t ps, int64_t K, float *acc) {
         switch (mr) {
 #define CPUINFER_CASE(i)                                                                                  \
     case i + 1:                                                                                           \
-        if constexpr (i < kMaxRows) {                                                                     \
-            constexpr int kNP = panels_for_rows(i + 1);                                                   \
+        if constexpr (i < Derived::kMaxRows) {                                                            \
+            constexpr int kNP = Derived::panels(i + 1);                                                   \
             if (kNP >= 4 && np == 4) Derived::template tile<i + 1, (kNP >= 4 ? 4 : 1)>(x, xs, w, ps, K, acc); \
             else if (kNP >= 2 && np >= 2) Derived::template tile<i + 1, (kNP >= 2 ? 2 : 1)>(x, xs, w, ps, K, acc); \
             else Derived::template tile<i + 1, 1>(x, xs, w, ps, K, acc);                                  \

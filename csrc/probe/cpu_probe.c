@@ -100,6 +100,7 @@ static void probe(feature_list *f) {
     int fp16 = sysctl_flag("hw.optional.arm.FEAT_FP16") || sysctl_flag("hw.optional.neon_fp16");
     add(f, fp16, "fphp");
     add(f, fp16, "asimdhp");
+    add(f, sysctl_flag("hw.optional.arm.FEAT_FHM") || sysctl_flag("hw.optional.armv8_2_fhm"), "asimdfhm");
     add(f, sysctl_flag("hw.optional.arm.FEAT_BF16"), "bf16");
     add(f, sysctl_flag("hw.optional.arm.FEAT_I8MM"), "i8mm");
 }
@@ -115,6 +116,7 @@ static void probe(feature_list *f) {
     add(f, (hw >> 9) & 1, "fphp");
     add(f, (hw >> 10) & 1, "asimdhp");
     add(f, (hw >> 20) & 1, "asimddp");
+    add(f, (hw >> 23) & 1, "asimdfhm");
     int sve = (hw >> 22) & 1;
     add(f, sve, "sve");
     add(f, (hw2 >> 1) & 1, "sve2");

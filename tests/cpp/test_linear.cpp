@@ -93,6 +93,9 @@ CPUINFER_TEST(linear_tile_matches_variant) {
 #endif
     if (variant == "neon_bf16" || variant == "apple_m2") expect_true("bf16 tile of " + variant, tile == "bfdot");
     if (variant == "neon" || variant == "apple_m1" || variant == "sve") expect_true("bf16 tile of " + variant, tile == "fma");
+    const std::string f16 = linear_tile_impl(DType::f16);
+    if (variant == "neon_bf16" || variant == "apple_m1" || variant == "apple_m2")
+        expect_true("f16 tile of " + variant, f16 == "fmlal");
 }
 
 // f16 products are exact in f32, so every variant's packed f16 tile gives the

@@ -51,7 +51,7 @@ def test_rank_uses_features_and_priority():
 
 def test_sve_is_demoted_when_only_128_bits_wide():
     table = _dispatch.load_table(_dispatch._install_dir())["platforms"]["aarch64"]
-    feats = {"asimd", "asimddp", "fphp", "asimdhp", "bf16", "i8mm", "sve"}
+    feats = {"asimd", "asimddp", "fphp", "asimdhp", "asimdfhm", "bf16", "i8mm", "sve"}
     installed = {n: "/x" for n in table}
     assert _dispatch.rank(table, feats, installed)[0].name == "neon_bf16"
     assert _dispatch.rank(table, feats | {"sve_wide"}, installed)[0].name == "sve"
