@@ -2,8 +2,8 @@
 # Debian's clang targeting aarch64 Linux with the table's -mcpu=apple-* flags,
 # linked against the aarch64 cross GCC's runtime and run under qemu-aarch64.
 # clang 14 knows -mcpu=apple-m1 but not apple-m2 (added in clang 15): for
-# apple_m2 it uses the M2's architecture level, armv8.6-a with fp16, dotprod,
-# bf16 and i8mm (the features the apple_m2 table entry requires).
+# apple_m2 it uses the M2's architecture level, armv8.6-a with fp16, fp16fml,
+# dotprod, bf16 and i8mm (the features the apple_m2 table entry requires).
 set(CMAKE_SYSTEM_NAME Linux)
 set(CMAKE_SYSTEM_PROCESSOR aarch64)
 set(CPUINFER_SYSROOT /usr/aarch64-linux-gnu CACHE PATH "Target runtime libraries for qemu -L")

@@ -245,7 +245,7 @@ NB_MODULE(CPUINFER_MODULE(CPUINFER_VARIANT), m) {
     m.def("linear_pack_pair", [](const std::string &dtype) { return linear_pack_pair(dtype_from_name(dtype)); },
           nb::arg("dtype"), "Consecutive k per column in the packed layout for dtype ('bfloat16', ...).");
     m.def("linear_tile_impl", [](const std::string &dtype) { return std::string(linear_tile_impl(dtype_from_name(dtype))); },
-          nb::arg("dtype"), "Tile of the packed linear for dtype ('amx', 'avx512bf16', 'fma').");
+          nb::arg("dtype"), "Tile of the packed linear for dtype ('amx', 'amx-fp16', 'avx512bf16', 'bfdot', 'fmlal', 'fma').");
     m.def("linear_peak_flops", [](const std::string &dtype, double seconds) {
               DType dt = dtype_from_name(dtype);
               nb::gil_scoped_release nogil;

@@ -82,7 +82,8 @@ void linear(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_st
 // The packed weight layout: output features in panels of
 // C = linear_pack_cols() (2 vectors of this build), each panel K x C elements,
 // k-major, with each column's P = linear_pack_pair(dt) consecutive k adjacent
-// (P = 2 for bf16 where VDPBF16PS multiplies pairs, else 1): element (n, k) of
+// (P = 2 where the tile multiplies pairs of k: bf16 on VDPBF16PS, AMX and
+// BFDOT, f16 on AMX-FP16; else 1; chosen at run time on amx): element (n, k) of
 // panel p = n / C is at p*C*K + (k/P)*C*P + (n%C)*P + k%P. Rows past the last
 // full panel stay row-major. Needs K % P == 0. A panel streams from memory as
 // one sequence (the GEMV) and is the GEMM tile's B operand as it lies. The
@@ -90,7 +91,7 @@ void linear(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_st
 int64_t linear_pack_cols();
 int64_t linear_pack_pair(DType dt);
 void linear_pack_weight(DType dt, void *dst, const void *src, int64_t N, int64_t K);
-// Which tile the packed kernel uses for dt ("amx", "avx512bf16", "fma").
+// Which tile the packed kernel uses for dt ("amx", "amx-fp16", "avx512bf16", "bfdot", "fmlal", "fma").
 const char *linear_tile_impl(DType dt);
 
 // A quantized weight [N, K] in the panel layout quant_pack writes

@@ -13,8 +13,8 @@
 // widened to f32, then FMA; kPair = 1). An ISA folder may specialise it for a
 // type with a faster tile (csrc/x86/panel_kernel_x86.h: bf16 pairs through
 // VDPBF16PS on avx512bf16, AMX-BF16 tiles on amx, f16 on AMX-FP16 where the
-// CPU has it; csrc/arm/panel_kernel_arm.h: BFDOT on neon_bf16 and apple_m2;
-// all kPair = 2); the layout follows the specialisation's kPair.
+// CPU has it, all kPair = 2; csrc/arm/panel_kernel_arm.h: BFDOT, kPair = 2,
+// and FMLAL for f16, kPair = 1); the layout follows the specialisation's kPair.
 // Accumulators are named variables, not arrays: SVE vectors are sizeless.
 #pragma once
 #include <algorithm>

@@ -80,6 +80,8 @@ inline bool has_amx_fp16() {
 #else
     static const bool has = [] {
         unsigned a = 0, b = 0, c = 0, d = 0;
+        // Leaf 7 subleaf 0's EAX is the last subleaf; subleaf 1 exists from 1 on.
+        if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || a < 1) return false;
         return __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 21) & 1);
     }();
     return has;

@@ -1,7 +1,8 @@
 // x86 specialisation of the packed linear tile (see common/panel_kernel.h).
 //
-// avx512bf16 / amx: bf16 weights are packed in pairs of k (kPair = 2), the
-// layout VDPBF16PS reads: one zmm holds 16 output features x 2 consecutive k.
+// avx512bf16 / amx: bf16 weights (and f16 ones on AMX-FP16, below) are packed
+// in pairs of k (kPair = 2), the layout VDPBF16PS reads: one zmm holds 16
+// output features x 2 consecutive k.
 // A row of x contributes the same pair (x[k], x[k+1]) to all 16 lanes, a
 // 32-bit broadcast straight from x (no activation packing: the broadcast is
 // the instruction's memory operand). Each instruction does 32 multiply-adds
@@ -254,8 +255,8 @@ struct AmxTiles {
     static void run(int mr, int np, const T *x, int64_t xs, const T *w, int64_t ps, int64_t K, float *acc) {
         (void)np;
         if (K % 32 != 0) {
-            for (int r0 = 0; r0 < mr; r0 += 12)
-                Fallback::run(std::min(12, mr - r0), 1, x + r0 * xs, xs, w, ps, K, acc + r0 * 32);
+            for (int r0 = 0; r0 < mr; r0 += Fallback::kMaxRows)
+                Fallback::run(std::min(Fallback::kMaxRows, mr - r0), 1, x + r0 * xs, xs, w, ps, K, acc + r0 * 32);
             return;
         }
         const bool stream = mr <= 4;  // decode: the panel comes from memory

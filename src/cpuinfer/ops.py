@@ -211,8 +211,9 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     """weight [N, K] in the panel layout linear(packed=True) reads: the GEMV's one stream, the GEMM's B tiles.
 
     Output features in panels of C (2 vectors of the variant), each panel k-major with P consecutive k
-    per column adjacent (P = 2 for bf16 on VDPBF16PS variants, else 1); rows past the last full panel stay
-    row-major. The layout depends on the kernel variant: pack in the process that runs the model.
+    per column adjacent (P = 2 where the variant's tile multiplies pairs of k: bf16 on VDPBF16PS, AMX and
+    BFDOT, f16 on AMX-FP16; else 1; see pack_layout()); rows past the last full panel stay row-major. The
+    layout depends on the kernel variant and, on amx, the CPU: pack in the process that runs the model.
     """
     out = torch.empty_like(weight, memory_format=torch.contiguous_format)
     _C.linear_pack_weight(out, weight.contiguous())

@@ -37,10 +37,12 @@ CPUINFER_TEST(linear_matches_reference_row_major_and_packed) {
     for (DType dt : kFloatTypes) {
         const int64_t P = linear_pack_pair(dt);
         expect_true("pack pair is 1 or 2", P == 1 || P == 2);
-        // M crosses the GEMV / GEMM boundary (the tile's rows, 6 or 12) and the
-        // row chunks; N has whole panels and a tail; K odd where the pair allows.
-        for (int64_t M : {1, 3, 5, 9, 13, 25, 40, 131}) {
-            for (int64_t N : {int64_t(1), int64_t(7), C, 2 * C + 3}) {
+        // M crosses the GEMV / GEMM boundary (the tile's rows, 4, 6 or 12) and
+        // the row chunks; N has whole panels and a tail, and 4 panels side by
+        // side for one or two rows (the decode tiles); K odd where the pair allows.
+        for (int64_t M : {1, 2, 3, 5, 9, 13, 25, 40, 131}) {
+            for (int64_t N : {int64_t(1), int64_t(7), C, 2 * C + 3, 4 * C + 3}) {
+                if (N > 2 * C + 3 && M > 2) continue;
                 for (int64_t K : {int64_t(2), C, 3 * C + 5, 3 * C + 6}) {
                     Buffer x(dt, M * K), w(dt, N * K), bias(dt, N), out(dt, M * N), outp(dt, M * N);
                     x.fill_normal(1.f);
@@ -104,8 +106,8 @@ CPUINFER_TEST(linear_tile_matches_variant) {
 // a multiple of 32. With f32 output that chain plus the bias is what comes out.
 CPUINFER_TEST(linear_packed_f16_is_the_fma_chain) {
     const DType dt = DType::f16;
-    const int64_t C = linear_pack_cols(), N = 2 * C;  // whole panels (tail rows take the row-major kernel)
-    for (int64_t M : {1, 5, 17, 40, 131}) {
+    const int64_t C = linear_pack_cols(), N = 4 * C;  // whole panels (tail rows take the row-major kernel)
+    for (int64_t M : {1, 2, 5, 17, 40, 131}) {
         // Multiples of 32 (one tile step, and past a 256-k block), and not.
         for (int64_t K : {64, 288, 70, 2}) {
             if (K % linear_pack_pair(dt) != 0) continue;
