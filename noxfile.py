@@ -41,10 +41,10 @@ import nox
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
 # What CI runs, in this order: wheel builds the kernels once and the sessions after it install that wheel.
-# Measured on shared 2-core machines with a cold ccache: lint 5 s, wheel 333 s (MAX_JOBS=1), tests 84 s +
-# pytest (~19 min on an AVX2-only Zen 3, which runs 2 of the 5 x86 variants; 13.5 min on a Sapphire
-# Rapids, which runs all 5), ray 87 s, precompiled 133 s, index 111 s, emulated_avx2 127 s, cross ~850 s
-# (aarch64 ~245, s390x 219, apple 200, avx512 193; about a third of it the test programs under qemu).
+# Measured end to end, `nox` on a clean clone with ccache off, on an idle 2-core AVX2-only Zen 3: 2733 s
+# (lint 7 s, wheel 5 min, tests 18 min of which pytest 16 min, ray 3, precompiled 2, index 1,
+# emulated_avx2 3, cross 14; the Apple clang test programs take ~145 s each under qemu). On a Sapphire
+# Rapids pytest ran 13.5 min (it runs all 5 x86 variants natively, against 2 on the Zen 3).
 nox.options.sessions = ["lint", "wheel", "tests", "ray", "precompiled", "index", "emulated_avx2", "cross"]
 
 TORCH = shlex.split(os.environ.get("CPUINFER_TORCH_SPEC", "torch==2.13.0"))

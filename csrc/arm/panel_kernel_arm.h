@@ -162,15 +162,13 @@ struct LaneTiles : RegisterTiles<LaneTiles<Op>> {
         int64_t t = 0;
         for (; t + kSteps <= steps; t += kSteps) {
             const int64_t o = t * S;  // 8 k x 16 columns: 256 bytes of each panel
-            // Decode streams the weight from memory: fetch ahead as the GEMV does.
-            // Every tile here has at most 4 rows, so prefill tiles fetch too: a
-            // hint per 64 bytes of a panel already in cache (not timed on Arm).
-            if constexpr (MR <= 4) {
-                prefetch_stream(w0 + o, 256);
-                if constexpr (NP > 1) prefetch_stream(w1 + o, 256);
-                if constexpr (NP > 2) prefetch_stream(w2 + o, 256);
-                if constexpr (NP > 3) prefetch_stream(w3 + o, 256);
-            }
+            // Decode streams the weight from memory: fetch ahead as the GEMV
+            // does. With at most 4 rows per tile, prefill tiles fetch too: a
+            // hint per cache line of a panel already in cache (not timed on Arm).
+            prefetch_stream(w0 + o, 256);
+            if constexpr (NP > 1) prefetch_stream(w1 + o, 256);
+            if constexpr (NP > 2) prefetch_stream(w2 + o, 256);
+            if constexpr (NP > 3) prefetch_stream(w3 + o, 256);
             CPUINFER_ROWS(Op::load, t * kPair)
             CPUINFER_STEP(o, 0)
             CPUINFER_STEP(o + S, 1)

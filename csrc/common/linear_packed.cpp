@@ -149,17 +149,13 @@ int64_t linear_pack_cols() { return 2 * int64_t(vec::width()); }
 
 int64_t linear_pack_pair(DType dt) {
     int64_t pair = 1;
-    with_float_type(dt, [&](auto tag) {
-        panel::KernelChoice<decltype(tag)>::with([&](auto *kernel) { pair = std::remove_pointer_t<decltype(kernel)>::kPair; });
-    });
+    panel::with_kernel(dt, [&](auto *kernel) { pair = std::remove_pointer_t<decltype(kernel)>::kPair; });
     return pair;
 }
 
 const char *linear_tile_impl(DType dt) {
     const char *name = "";
-    with_float_type(dt, [&](auto tag) {
-        panel::KernelChoice<decltype(tag)>::with([&](auto *kernel) { name = std::remove_pointer_t<decltype(kernel)>::kName; });
-    });
+    panel::with_kernel(dt, [&](auto *kernel) { name = std::remove_pointer_t<decltype(kernel)>::kName; });
     return name;
 }
 

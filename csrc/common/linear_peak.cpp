@@ -4,7 +4,6 @@
 #include <chrono>
 #include <type_traits>
 
-#include "dispatch_dtype.h"
 #include "kernels.h"
 #include "panel_kernel.h"
 
@@ -12,7 +11,7 @@ namespace cpuinfer {
 
 double linear_peak_flops(DType dt, double seconds) {
     double best = 0;
-    with_float_type(dt, [&](auto tag) { panel::KernelChoice<decltype(tag)>::with([&](auto *kernel) {
+    panel::with_kernel(dt, [&](auto *kernel) {
         using Kernel = std::remove_pointer_t<decltype(kernel)>;
         using clock = std::chrono::steady_clock;
         float sink = 0;
@@ -28,7 +27,7 @@ double linear_peak_flops(DType dt, double seconds) {
         }
         volatile float keep = sink;
         (void)keep;
-    }); });
+    });
     return best;
 }
 

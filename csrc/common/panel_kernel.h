@@ -22,6 +22,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "dispatch_dtype.h"
 #include "dtype.h"
 #include "vec.h"
 
@@ -208,6 +209,12 @@ struct KernelChoice {
         f(static_cast<PanelKernel<T> *>(nullptr));
     }
 };
+
+// f(kernel) for dt's element type, kernel a null pointer of the tile this CPU runs for it.
+template <typename F>
+void with_kernel(DType dt, F &&f) {
+    with_float_type(dt, [&](auto tag) { KernelChoice<decltype(tag)>::with(f); });
+}
 
 }  // namespace cpuinfer::panel
 

@@ -22,18 +22,24 @@ namespace cpuinfer::panel {
 
 using x86::as_bh;
 
-// The VDPBF16PS register tile (the avx512bf16 variant's bf16 kernel; the amx
-// variant's for K not a multiple of 32).
-struct DpBf16Tiles : RegisterTiles<DpBf16Tiles> {
+// A register tile over panels packed in k-pairs (32 columns: a pair of k for
+// 16 columns per zmm, two zmm per panel and pair). Per pair, Op::load reads
+// what each panel in use contributes, and Op::mac adds one x row's pair times
+// it to the slot's two accumulators (columns 0-15, 16-31). Each accumulator
+// sees the pairs in k order whatever MR and NP, so a row's result does not
+// depend on its batch.
+template <typename Op>
+struct PairTiles : RegisterTiles<PairTiles<Op>> {
+    using T = typename Op::T;
+    using X = T;  // x as it lies: a row's pair is read where it is used
     static constexpr int kPair = 2;
-    static constexpr const char *kName = "avx512bf16";
-    using X = bf16_t;  // x as it lies: the pair broadcast reads it directly
+    static constexpr const char *kName = Op::kName;
     static constexpr bool kPairOrder = false;  // accumulators in natural column order
 
     template <int MR, int NP>
-    static void tile(const bf16_t *x, int64_t xs, const bf16_t *w, int64_t ps, int64_t K, float *acc) {
+    static void tile(const T *x, int64_t xs, const T *w, int64_t ps, int64_t K, float *acc) {
         static_assert(MR >= 1 && MR <= kMaxRows && NP >= 1 && NP <= 4 && MR * NP <= 12, "tile shape");
-        const bf16_t *w0 = w, *w1 = w + (NP > 1 ? ps : 0), *w2 = w + (NP > 2 ? 2 * ps : 0), *w3 = w + (NP > 3 ? 3 * ps : 0);
+        const T *w0 = w, *w1 = w + (NP > 1 ? ps : 0), *w2 = w + (NP > 2 ? 2 * ps : 0), *w3 = w + (NP > 3 ? 3 * ps : 0);
 #define CPUINFER_DECL(s) __m512 c##s##a = _mm512_setzero_ps(), c##s##b = _mm512_setzero_ps();
         CPUINFER_PANEL_SLOTS(CPUINFER_DECL)
 #undef CPUINFER_DECL
@@ -48,19 +54,14 @@ struct DpBf16Tiles : RegisterTiles<DpBf16Tiles> {
                 if constexpr (NP > 2) prefetch_stream(w2 + o, 128);
                 if constexpr (NP > 3) prefetch_stream(w3 + o, 128);
             }
-            __m512bh b0a = as_bh(_mm512_loadu_si512(w0 + o)), b0b = as_bh(_mm512_loadu_si512(w0 + o + 32));
-            __m512bh b1a = b0a, b1b = b0b, b2a = b0a, b2b = b0b, b3a = b0a, b3b = b0b;
-            if constexpr (NP > 1) b1a = as_bh(_mm512_loadu_si512(w1 + o)), b1b = as_bh(_mm512_loadu_si512(w1 + o + 32));
-            if constexpr (NP > 2) b2a = as_bh(_mm512_loadu_si512(w2 + o)), b2b = as_bh(_mm512_loadu_si512(w2 + o + 32));
-            if constexpr (NP > 3) b3a = as_bh(_mm512_loadu_si512(w3 + o)), b3b = as_bh(_mm512_loadu_si512(w3 + o + 32));
-#define CPUINFER_SLOT(s)                                                              \
-    if constexpr (s < MR * NP) {                                                      \
-        constexpr int r = s / NP, q = s % NP;                                         \
-        int32_t xp;                                                                   \
-        std::memcpy(&xp, x + r * xs + 2 * p, 4);                                      \
-        __m512bh a = as_bh(_mm512_set1_epi32(xp));                                    \
-        c##s##a = _mm512_dpbf16_ps(c##s##a, a, pick<q>(b0a, b1a, b2a, b3a));          \
-        c##s##b = _mm512_dpbf16_ps(c##s##b, a, pick<q>(b0b, b1b, b2b, b3b));          \
+            typename Op::W b0 = Op::load(w0 + o), b1 = b0, b2 = b0, b3 = b0;
+            if constexpr (NP > 1) b1 = Op::load(w1 + o);
+            if constexpr (NP > 2) b2 = Op::load(w2 + o);
+            if constexpr (NP > 3) b3 = Op::load(w3 + o);
+#define CPUINFER_SLOT(s)                                                                  \
+    if constexpr (s < MR * NP) {                                                          \
+        constexpr int r = s / NP, q = s % NP;                                             \
+        Op::mac(c##s##a, c##s##b, pick<q>(b0, b1, b2, b3), x + r * xs + 2 * p);           \
     }
             CPUINFER_PANEL_SLOTS(CPUINFER_SLOT)
 #undef CPUINFER_SLOT
@@ -72,6 +73,29 @@ struct DpBf16Tiles : RegisterTiles<DpBf16Tiles> {
     }
         CPUINFER_PANEL_SLOTS(CPUINFER_STORE)
 #undef CPUINFER_STORE
+    }
+
+    static int64_t peak(int64_t iters, float *sink) { return Op::peak(iters, sink); }
+};
+
+// VDPBF16PS: a row's pair (x[k], x[k+1]) broadcast to all 16 lanes (a 32-bit
+// broadcast straight from x), one instruction per 16 columns. The avx512bf16
+// variant's bf16 kernel; the amx variant's for K not a multiple of 32.
+struct DpBf16Op {
+    using T = bf16_t;
+    static constexpr const char *kName = "avx512bf16";
+    struct W {
+        __m512bh a, b;
+    };
+    static W load(const bf16_t *p) {
+        return {as_bh(_mm512_loadu_si512(p)), as_bh(_mm512_loadu_si512(p + 32))};
+    }
+    static void mac(__m512 &ca, __m512 &cb, const W &w, const bf16_t *xp) {
+        int32_t pair;
+        std::memcpy(&pair, xp, 4);
+        const __m512bh a = as_bh(_mm512_set1_epi32(pair));
+        ca = _mm512_dpbf16_ps(ca, a, w.a);
+        cb = _mm512_dpbf16_ps(cb, a, w.b);
     }
 
     // 12 independent VDPBF16PS chains (32 multiply-adds each per step).
@@ -93,66 +117,41 @@ struct DpBf16Tiles : RegisterTiles<DpBf16Tiles> {
         return 12 * iters * 32;
     }
 };
+using DpBf16Tiles = PairTiles<DpBf16Op>;
 
 #if defined(__AMX_BF16__) || defined(CPUINFER_SIMDE_AMX)
 
-// The f16 tile of amx when K is not a multiple of 32 (AMX-FP16's step):
-// AVX-512 FMAs on the same pair layout. A 64-byte load holds 16 columns x 2
-// k; VPMOVDW of its low and high halves gives the 16 columns' f16 at k and at
+// amx's f16 tile when K is not a multiple of 32 (AMX-FP16's step): AVX-512
+// FMAs on the same pair layout. A 64-byte load holds 16 columns x 2 k;
+// VPMOVDW of its low and high halves gives the 16 columns' f16 at k and at
 // k + 1, which widen exactly. Each column is the f32 FMA chain in k order, as
 // on the AMX-FP16 tile and the portable tile.
-struct PairFmaTiles : RegisterTiles<PairFmaTiles> {
-    static constexpr int kPair = 2;
+struct PairFmaOp {
+    using T = f16_t;
     static constexpr const char *kName = "avx512-pairs";
-    using X = f16_t;  // each pair of x widened where it is used (two values per conversion)
-    static constexpr bool kPairOrder = false;
-
-    // Columns 16h..16h+15 of a panel's pair (k, k + 1): [at k, at k + 1].
+    struct W {
+        __m512 even_a, odd_a, even_b, odd_b;  // columns 0-15 and 16-31 at k and k + 1
+    };
     static void widen(const f16_t *p, __m512 &even, __m512 &odd) {
         const __m512i v = _mm512_loadu_si512(p);
         even = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v));
         odd = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(v, 16)));
     }
-
-    template <int MR, int NP>
-    static void tile(const f16_t *x, int64_t xs, const f16_t *w, int64_t ps, int64_t K, float *acc) {
-        static_assert(MR >= 1 && MR <= kMaxRows && NP >= 1 && NP <= 4 && MR * NP <= 12, "tile shape");
-        const f16_t *w0 = w, *w1 = w + (NP > 1 ? ps : 0), *w2 = w + (NP > 2 ? 2 * ps : 0), *w3 = w + (NP > 3 ? 3 * ps : 0);
-#define CPUINFER_DECL(s) __m512 c##s##a = _mm512_setzero_ps(), c##s##b = _mm512_setzero_ps();
-        CPUINFER_PANEL_SLOTS(CPUINFER_DECL)
-#undef CPUINFER_DECL
-        for (int64_t p = 0; p < K / 2; ++p) {
-            const int64_t o = p * 64;  // a pair of k for 32 columns
-            __m512 e0a, o0a, e0b, o0b;
-            widen(w0 + o, e0a, o0a);
-            widen(w0 + o + 32, e0b, o0b);
-            __m512 e1a = e0a, o1a = o0a, e1b = e0b, o1b = o0b, e2a = e0a, o2a = o0a, e2b = e0b, o2b = o0b;
-            __m512 e3a = e0a, o3a = o0a, e3b = e0b, o3b = o0b;
-            if constexpr (NP > 1) widen(w1 + o, e1a, o1a), widen(w1 + o + 32, e1b, o1b);
-            if constexpr (NP > 2) widen(w2 + o, e2a, o2a), widen(w2 + o + 32, e2b, o2b);
-            if constexpr (NP > 3) widen(w3 + o, e3a, o3a), widen(w3 + o + 32, e3b, o3b);
-#define CPUINFER_SLOT(s)                                                                        \
-    if constexpr (s < MR * NP) {                                                                \
-        constexpr int r = s / NP, q = s % NP;                                                   \
-        uint32_t xp;                                                                            \
-        std::memcpy(&xp, x + r * xs + 2 * p, 4);                                                \
-        const __m128 xf = _mm_cvtph_ps(_mm_cvtsi32_si128(int(xp)));                             \
-        const __m512 xe = _mm512_broadcastss_ps(xf), xo = _mm512_broadcastss_ps(_mm_movehdup_ps(xf)); \
-        c##s##a = _mm512_fmadd_ps(xe, pick<q>(e0a, e1a, e2a, e3a), c##s##a);                    \
-        c##s##b = _mm512_fmadd_ps(xe, pick<q>(e0b, e1b, e2b, e3b), c##s##b);                    \
-        c##s##a = _mm512_fmadd_ps(xo, pick<q>(o0a, o1a, o2a, o3a), c##s##a);                    \
-        c##s##b = _mm512_fmadd_ps(xo, pick<q>(o0b, o1b, o2b, o3b), c##s##b);                    \
+    static W load(const f16_t *p) {
+        W w;
+        widen(p, w.even_a, w.odd_a);
+        widen(p + 32, w.even_b, w.odd_b);
+        return w;
     }
-            CPUINFER_PANEL_SLOTS(CPUINFER_SLOT)
-#undef CPUINFER_SLOT
-        }
-#define CPUINFER_STORE(s)                             \
-    if constexpr (s < MR * NP) {                      \
-        _mm512_storeu_ps(acc + s * 32, c##s##a);      \
-        _mm512_storeu_ps(acc + s * 32 + 16, c##s##b); \
-    }
-        CPUINFER_PANEL_SLOTS(CPUINFER_STORE)
-#undef CPUINFER_STORE
+    static void mac(__m512 &ca, __m512 &cb, const W &w, const f16_t *xp) {
+        uint32_t pair;
+        std::memcpy(&pair, xp, 4);
+        const __m128 xf = _mm_cvtph_ps(_mm_cvtsi32_si128(int(pair)));
+        const __m512 xe = _mm512_broadcastss_ps(xf), xo = _mm512_broadcastss_ps(_mm_movehdup_ps(xf));
+        ca = _mm512_fmadd_ps(xe, w.even_a, ca);
+        cb = _mm512_fmadd_ps(xe, w.even_b, cb);
+        ca = _mm512_fmadd_ps(xo, w.odd_a, ca);
+        cb = _mm512_fmadd_ps(xo, w.odd_b, cb);
     }
 };
 
@@ -185,7 +184,7 @@ struct AmxDot<bf16_t> {
 template <>
 struct AmxDot<f16_t> {
     static constexpr const char *kName = "amx-fp16";
-    using Fallback = PairFmaTiles;
+    using Fallback = PairTiles<PairFmaOp>;
     template <int C, int A, int B>
     static void dp() {
 #if defined(CPUINFER_SIMDE_EMULATION)
