@@ -277,6 +277,22 @@ def check_no_torch_linkage(session: nox.Session, wheel_path: str) -> None:
             session.error("extensions link what they must not: " + "; ".join(bad))
 
 
+PRECOMPILED_INSTALL_GUARD_S = 90
+
+
+def pyproject_requirements() -> list[str]:
+    """pyproject.toml's build-system requires and project dependencies, torch excepted (fresh_venv pins it)."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+
+    with open("pyproject.toml", "rb") as f:
+        meta = tomllib.load(f)
+    reqs = [*meta["build-system"]["requires"], *meta["project"]["dependencies"]]
+    return [r for r in reqs if not r.replace(" ", "").lower().startswith("torch")]
+
+
 @nox.session
 def precompiled(session: nox.Session) -> None:
     """CPUINFER_USE_PRECOMPILED=1 editable install from dist/'s wheel in a fresh venv: no compiler, no cmake."""
@@ -284,21 +300,10 @@ def precompiled(session: nox.Session) -> None:
     root = session.invoked_from
     with tempfile.TemporaryDirectory(prefix="cpuinfer-precompiled-") as tmp:
         python = fresh_venv(session, os.path.join(tmp, "venv"))
-        # Build deps into the pip cache and runtime deps installed first: the timed install below is
-        # what a developer repeats.
-        session.run(
-            python,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "scikit-build-core>=0.11",
-            "nanobind>=2.4",
-            "setuptools-scm>=8",
-            "numpy>=1.24",
-            "py-cpuinfo>=9",
-            external=True,
-        )
+        # The build requirements into pip's cache and the runtime dependencies installed first, both read from
+        # pyproject.toml: the timed install below is then what a developer repeats (build isolation, our backend
+        # unpacking the wheel's kernels, the editable wheel), not a download of fastapi and friends from PyPI.
+        session.run(python, "-m", "pip", "install", "-q", *pyproject_requirements(), external=True)
         # Compilers and build tools that fail loudly: the install must not touch them.
         nobin = os.path.join(tmp, "nobin")
         os.makedirs(nobin)
@@ -320,8 +325,14 @@ def precompiled(session: nox.Session) -> None:
         session.run(python, "-m", "pip", "install", "-q", "-e", root, env=env, external=True)
         took = time.monotonic() - t0
         session.log(f"precompiled editable install took {took:.1f} s")
-        if took > 20:
-            session.error(f"precompiled editable install took {took:.1f} s (> 20 s)")
+        # Not a speed target (those are ratios in benchmarks/): a guard against the install doing categorically
+        # different work. It takes about 10 s on a 2-core CI machine, most of it pip's build-isolation venv; a
+        # compile of even one variant would take minutes, and the stubs above already fail any compiler call.
+        if took > PRECOMPILED_INSTALL_GUARD_S:
+            session.error(
+                f"precompiled editable install took {took:.1f} s (guard {PRECOMPILED_INSTALL_GUARD_S} s): "
+                "it should only unpack the wheel's kernels; run it with -v to see what it did"
+            )
         session.chdir(tmp)
         session.run(python, os.path.join(root, "ci", "smoke_test.py"), "--editable", external=True)
         session.run(python, "-m", "pip", "install", "-q", "pytest", external=True)
