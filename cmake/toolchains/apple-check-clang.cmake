@@ -20,5 +20,7 @@ set(CPUINFER_TARGET_PLATFORM arm64-apple CACHE STRING "")
 execute_process(COMMAND clang++ --target=aarch64-linux-gnu -mcpu=apple-m2 -x c++ -fsyntax-only /dev/null
                 RESULT_VARIABLE _m2_rc OUTPUT_QUIET ERROR_QUIET)
 if(NOT _m2_rc EQUAL 0)
-  set(CPUINFER_FLAGS_OVERRIDE_apple_m2 "-march=armv8.6-a+fp16+fp16fml+dotprod+bf16+i8mm" CACHE STRING "")
+  # A plain variable, not a cache entry: a build directory configured with an older toolchain file
+  # would otherwise keep its old flags (a cached value lacking +fp16fml built apple_m2's FMA tile).
+  set(CPUINFER_FLAGS_OVERRIDE_apple_m2 "-march=armv8.6-a+fp16+fp16fml+dotprod+bf16+i8mm")
 endif()

@@ -50,6 +50,16 @@ std::mt19937 &rng() {
     return gen;
 }
 
+float uniform(float lo, float hi) {
+    const float u = float(rng()() >> 8) * 0x1p-24f;  // 24 random bits: every value exact, in [0, 1)
+    return lo + (hi - lo) * u;
+}
+
+float normal(float mean, float sd) {
+    const double u1 = 1.0 - double(uniform()), u2 = double(uniform());  // u1 in (0, 1]: log finite
+    return mean + sd * float(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+}
+
 void fail(const std::string &message) {
     if (++g_failures_in_case <= 5) std::printf("  FAIL %s: %s\n", g_case, message.c_str());
 }

@@ -63,6 +63,15 @@ constexpr DType kFloatTypes[] = {DType::f32, DType::bf16, DType::f16};
 
 std::mt19937 &rng();
 
+// Random floats for test data, drawn from rng() directly. Not through
+// std::uniform_real_distribution or std::normal_distribution: both call
+// std::generate_canonical, which libstdc++ writes with a long double log of
+// the generator's range; GCC folds it, clang does not, and on aarch64 long
+// double is IEEE quad in software, so under clang every number cost a soft-float
+// logl (the Apple programs' attention tests ran 10x GCC's time under qemu).
+float uniform(float lo = 0.f, float hi = 1.f);  // [lo, hi)
+float normal(float mean = 0.f, float sd = 1.f);  // Box-Muller
+
 // Storage for n elements of a runtime dtype, filled and read through f32.
 struct Buffer {
     DType dt;
@@ -85,8 +94,7 @@ struct Buffer {
         else half[size_t(i)] = f32_to_half_bits(x);
     }
     void fill_normal(float scale = 1.f, float mean = 0.f) {
-        std::normal_distribution<float> d(mean, scale);
-        for (int64_t i = 0; i < size(); ++i) set(i, d(rng()));
+        for (int64_t i = 0; i < size(); ++i) set(i, normal(mean, scale));
     }
     std::vector<float> to_floats() const {
         std::vector<float> v(static_cast<size_t>(size()));

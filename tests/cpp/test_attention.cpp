@@ -59,8 +59,7 @@ struct CacheBuf {
         std::memcpy(p, &b, 4);
     }
     void fill_normal() {
-        std::normal_distribution<float> d(0.f, 1.f);
-        for (int64_t i = 0; i < int64_t(bytes.size() / item(dt)); ++i) set(i, d(rng()));
+        for (int64_t i = 0; i < int64_t(bytes.size() / item(dt)); ++i) set(i, normal());
     }
 };
 
@@ -221,10 +220,9 @@ void check_attention(DType dt, DType cdt, int64_t D, int64_t hkv, int64_t group,
 std::vector<Seq> random_seqs(int n, int max_ctx) {
     std::vector<Seq> seqs;
     std::uniform_int_distribution<int> ctxd(1, max_ctx);
-    std::uniform_real_distribution<float> u(0, 1);
     for (int i = 0; i < n; ++i) {
         int ctx = ctxd(rng());
-        float k = u(rng());
+        float k = uniform();
         int q = k < 0.5f ? 1 : k < 0.7f ? ctx : std::uniform_int_distribution<int>(1, ctx)(rng());
         seqs.push_back({q, ctx});
     }

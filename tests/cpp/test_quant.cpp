@@ -54,7 +54,6 @@ struct Weight {
     Weight(Form f, int64_t n, int64_t k, bool extreme) : form(f), N(n), K(k), groups(k / f.group) {
         const int top = (1 << f.bits) - 1;
         std::uniform_int_distribution<int> val(0, top), coin(0, 1);
-        std::uniform_real_distribution<float> scale(0.5f, 2.0f), minimum(-1.0f, 1.0f);
         auto value = [&] { return uint8_t(extreme ? top * coin(rng()) : val(rng())); };
         u.resize(size_t(N * K));
         for (auto &v : u) v = value();
@@ -63,10 +62,10 @@ struct Weight {
         auto f16 = [&](float v) { return extreme && quarter(rng()) == 0 ? f16_t{uint16_t(sub(rng()) | (coin(rng()) << 15))}
                                                                          : from_f32<f16_t>(v); };
         d.resize(size_t(N * groups));
-        for (auto &v : d) v = f16((coin(rng()) ? 1.0f : -1.0f) * scale(rng()) / float(top + 1));
+        for (auto &v : d) v = f16((coin(rng()) ? 1.0f : -1.0f) * uniform(0.5f, 2.0f) / float(top + 1));
         if (f.min) {
             m.resize(d.size());
-            for (auto &v : m) v = f16(minimum(rng()));
+            for (auto &v : m) v = f16(uniform(-1.0f, 1.0f));
         } else {
             z.resize(d.size());
             for (auto &v : z) v = value();
@@ -156,9 +155,8 @@ Rows quantize(const std::vector<float> &x, int64_t M, int64_t K) {
 Rows random_rows(int64_t M, int64_t K, bool extreme) {
     Rows rows(M, K);
     std::uniform_int_distribution<int> val(-127, 127), coin(0, 1);
-    std::uniform_real_distribution<float> scale(0.001f, 0.05f);
     for (auto &v : rows.q) v = int8_t(extreme ? (coin(rng()) ? 127 : -127) : val(rng()));
-    for (auto &v : rows.dx) v = scale(rng());
+    for (auto &v : rows.dx) v = uniform(0.001f, 0.05f);
     rows.sums();
     return rows;
 }
@@ -233,13 +231,12 @@ void check_tile(const Form &form, const Weight &w, const Rows &x, const std::str
 void check_linear(const Form &form, const Weight &w, int64_t M, bool reference, const std::string &what) {
     const int64_t N = w.N, K = w.K;
     std::vector<float> x(static_cast<size_t>(M * K)), bias(static_cast<size_t>(N)), out(static_cast<size_t>(M * N), -1.0f);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
     for (int64_t r = 0; r < M; ++r) {
         const float row_scale = std::ldexp(1.0f, int(r % 7) - 3);  // rows of different magnitudes
-        for (int64_t k = 0; k < K; ++k) x[size_t(r * K + k)] = row_scale * normal(rng());
+        for (int64_t k = 0; k < K; ++k) x[size_t(r * K + k)] = row_scale * normal();
     }
     if (M > 2) std::fill(x.begin() + K, x.begin() + K + kBlock, 0.0f);  // a block of zeros (dx = 0)
-    for (auto &v : bias) v = normal(rng());
+    for (auto &v : bias) v = normal();
     quant_linear(DType::f32, out.data(), N, x.data(), K, w.mat, bias.data(), M);
 
     const Rows xq = quantize(x, M, K);
