@@ -2,8 +2,9 @@
 
     python benchmarks/bench_kernels.py [--quick]
 
-For rms_norm, fused_add_rms_norm, rotary (NeoX), silu_and_mul and
-gelu_and_mul on bf16 and f32 inputs, prints the best-of-5 time per call of each
+For rms_norm, fused_add_rms_norm, rotary (NeoX), silu_and_mul,
+gelu_and_mul and argmax (greedy sampling over a 32-row step's logits,
+SmolLM2's 49152-token vocabulary) on bf16 and f32 inputs, prints the best-of-5 time per call of each
 variant and of a plain-torch implementation of the same op, and the ratios
 best/generic and best/torch. Targets (checked, exit 1 if missed): bf16
 rms_norm and silu_and_mul on [256, 4096]: best variant >= 3x generic and
@@ -96,6 +97,9 @@ def cases(dtype):
     )
     yield ("silu_and_mul", lambda m: lambda: m.silu_and_mul(gout, g), lambda: F.silu(g[:, :HIDDEN]) * g[:, HIDDEN:])
     yield ("gelu_and_mul", lambda m: lambda: m.gelu_and_mul(gout, g), lambda: F.gelu(g[:, :HIDDEN]) * g[:, HIDDEN:])
+    logits = torch.randn(32, 49152, dtype=dtype)
+    picked = torch.empty(32, dtype=torch.int64)
+    yield ("argmax", lambda m: lambda: m.argmax(picked, logits), lambda: logits.argmax(-1))
 
 
 def setup_run(argv, description: str) -> tuple[float, list[str], dict]:

@@ -40,6 +40,7 @@ set(CPUINFER_KERNEL_SOURCES
   "${CPUINFER_SRC_ROOT}/csrc/common/norm.cpp"
   "${CPUINFER_SRC_ROOT}/csrc/common/rotary.cpp"
   "${CPUINFER_SRC_ROOT}/csrc/common/activation.cpp"
+  "${CPUINFER_SRC_ROOT}/csrc/common/argmax.cpp"
   "${CPUINFER_SRC_ROOT}/csrc/common/linear.cpp"
   "${CPUINFER_SRC_ROOT}/csrc/common/linear_packed.cpp"
   "${CPUINFER_SRC_ROOT}/csrc/common/linear_quant.cpp"

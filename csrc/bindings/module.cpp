@@ -67,6 +67,21 @@ void py_rms_norm(Out out, In input, In weight, float eps) {
     (void)a;
 }
 
+void py_argmax(Out out, In logits) {
+    DType dt = float_dtype(logits, "logits");
+    Rows x = as_rows(logits, "logits");
+    check_cpu(out, "out");
+    auto od = out.dtype();
+    if (od.code != uint8_t(nb::dlpack::dtype_code::Int) || od.bits != 64 || od.lanes != 1)
+        fail_type("out must be an int64 tensor, got " + dtype_name(od));
+    if (out.ndim() != 1 || int64_t(out.shape(0)) != x.rows)
+        fail_value("out must be 1-D with one entry per row of logits (" + std::to_string(x.rows) + ")");
+    if (x.rows > 1 && out.stride(0) != 1) fail_value("out must be contiguous");
+    if (x.cols == 0 && x.rows > 0) fail_value("logits has rows of 0 elements: their argmax is undefined");
+    nb::gil_scoped_release nogil;
+    argmax_rows(dt, static_cast<int64_t *>(out.data()), logits.data(), x.stride, x.rows, x.cols);
+}
+
 void py_fused_add_rms_norm(Out input, Out residual, In weight, float eps) {
     DType dt = float_dtype(input, "input");
     check_same_dtype(float_dtype(residual, "residual"), dt, "residual", "input");
@@ -221,6 +236,8 @@ NB_MODULE(CPUINFER_MODULE(CPUINFER_VARIANT), m) {
           "out = input * rsqrt(mean(input^2) + epsilon) * weight, per row.");
     m.def("fused_add_rms_norm", &py_fused_add_rms_norm, nb::arg("input"), nb::arg("residual"), nb::arg("weight"),
           nb::arg("epsilon"), "In place: residual += input; input = rms_norm(residual).");
+    m.def("argmax", &py_argmax, nb::arg("out"), nb::arg("logits"),
+          "out[r] = argmax of logits row r: the first index of the maximum, or of the first NaN (torch.argmax).");
     m.def("rotary_embedding", &py_rotary_embedding, nb::arg("positions"), nb::arg("query"), nb::arg("key").none(),
           nb::arg("head_size"), nb::arg("cos_sin_cache"), nb::arg("is_neox"),
           "Rotary position embedding applied in place to query and key.");

@@ -8,6 +8,9 @@
 
 namespace cpuinfer {
 
+// out[r] = the first index of row r's maximum, or of its first NaN (torch.argmax's answer).
+void argmax_rows(DType dt, int64_t *out, const void *x, int64_t x_stride, int64_t rows, int64_t cols);
+
 // out[r] = in[r] / sqrt(mean(in[r]^2) + eps) * weight, computed in f32.
 void rms_norm(DType dt, void *out, int64_t out_stride, const void *in, int64_t in_stride, const void *weight,
               int64_t rows, int64_t hidden, float eps);

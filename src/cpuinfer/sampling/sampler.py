@@ -18,6 +18,7 @@ from typing import Protocol
 
 import torch
 
+from cpuinfer import ops
 from cpuinfer.sampling_params import SamplingParams
 
 
@@ -132,7 +133,7 @@ class Sampler:
                 )
 
         greedy = [p.greedy for p in params]
-        tokens = logits.argmax(-1).tolist() if all(greedy) else self._sample(logits, reqs, params, greedy)
+        tokens = ops.argmax(logits).tolist() if all(greedy) else self._sample(logits, reqs, params, greedy)
         lps: list = [None] * len(reqs)
         if any(want_lp):
             lps = self._logprobs(raw, tokens, params, want_lp)
@@ -164,8 +165,8 @@ class Sampler:
                     q[j].exponential_(generator=g)
             if unseeded:
                 q[unseeded] = torch.empty(len(unseeded), q.shape[1]).exponential_(generator=self.generator)
-        sampled = (probs / q).argmax(-1).tolist()
-        tokens = logits.argmax(-1).tolist() if len(rows) < len(reqs) else [0] * len(reqs)
+        sampled = ops.argmax(probs / q).tolist()
+        tokens = ops.argmax(logits).tolist() if len(rows) < len(reqs) else [0] * len(reqs)
         for j, i in enumerate(rows):
             tokens[i] = sampled[j]
         return tokens
