@@ -35,6 +35,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 import nox
 
@@ -287,10 +288,12 @@ def pyproject_requirements() -> list[str]:
     except ModuleNotFoundError:  # Python 3.10
         import tomli as tomllib  # type: ignore[no-redef]
 
+    from packaging.requirements import Requirement  # nox's own dependency
+
     with open("pyproject.toml", "rb") as f:
         meta = tomllib.load(f)
     reqs = [*meta["build-system"]["requires"], *meta["project"]["dependencies"]]
-    return [r for r in reqs if not r.replace(" ", "").lower().startswith("torch")]
+    return [r for r in reqs if Requirement(r).name != "torch"]
 
 
 @nox.session
@@ -319,8 +322,6 @@ def precompiled(session: nox.Session) -> None:
             "CXX": "false",
             "PATH": nobin + os.pathsep + os.environ["PATH"],
         }
-        import time
-
         t0 = time.monotonic()
         session.run(python, "-m", "pip", "install", "-q", "-e", root, env=env, external=True)
         took = time.monotonic() - t0

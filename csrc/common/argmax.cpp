@@ -24,9 +24,8 @@ constexpr int64_t kBlock = 512;  // a multiple of every layer's width (SVE: up t
 template <typename T>
 int64_t argmax_scalar(const T *x, int64_t n) {
     int64_t best = 0;
-    float m = to_f32(x[0]);
-    if (std::isnan(m)) return 0;
-    for (int64_t i = 1; i < n; ++i) {
+    float m = -INFINITY;  // an all -inf row keeps index 0
+    for (int64_t i = 0; i < n; ++i) {
         const float v = to_f32(x[i]);
         if (std::isnan(v)) return i;
         if (v > m) m = v, best = i;
@@ -63,7 +62,7 @@ int64_t argmax_row(const T *x, int64_t n) {
     const int64_t end = std::min(n, best_block + kBlock);
     for (int64_t i = best_block; i < end; ++i)
         if (to_f32(x[i]) == best) return i;
-    return best_block;  // every element is -inf: the first one, as torch
+    return best_block;  // not reached: the block holds its maximum (-inf included)
 }
 
 }  // namespace
