@@ -8,6 +8,7 @@
 #pragma once
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "vec.h"
 
@@ -274,13 +275,16 @@ inline void pv_tile(float *acc, int64_t D, const float *alpha, const float *p, i
 // defaults here; the vector layer's attention header (cmake/isa_table.json)
 // specialises them for the types it speeds up.
 
-// QK^T of raw bf16 query rows (q[r * D ..], r < R) against the bf16 keys
-// [j0, j1) of one block: s[r * ss + j].
+// QK^T of raw bf16 query rows against bf16 keys, in two steps: pack() lays
+// out the keys [j0, j1) of one block (k: its first key row; bs: the block
+// size) in buf, once per block, and run<R>() then gives the scores of R query
+// rows (q[r * D ..]) against keys [j0, j1) of them: s[r * ss + j].
 template <typename T, typename C>
 struct QkBf16 {
     static constexpr bool kAvailable = false;
+    static void pack(const bf16_t *, int64_t, int64_t, int64_t, int64_t, std::vector<uint32_t> &) {}
     template <int R>
-    static void run(const bf16_t *, int64_t, const bf16_t *, int64_t, int64_t, float *, int64_t) {}
+    static void run(const bf16_t *, int64_t, const uint32_t *, int64_t, int64_t, float *, int64_t) {}
 };
 
 // One unit's query rows and running softmax state (natural d order), for a

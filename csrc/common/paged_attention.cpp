@@ -64,6 +64,7 @@ struct Scratch {
     std::vector<float> parts;  // a one-unit group's partition results (rows x (D + 2) each), merged at its end
     std::vector<int64_t> pos;
     std::vector<bf16_t> qb;   // raw bf16 query rows, for the bf16 x bf16 fast paths
+    std::vector<uint32_t> kt;  // the current block's keys as QkBf16::pack lays them out
     void reserve(int64_t rows, int64_t D, int64_t bs) {
         if (int64_t(q.size()) < rows * D) q.resize(rows * D), acc.resize(rows * D);
         if (int64_t(m.size()) < rows) m.resize(rows), l.resize(rows), pos.resize(rows);
@@ -105,6 +106,8 @@ template <typename T, typename C>
 struct Runner {
     // Query and cache both bf16: the ISA's bf16 dot-product paths apply.
     static constexpr bool kBf16 = std::is_same_v<T, bf16_t> && std::is_same_v<C, bf16_t>;
+    // QK^T through the ISA's packed-key path (attention_tile.h's QkBf16 hook).
+    static constexpr bool kPackedQk = kBf16 && attn::QkBf16<T, C>::kAvailable;
 
     const PagedAttentionArgs &a;
     int64_t G, D, bs;
@@ -259,6 +262,12 @@ struct Runner {
         for (int64_t b = b0; b * bs < k1; ++b) {
             const int64_t base = b * bs, off = block(b);
             const C *kb = kc + off, *vb = vc + off;
+            if constexpr (kPackedQk) {  // the keys of this block that some row of the unit sees, laid out once
+                const int64_t lo = std::max({k0, base, W > 0 ? pos[0] - W + 1 : int64_t(0)});
+                const int64_t hi = std::min({k1, base + bs, pos[rows - 1] + 1});
+                if (lo < hi)
+                    attn::QkBf16<T, C>::pack(reinterpret_cast<const bf16_t *>(kb), D, bs, lo - base, hi - base, sc.kt);
+            }
             bool lead = kPrefetch;  // the first tile that computes on the block prefetches
             for (int64_t r0 = 0; r0 < rows; r0 += attn::kTileRows) {
                 const int R = int(std::min<int64_t>(attn::kTileRows, rows - r0));
@@ -279,7 +288,7 @@ struct Runner {
                 }
                 attn::with_rows(R, [&](auto rc) {
                     constexpr int RR = decltype(rc)::value;
-                    qk<RR>(qf + r0 * D, kBf16 ? sc.qb.data() + r0 * D : nullptr, kb, j0, j1, sbuf, v_pf);
+                    qk<RR>(qf + r0 * D, sc, r0, kb, j0, j1, sbuf, v_pf);
                 });
                 v_pf.rest();
                 softmax_tile(R, r0, base, j0, j1, sc);
@@ -308,14 +317,15 @@ struct Runner {
         }
     }
 
+    // Scores of the tile's rows (from r0) against keys [j0, j1) of block kb: q is their f32 rows in pair order.
     template <int R>
-    void qk(const float *q, const bf16_t *qb, const C *kb, int64_t j0, int64_t j1, float *sbuf, attn::Prefetch &pf) {
-        if constexpr (kBf16 && attn::QkBf16<T, C>::kAvailable) {
+    void qk(const float *q, const Scratch &sc, int64_t r0, const C *kb, int64_t j0, int64_t j1, float *sbuf,
+            attn::Prefetch &pf) {
+        if constexpr (kPackedQk) {
             pf.rest();
-            attn::QkBf16<T, C>::template run<R>(qb, D, kb, j0, j1, sbuf, bs);
+            attn::QkBf16<T, C>::template run<R>(sc.qb.data() + r0 * D, D, sc.kt.data(), j0, j1, sbuf, bs);
             return;
         }
-        (void)qb;
         attn::qk_tile<R>(q, D, kb, j0, j1, sbuf, bs, pf);
     }
 

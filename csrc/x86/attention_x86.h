@@ -1,10 +1,12 @@
 // x86 fast paths for the QK^T and PV tiles of paged attention, used when the
 // query and the KV cache are both bf16 (products of bf16 values are exact in
 // f32, so these paths only change the summation order):
-//   avx512bf16: QK^T with VDPBF16PS (pairs of bf16 multiplied and summed into f32)
-//   amx:        QK^T and PV as AMX-BF16 tile products for tiles of >= 8 query rows
-//               (prefill chunks, decode with >= 8 query heads per KV head); PV
-//               rounds the softmax weights to bf16, as flash-attention kernels do
+//   avx512bf16: QK^T with VDPBF16PS (pairs of bf16 multiplied and summed into
+//               f32) on keys transposed once per block, 16 keys to a vector; PV
+//               on the vector layer's f32 FMAs (attention_tile.h)
+//   amx:        every unit (any row count; head sizes that are multiples of 32)
+//               as flash attention on AMX-BF16 tiles, QK^T and PV, the softmax
+//               weights in two bf16 terms; other head sizes (80) as avx512bf16
 // Under CPUINFER_SIMDE_EMULATION (the C++ test program on CPUs without
 // AVX-512) the same code runs on SIMDe and on a software model of the AMX
 // tiles (amx_emulation.h).
@@ -37,43 +39,109 @@ inline __m512i load_bf16x32(const bf16_t *p, int64_t n) {
     return _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)), 0);
 }
 
-// s[r * s_stride + j] = dot(q[r * D ..], k[j * D ..]) for bf16 q and k (D a multiple of 16).
-template <int R>
-inline void qk_tile_dpbf16(const bf16_t *q, int64_t D, const bf16_t *k, int64_t j0, int64_t j1, float *s,
-                           int64_t s_stride) {
-    constexpr int U = R <= kTileRows / 2 ? 2 : 1;  // keys at once: 2 x R independent chains
-    int64_t j = j0;
-    for (; j < j1; j += U) {
-        const bool two = U == 2 && j + 1 < j1;
-        const bf16_t *k0p = k + j * D, *k1p = k + (two ? j + 1 : j) * D;
-#define CPUINFER_ROWS(OP) \
-    OP(0) OP(1) OP(2) OP(3) OP(4) OP(5) OP(6) OP(7) OP(8) OP(9) OP(10) OP(11) OP(12) OP(13) OP(14) OP(15)
-#define DECL(i) __m512 a##i = _mm512_setzero_ps(), b##i = _mm512_setzero_ps();
-        CPUINFER_ROWS(DECL)
-#undef DECL
-        for (int64_t c = 0; c < D; c += 32) {
-            const int64_t n = D - c;
-            __m512bh kv0 = as_bh(load_bf16x32(k0p + c, n)), kv1 = kv0;
-            if constexpr (U == 2) kv1 = as_bh(load_bf16x32(k1p + c, n));
-#define STEP(i)                                                   \
-    if constexpr (i < R) {                                        \
-        __m512bh qv = as_bh(load_bf16x32(q + i * D + c, n));      \
-        a##i = _mm512_dpbf16_ps(a##i, qv, kv0);                   \
-        if constexpr (U == 2) b##i = _mm512_dpbf16_ps(b##i, qv, kv1); \
+// 16 x 16 32-bit transpose of r[0..15] in place.
+inline void transpose16(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
     }
-            CPUINFER_ROWS(STEP)
-#undef STEP
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    // Each 128-bit lane now holds a transposed 4 x 4 block; two rounds of
+    // 128-bit shuffles put the blocks in place.
+    for (int i = 0; i < 8; ++i) {
+        const int a = (i / 4) * 8 + i % 4, b = a + 4;
+        t[a] = _mm512_shuffle_i32x4(r[a], r[b], 0x88);
+        t[b] = _mm512_shuffle_i32x4(r[a], r[b], 0xdd);
+    }
+    for (int i = 0; i < 8; ++i) {
+        const int a = i, b = i + 8;
+        r[a] = _mm512_shuffle_i32x4(t[a], t[b], 0x88);
+        r[b] = _mm512_shuffle_i32x4(t[a], t[b], 0xdd);
+    }
+}
+
+// QK^T on VDPBF16PS with the keys transposed, 16 keys to a vector: one
+// VDPBF16PS per query row and d-pair (the row's pair broadcast) adds that pair
+// to 16 keys' scores at once, and no score needs a horizontal sum. The keys of
+// a block are transposed once (pack_keys_dpbf16) and serve every tile of the
+// unit's rows. (Computing each score as a dot product along d, as before, took
+// a 16-lane reduction per score: about 8 instructions beside its D / 32
+// VDPBF16PS.) Every row count takes this path, decode included, so a row's
+// score has the same summation order, and bits, whatever its batch.
+
+// The kt layout of a block's keys: for 16-key group g (keys 16g .. 16g + 15
+// of the block) and d-pair p < D / 2, one vector of the 16 keys' pairs
+// (k[2p], k[2p + 1]) at kt + (g * D / 2 + p) * 16.
+inline int64_t packed_keys_size(int64_t D, int64_t bs) { return bs / 16 * (D / 2) * 16; }
+
+// Packs the groups of a block's keys (k: its first key row) that hold keys
+// [j0, j1). Whole groups: block sizes are multiples of 16, and keys past the
+// sequence's end in the last group are packed too (memory of the block;
+// their scores are never read).
+inline void pack_keys_dpbf16(const bf16_t *k, int64_t D, int64_t j0, int64_t j1, uint32_t *kt) {
+    const int64_t P = D / 2;
+    for (int64_t g = j0 / 16; g * 16 < j1; ++g) {
+        const bf16_t *kg = k + g * 16 * D;
+        uint32_t *dst = kt + g * P * 16;
+        for (int64_t p0 = 0; p0 < P; p0 += 16) {
+            const int64_t np = std::min<int64_t>(16, P - p0);  // 16, or 8 for D = 80's last pairs
+            __m512i r[16];
+            for (int i = 0; i < 16; ++i) r[i] = load_bf16x32(kg + i * D + 2 * p0, 2 * np);
+            transpose16(r);
+            for (int64_t i = 0; i < np; ++i) _mm512_storeu_si512(dst + (p0 + i) * 16, r[i]);
         }
-#define OUT(i)                                                                          \
-    if constexpr (i < R) {                                                              \
-        s[i * s_stride + j] = _mm512_reduce_add_ps(a##i);                               \
-        if constexpr (U == 2) if (two) s[i * s_stride + j + 1] = _mm512_reduce_add_ps(b##i); \
     }
-        CPUINFER_ROWS(OUT)
-#undef OUT
-#undef CPUINFER_ROWS
-        if (U == 2 && !two) break;  // the odd last key was done as key j
+}
+
+// A query row's d-pair p, as the 32-bit lane VDPBF16PS multiplies.
+inline int32_t query_pair(const bf16_t *q, int64_t p) {
+    int32_t v;
+    std::memcpy(&v, q + 2 * p, sizeof v);
+    return v;
+}
+
+// s[r * s_stride + 16 * g ..] for R rows and NG 16-key groups from g, from the packed keys.
+template <int R, int NG>
+inline void qk_groups_dpbf16(const bf16_t *q, int64_t D, const uint32_t *kt, int64_t g, float *s, int64_t s_stride) {
+    const int64_t P = D / 2;
+    __m512 acc[NG][R];
+#pragma GCC unroll 4
+    for (int n = 0; n < NG; ++n)
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) acc[n][r] = _mm512_setzero_ps();
+    const uint32_t *k = kt + g * P * 16;
+    for (int64_t p = 0; p < P; ++p) {
+#pragma GCC unroll 4
+        for (int n = 0; n < NG; ++n) {
+            const __m512bh kv = as_bh(_mm512_loadu_si512(k + (n * P + p) * 16));
+#pragma GCC unroll 16
+            for (int r = 0; r < R; ++r)
+                acc[n][r] = _mm512_dpbf16_ps(acc[n][r], as_bh(_mm512_set1_epi32(query_pair(q + r * D, p))), kv);
+        }
     }
+#pragma GCC unroll 4
+    for (int n = 0; n < NG; ++n)
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) _mm512_storeu_ps(s + r * s_stride + (g + n) * 16, acc[n][r]);
+}
+
+// s[r * s_stride + j] = dot(q[r * D ..], key j) for j in [j0, j1) of a block packed by pack_keys_dpbf16, for
+// bf16 query rows q (D a multiple of 16). Other lanes of the 16-key groups touched get scores too.
+template <int R>
+inline void qk_tile_dpbf16(const bf16_t *q, int64_t D, const uint32_t *kt, int64_t j0, int64_t j1, float *s,
+                           int64_t s_stride) {
+    // Groups at once: about 8 or more independent accumulator chains within the 32 registers.
+    constexpr int NG = R <= 2 ? 4 : R <= 8 ? 2 : 1;
+    int64_t g = j0 / 16;
+    const int64_t g1 = (j1 + 15) / 16;
+    for (; g + NG <= g1; g += NG) qk_groups_dpbf16<R, NG>(q, D, kt, g, s, s_stride);
+    for (; g < g1; ++g) qk_groups_dpbf16<R, 1>(q, D, kt, g, s, s_stride);
 }
 #endif
 
@@ -135,33 +203,6 @@ inline __m512 exp_nonpos(__m512 x) {
 }
 
 inline void amx_end() { x86::release_tiles(); }
-
-// 16 x 16 32-bit transpose of r[0..15] in place.
-inline void transpose16(__m512i r[16]) {
-    __m512i t[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-    }
-    // Each 128-bit lane now holds a transposed 4 x 4 block; two rounds of
-    // 128-bit shuffles put the blocks in place.
-    for (int i = 0; i < 8; ++i) {
-        const int a = (i / 4) * 8 + i % 4, b = a + 4;
-        t[a] = _mm512_shuffle_i32x4(r[a], r[b], 0x88);
-        t[b] = _mm512_shuffle_i32x4(r[a], r[b], 0xdd);
-    }
-    for (int i = 0; i < 8; ++i) {
-        const int a = i, b = i + 8;
-        r[a] = _mm512_shuffle_i32x4(t[a], t[b], 0x88);
-        r[b] = _mm512_shuffle_i32x4(t[a], t[b], 0xdd);
-    }
-}
 
 // Packs keys [c0, c0 + n) (n <= 32; the rest zero) as K^T and V tiles.
 // key(j) and value(j) give the rows of absolute key j.
@@ -406,9 +447,14 @@ inline void flash_unit_amx(const FlashUnit &u, KeyRow &&key, ValueRow &&value) {
 template <>
 struct QkBf16<bf16_t, bf16_t> {
     static constexpr bool kAvailable = true;
+    static void pack(const bf16_t *k, int64_t D, int64_t bs, int64_t j0, int64_t j1, std::vector<uint32_t> &buf) {
+        const int64_t n = packed_keys_size(D, bs);
+        if (int64_t(buf.size()) < n) buf.resize(size_t(n));
+        pack_keys_dpbf16(k, D, j0, j1, buf.data());
+    }
     template <int R>
-    static void run(const bf16_t *q, int64_t D, const bf16_t *k, int64_t j0, int64_t j1, float *s, int64_t ss) {
-        qk_tile_dpbf16<R>(q, D, k, j0, j1, s, ss);
+    static void run(const bf16_t *q, int64_t D, const uint32_t *kt, int64_t j0, int64_t j1, float *s, int64_t ss) {
+        qk_tile_dpbf16<R>(q, D, kt, j0, j1, s, ss);
     }
 };
 #endif
