@@ -15,6 +15,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from bench_linear import peak_flops  # the variant's bf16 tile peak, as bench_linear measures it
 
 import cpuinfer
 from cpuinfer.platform.memory import zeros_huge
@@ -203,6 +204,34 @@ def main() -> None:
             f"({flops / t_pre / 1e9:.1f} GFLOP/s)"
         )
         print("  amx vs avx512bf16 (target >= 1.5x): not measurable here, this CPU has no AMX")
+
+    # 5. One layer of a 2048-token prompt's prefill at SmolLM2's heads (9 q / 3 kv, D = 64), block size 128,
+    #    as the engine runs it: the attention share of issue 11's TTFT-2048 target. Its GFLOP/s is set against
+    #    the variant's bf16 GEMM peak (bench_linear's in-register loop), timed in the same alternating rounds.
+    n, hq, hkv, d, bs = 2048, 9, 3, 64, 128
+    kc = torch.randn(n // bs, hkv, bs, d).bfloat16()
+    vc = torch.randn(n // bs, hkv, bs, d).bfloat16()
+    q = torch.randn(n, hq, d).bfloat16()
+    case = (
+        q,
+        kc,
+        vc,
+        torch.tensor([0, n], dtype=torch.int32),
+        torch.tensor([n], dtype=torch.int32),
+        torch.randperm(n // bs).to(torch.int32).view(1, -1),
+    )
+    flops = 4 * hq * d * n * (n + 1) // 2
+    fn = kernel_fn(best, *case)
+    times, peaks = [], []
+    for _ in range(rounds):
+        times.append(bench(fn, max(3, reps // 3)))
+        peaks.append(peak_flops(best, threads, 0.2))
+    t = statistics.median(times)
+    share = statistics.median(flops / a / p for a, p in zip(times, peaks, strict=True))
+    print(
+        f"\nprefill 2048 tokens, causal, SmolLM2 heads (9q/3kv, D=64), block size 128: {t * 1e3:.1f} ms a layer "
+        f"({flops / t / 1e9:.1f} GFLOP/s, {share:.0%} of the bf16 GEMM peak; x30 layers: {30 * t * 1e3:.0f} ms)"
+    )
 
 
 if __name__ == "__main__":
