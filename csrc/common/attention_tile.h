@@ -278,7 +278,9 @@ inline void pv_tile(float *acc, int64_t D, const float *alpha, const float *p, i
 // QK^T of raw bf16 query rows against bf16 keys, in two steps: pack() lays
 // out the keys [j0, j1) of one block (k: its first key row; bs: the block
 // size) in buf, once per block, and run<R>() then gives the scores of R query
-// rows (q[r * D ..]) against keys [j0, j1) of them: s[r * ss + j].
+// rows (q[r * D ..]) against keys [j0, j1) (inside pack's range) of them:
+// s[r * ss + j]. run may also write other j < bs of the row (whole 16-key
+// groups), which the caller never reads.
 template <typename T, typename C>
 struct QkBf16 {
     static constexpr bool kAvailable = false;

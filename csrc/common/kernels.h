@@ -49,7 +49,8 @@ void reshape_and_cache(DType dt, DType cache_dt, const void *key, int64_t key_to
 // through block_tables[s * block_table_stride + k / block_size]. Causal, with
 // grouped-query attention (num_q_heads a multiple of num_kv_heads), optional
 // sliding window (> 0) and logit soft-cap (> 0). Everything is validated by
-// the caller: block ids in range, q_len <= seq_len, head_size a multiple of 16.
+// the caller: block ids in range, q_len <= seq_len, head_size and block_size
+// multiples of 16 (the avx512bf16 tile reads and writes whole 16-key groups).
 struct PagedAttentionArgs {  // filled field by field, never by position
     DType dt;        // query and out
     DType cache_dt;  // key_cache and value_cache

@@ -182,7 +182,7 @@ struct Runner {
             const int64_t t = (g.row0 + r) / G, qh = h * G + (g.row0 + r) % G;
             pos[r] = ctx - L + t;
             const T *src = query + (qs + t) * a.q_token_stride + qh * a.q_head_stride;
-            if (!whole) load_row(qf + r * D, src);  // the whole-unit path reads the raw rows only
+            if (!whole && !kPackedQk) load_row(qf + r * D, src);  // the bf16 paths read the raw rows only
             if constexpr (kBf16) std::memcpy(sc.qb.data() + r * D, src, sizeof(T) * D);
         }
         if (whole) std::memset(sc.qb.data() + rows * D, 0, sizeof(bf16_t) * size_t((padded - rows) * D));
@@ -262,20 +262,22 @@ struct Runner {
         for (int64_t b = b0; b * bs < k1; ++b) {
             const int64_t base = b * bs, off = block(b);
             const C *kb = kc + off, *vb = vc + off;
-            if constexpr (kPackedQk) {  // the keys of this block that some row of the unit sees, laid out once
-                const int64_t lo = std::max({k0, base, W > 0 ? pos[0] - W + 1 : int64_t(0)});
-                const int64_t hi = std::min({k1, base + bs, pos[rows - 1] + 1});
-                if (lo < hi)
-                    attn::QkBf16<T, C>::pack(reinterpret_cast<const bf16_t *>(kb), D, bs, lo - base, hi - base, sc.kt);
+            // Keys [j0, j1) of this block that some row of [r_first, r_last] sees (rows' positions ascend).
+            auto seen = [&](int64_t r_first, int64_t r_last, int64_t &j0, int64_t &j1) {
+                j0 = std::max({k0, base, W > 0 ? pos[r_first] - W + 1 : int64_t(0)}) - base;
+                j1 = std::min({k1, base + bs, pos[r_last] + 1}) - base;
+                return j0 < j1;
+            };
+            if constexpr (kPackedQk) {  // the keys any row of the unit sees, laid out once for all its tiles
+                int64_t j0, j1;
+                if (seen(0, rows - 1, j0, j1))
+                    attn::QkBf16<T, C>::pack(reinterpret_cast<const bf16_t *>(kb), D, bs, j0, j1, sc.kt);
             }
             bool lead = kPrefetch;  // the first tile that computes on the block prefetches
             for (int64_t r0 = 0; r0 < rows; r0 += attn::kTileRows) {
                 const int R = int(std::min<int64_t>(attn::kTileRows, rows - r0));
-                // Keys of this block that some row of the tile sees.
-                const int64_t lo = std::max({k0, base, W > 0 ? pos[r0] - W + 1 : int64_t(0)});
-                const int64_t hi = std::min({k1, base + bs, pos[r0 + R - 1] + 1});
-                if (lo >= hi) continue;
-                const int64_t j0 = lo - base, j1 = hi - base;
+                int64_t j0, j1;
+                if (!seen(r0, r0 + R - 1, j0, j1)) continue;
                 attn::Prefetch v_pf, nk_pf;
                 if (lead) {
                     int64_t n;
@@ -317,7 +319,8 @@ struct Runner {
         }
     }
 
-    // Scores of the tile's rows (from r0) against keys [j0, j1) of block kb: q is their f32 rows in pair order.
+    // Scores of the tile's rows (from r0) against keys [j0, j1) of block kb: from the raw bf16 rows and the
+    // packed block on the ISA's path, else from q, their f32 rows in pair order.
     template <int R>
     void qk(const float *q, const Scratch &sc, int64_t r0, const C *kb, int64_t j0, int64_t j1, float *sbuf,
             attn::Prefetch &pf) {

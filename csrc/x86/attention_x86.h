@@ -39,7 +39,8 @@ inline __m512i load_bf16x32(const bf16_t *p, int64_t n) {
     return _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)), 0);
 }
 
-// 16 x 16 32-bit transpose of r[0..15] in place.
+// 16 x 16 32-bit transpose of r[0..15] in place. (The AMX path's flash_pack
+// uses it too: amx builds always have AVX512-BF16.)
 inline void transpose16(__m512i r[16]) {
     __m512i t[16];
     for (int i = 0; i < 16; i += 2) {
@@ -81,9 +82,10 @@ inline void transpose16(__m512i r[16]) {
 inline int64_t packed_keys_size(int64_t D, int64_t bs) { return bs / 16 * (D / 2) * 16; }
 
 // Packs the groups of a block's keys (k: its first key row) that hold keys
-// [j0, j1). Whole groups: block sizes are multiples of 16, and keys past the
-// sequence's end in the last group are packed too (memory of the block;
-// their scores are never read).
+// [j0, j1). Whole groups, since block sizes are multiples of 16: the keys of
+// the first and last group outside [j0, j1) (before j0, past the sequence's
+// end, the partition or the causal limit) are packed too, from the block's
+// memory; their scores are never read.
 inline void pack_keys_dpbf16(const bf16_t *k, int64_t D, int64_t j0, int64_t j1, uint32_t *kt) {
     const int64_t P = D / 2;
     for (int64_t g = j0 / 16; g * 16 < j1; ++g) {
@@ -136,7 +138,8 @@ inline void qk_groups_dpbf16(const bf16_t *q, int64_t D, const uint32_t *kt, int
 template <int R>
 inline void qk_tile_dpbf16(const bf16_t *q, int64_t D, const uint32_t *kt, int64_t j0, int64_t j1, float *s,
                            int64_t s_stride) {
-    // Groups at once: about 8 or more independent accumulator chains within the 32 registers.
+    // Groups at once, for more independent accumulator chains (NG x R, within the 32 registers) where the
+    // tile's keys span that many groups; a tile of one group (block size 16) has R chains.
     constexpr int NG = R <= 2 ? 4 : R <= 8 ? 2 : 1;
     int64_t g = j0 / 16;
     const int64_t g1 = (j1 + 15) / 16;

@@ -252,21 +252,26 @@ CPUINFER_TEST(paged_attention_long_context) {
 }
 
 CPUINFER_TEST(paged_attention_bf16_tile_paths) {
-    // bf16 query x bf16 cache takes the ISA's bf16 paths (VDPBF16PS; AMX for
-    // tiles of >= 8 rows: prefill chunks and decode with >= 8 heads per KV head).
+    // bf16 query x bf16 cache takes the ISA's bf16 paths: avx512bf16's VDPBF16PS
+    // on packed keys (tiles of 1-2, 3-8 and 9-16 rows take 4, 2 and 1 16-key
+    // groups at once, so block size 128 and 1-2 heads per KV head are here),
+    // amx's flash attention on tiles for head sizes that are multiples of 32.
     for (int64_t D : {64, 80, 96, 128, 256}) {
         check_attention(DType::bf16, DType::bf16, D, 2, 8, 32, {{1, 77}, {20, 50}, {3, 33}}, 0, 0.f);
         check_attention(DType::bf16, DType::bf16, D, 1, 4, 16, {{37, 37}, {1, 90}}, 24, 0.f);
         check_attention(DType::bf16, DType::bf16, D, 1, 16, 16, {{2, 40}}, 0, 15.f);
+        check_attention(DType::bf16, DType::bf16, D, 2, 1, 128, {{1, 200}, {45, 150}, {1, 5}}, 0, 0.f);
+        check_attention(DType::bf16, DType::bf16, D, 1, 2, 128, {{30, 170}, {1, 129}}, 70, 0.f);
     }
 }
 
 namespace {
 
 // A query row's output, bit for bit, does not depend on the rows computed with it: each row of a prefill
-// chunk (q rows after a cached prefix) against the same row run alone as a decode step. (Key scores are
-// reduced four at a time or one at a time depending on the tile's row count; every vector layer's
-// reduce_add4 must give reduce_add's bits; flash-decoding partitions sit at fixed key positions.)
+// chunk (q rows after a cached prefix) against the same row run alone as a decode step. (The vector
+// layers' key scores are reduced four at a time or one at a time depending on the tile's row count, so
+// every layer's reduce_add4 must give reduce_add's bits; avx512bf16 computes 1, 2 or 4 16-key groups at
+// once by row count; flash-decoding partitions sit at fixed key positions.)
 void check_rows_alone(DType dt, DType cdt, int64_t D, int64_t hkv, int64_t group, int64_t bs, int q, int ctx) {
     const int64_t hq = hkv * group, blocks = (ctx + bs - 1) / bs;
     std::vector<int32_t> table(static_cast<size_t>(blocks), 0);
@@ -330,4 +335,9 @@ CPUINFER_TEST(paged_attention_row_independent_of_its_tile) {
                 const int64_t group = (i++ % 3) + 1;
                 check_rows_alone(dt, cdt, D, 2, group, 16, q, ctx);
             }
+    // bf16 x bf16 at block size 128 and every head size: avx512bf16's multi-group tiles, amx's D = 80.
+    for (int64_t D : {64, 80, 96, 128, 256})
+        for (int64_t group : {1, 2, 3})
+            check_rows_alone(DType::bf16, DType::bf16, D, 1, group, 128, std::uniform_int_distribution<int>(2, 40)(rng()),
+                             std::uniform_int_distribution<int>(60, 300)(rng()));
 }
