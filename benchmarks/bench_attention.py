@@ -78,6 +78,20 @@ def make_decode(num_seqs: int, ctx: int, hq: int, hkv: int, d: int, bs: int, cac
     return q, kc, vc, qsl, lens, tables
 
 
+def make_prefill(new: int, prefix: int, hq: int, hkv: int, d: int, bs: int):
+    """One sequence's prefill chunk of `new` bf16 query tokens after `prefix` cached ones, over a bf16 cache
+    with shuffled blocks; and the chunk's causal attention FLOPs (QK^T and PV, 2 x 2 x d per row and key)."""
+    nb = math.ceil((prefix + new) / bs)
+    kc = torch.randn(nb, hkv, bs, d).bfloat16()
+    vc = torch.randn(nb, hkv, bs, d).bfloat16()
+    q = torch.randn(new, hq, d).bfloat16()
+    qsl = torch.tensor([0, new], dtype=torch.int32)
+    lens = torch.tensor([prefix + new], dtype=torch.int32)
+    tables = torch.randperm(nb).to(torch.int32).view(1, -1)
+    flops = 4 * hq * d * sum(prefix + i + 1 for i in range(new))
+    return (q, kc, vc, qsl, lens, tables), flops
+
+
 def cached(case):
     """The same batch with every block-table entry pointing at block 0: the KV reads hit the caches, so
     the time is about the arithmetic alone (what the kernel would take with unlimited bandwidth)."""
@@ -130,7 +144,7 @@ def main() -> None:
     kv_bytes = 2 * 32 * 1024 * 8 * 128 * 2
     for bs in (16, 128):
         case = make_decode(32, 1024, 32, 8, 128, bs, torch.bfloat16)
-        q, kc, vc, qsl, lens, tables = case
+        q, kc, vc, _, _, tables = case
         m = paired(
             {"best": kernel_fn(best, *case), "stream": stream, "cached": kernel_fn(best, *cached(case))}, rounds, reps
         )
@@ -178,15 +192,7 @@ def main() -> None:
     )
 
     # 4. Prefill chunk of 512 tokens over a 512-token prefix.
-    nb = 1024 // 16
-    kc = torch.randn(nb, 8, 16, 128).bfloat16()
-    vc = torch.randn(nb, 8, 16, 128).bfloat16()
-    q = torch.randn(512, 32, 128).bfloat16()
-    qsl = torch.tensor([0, 512], dtype=torch.int32)
-    lens = torch.tensor([1024], dtype=torch.int32)
-    tables = torch.randperm(nb).to(torch.int32).view(1, -1)
-    case = (q, kc, vc, qsl, lens, tables)
-    flops = 4 * 32 * 128 * sum(512 + i + 1 for i in range(512))
+    case, flops = make_prefill(512, 512, 32, 8, 128, 16)
     if best.VARIANT == "amx":
         # The issue-11 target: amx >= 1.5x avx512bf16, timed in alternating rounds.
         dp = importlib.import_module("cpuinfer._C_avx512bf16")
@@ -208,19 +214,7 @@ def main() -> None:
     # 5. One layer of a 2048-token prompt's prefill at SmolLM2's heads (9 q / 3 kv, D = 64), block size 128,
     #    as the engine runs it: the attention share of issue 11's TTFT-2048 target. Its GFLOP/s is set against
     #    the variant's bf16 GEMM peak (bench_linear's in-register loop), timed in the same alternating rounds.
-    n, hq, hkv, d, bs = 2048, 9, 3, 64, 128
-    kc = torch.randn(n // bs, hkv, bs, d).bfloat16()
-    vc = torch.randn(n // bs, hkv, bs, d).bfloat16()
-    q = torch.randn(n, hq, d).bfloat16()
-    case = (
-        q,
-        kc,
-        vc,
-        torch.tensor([0, n], dtype=torch.int32),
-        torch.tensor([n], dtype=torch.int32),
-        torch.randperm(n // bs).to(torch.int32).view(1, -1),
-    )
-    flops = 4 * hq * d * n * (n + 1) // 2
+    case, flops = make_prefill(2048, 0, 9, 3, 64, 128)
     fn = kernel_fn(best, *case)
     times, peaks = [], []
     for _ in range(rounds):

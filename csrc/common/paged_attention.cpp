@@ -290,7 +290,7 @@ struct Runner {
                 }
                 attn::with_rows(R, [&](auto rc) {
                     constexpr int RR = decltype(rc)::value;
-                    qk<RR>(qf + r0 * D, sc, r0, kb, j0, j1, sbuf, v_pf);
+                    qk<RR>(sc, r0, kb, j0, j1, sbuf, v_pf);
                 });
                 v_pf.rest();
                 softmax_tile(R, r0, base, j0, j1, sc);
@@ -320,16 +320,15 @@ struct Runner {
     }
 
     // Scores of the tile's rows (from r0) against keys [j0, j1) of block kb: from the raw bf16 rows and the
-    // packed block on the ISA's path, else from q, their f32 rows in pair order.
+    // packed block on the ISA's path, else from the f32 rows (in pair order).
     template <int R>
-    void qk(const float *q, const Scratch &sc, int64_t r0, const C *kb, int64_t j0, int64_t j1, float *sbuf,
-            attn::Prefetch &pf) {
+    void qk(const Scratch &sc, int64_t r0, const C *kb, int64_t j0, int64_t j1, float *sbuf, attn::Prefetch &pf) {
         if constexpr (kPackedQk) {
             pf.rest();
             attn::QkBf16<T, C>::template run<R>(sc.qb.data() + r0 * D, D, sc.kt.data(), j0, j1, sbuf, bs);
             return;
         }
-        attn::qk_tile<R>(q, D, kb, j0, j1, sbuf, bs, pf);
+        attn::qk_tile<R>(sc.q.data() + r0 * D, D, kb, j0, j1, sbuf, bs, pf);
     }
 
     // Scales, caps and masks the tile's scores (rows r0..r0+R, keys [j0, j1)
