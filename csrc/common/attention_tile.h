@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "aligned.h"
 #include "vec.h"
 
 namespace cpuinfer::attn {
@@ -284,7 +285,7 @@ inline void pv_tile(float *acc, int64_t D, const float *alpha, const float *p, i
 template <typename T, typename C>
 struct QkBf16 {
     static constexpr bool kAvailable = false;
-    static void pack(const bf16_t *, int64_t, int64_t, int64_t, int64_t, std::vector<uint32_t> &) {}
+    static void pack(const bf16_t *, int64_t, int64_t, int64_t, int64_t, LineVector<uint32_t> &) {}
     template <int R>
     static void run(const bf16_t *, int64_t, const uint32_t *, int64_t, int64_t, float *, int64_t) {}
 };

@@ -28,6 +28,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "aligned.h"
 #include "dispatch_dtype.h"
 #include "panel_kernel.h"
 #include "parallel.h"
@@ -61,7 +62,7 @@ void run(O *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, 
     parallel_for(tasks, grain, [&](int64_t b, int64_t e) {
         alignas(64) float acc[32 * 2 * kMaxLanes];  // up to 32 slots of (row, panel), or 128 rows of a 32-column panel (amx)
         alignas(64) float bias_f[4 * 2 * kMaxLanes];
-        thread_local std::vector<X> x_copy;  // the row chunk as the tile reads it (see copy_x)
+        thread_local LineVector<X> x_copy;  // the row chunk as the tile reads it (see copy_x), aligned for its tiles
         int64_t copied = -1;                 // which chunk x_copy holds
         int64_t copy_stride = xbs;           // its x stride for the kernel (Kernel::pack_x)
         Kernel::begin();

@@ -17,6 +17,7 @@
 #include <limits>
 #include <vector>
 
+#include "aligned.h"
 #include "dispatch_dtype.h"
 #include "kernels.h"
 #include "linear_packed.h"
@@ -103,9 +104,9 @@ void quantize_row(const T *x, int64_t K, int8_t *q, float *dx, float *sx, int32_
 // still one function of the row alone (batch invariant, the same bits on
 // every variant).
 struct QuantizedX {
-    std::vector<int8_t> q;
-    std::vector<float> dx, sx;
-    std::vector<int32_t> s16;
+    LineVector<int8_t> q;  // cache-line aligned (aligned.h): AMX-INT8 reads its rows as tiles
+    LineVector<float> dx, sx;
+    LineVector<int32_t> s16;
     quant::QuantRows rows{};
 
     template <typename T>

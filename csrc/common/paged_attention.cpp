@@ -22,6 +22,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "aligned.h"
 #include "attention_tile.h"
 #include "dispatch_dtype.h"
 #include "kernels.h"
@@ -60,11 +61,12 @@ struct Unit {
 
 // Per-thread working memory, grown on demand and kept across calls.
 struct Scratch {
-    std::vector<float> q, acc, m, l, s, alpha, dm;  // alpha, dm: a tile's rows, padded to whole vectors
-    std::vector<float> parts;  // a one-unit group's partition results (rows x (D + 2) each), merged at its end
+    // Cache-line aligned (aligned.h): vectors and tiles read them whole.
+    LineVector<float> q, acc, m, l, s, alpha, dm;  // alpha, dm: a tile's rows, padded to whole vectors
+    LineVector<float> parts;  // a one-unit group's partition results (rows x (D + 2) each), merged at its end
     std::vector<int64_t> pos;
-    std::vector<bf16_t> qb;   // raw bf16 query rows, for the bf16 x bf16 fast paths
-    std::vector<uint32_t> kt;  // the current block's keys as QkBf16::pack lays them out
+    LineVector<bf16_t> qb;    // raw bf16 query rows, for the bf16 x bf16 fast paths
+    LineVector<uint32_t> kt;  // the current block's keys as QkBf16::pack lays them out
     void reserve(int64_t rows, int64_t D, int64_t bs) {
         if (int64_t(q.size()) < rows * D) q.resize(rows * D), acc.resize(rows * D);
         if (int64_t(m.size()) < rows) m.resize(rows), l.resize(rows), pos.resize(rows);

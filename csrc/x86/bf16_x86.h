@@ -88,6 +88,18 @@ inline bool has_amx_fp16() {
 #endif
 }
 
+// TDPBF16PS with tile numbers as template arguments: GCC's _tile_* macros
+// paste their arguments into the asm text, so they cannot take template
+// constants.
+template <int C, int A, int B>
+inline void tdpbf16ps() {
+#if defined(CPUINFER_SIMDE_EMULATION)
+    _tile_dpbf16ps(C, A, B);
+#else
+    asm volatile("tdpbf16ps %%tmm%c0, %%tmm%c1, %%tmm%c2" ::"i"(B), "i"(A), "i"(C));
+#endif
+}
+
 inline void release_tiles() {
 #if !defined(CPUINFER_SIMDE_EMULATION)
     _tile_release();

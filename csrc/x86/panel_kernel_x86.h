@@ -174,11 +174,7 @@ struct AmxDot<bf16_t> {
     using Fallback = DpBf16Tiles;
     template <int C, int A, int B>
     static void dp() {
-#if defined(CPUINFER_SIMDE_EMULATION)
-        _tile_dpbf16ps(C, A, B);
-#else
-        asm volatile("tdpbf16ps %%tmm%c0, %%tmm%c1, %%tmm%c2" ::"i"(B), "i"(A), "i"(C));
-#endif
+        x86::tdpbf16ps<C, A, B>();
     }
 };
 template <>

@@ -125,6 +125,11 @@ inline simde__m256i cvtneps_pbh(simde__m512 a) {
     }
     return pack<simde__m256i>(out);
 }
+// VCVTNE2PS2BF16: b's 16 values, then a's, each as VCVTNEPS2BF16 rounds them.
+inline simde__m512i cvtne2ps_pbh(simde__m512 a, simde__m512 b) {
+    const simde__m256i lo = cvtneps_pbh(b), hi = cvtneps_pbh(a);
+    return simde_mm512_inserti64x4(simde_mm512_castsi256_si512(lo), hi, 1);
+}
 #endif
 
 }  // namespace cpuinfer::simde_shim
@@ -144,4 +149,5 @@ inline simde__m256i cvtneps_pbh(simde__m512 a) {
 #define _mm512_reduce_max_ps(a) ::cpuinfer::simde_shim::reduce_max_ps(a)
 #if defined(CPUINFER_SIMDE_AVX512BF16)
 #define _mm512_cvtneps_pbh(a) ::cpuinfer::simde_shim::cvtneps_pbh(a)
+#define _mm512_cvtne2ps_pbh(a, b) ::cpuinfer::simde_shim::cvtne2ps_pbh(a, b)
 #endif

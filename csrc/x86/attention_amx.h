@@ -1,0 +1,428 @@
+// amx: flash attention on AMX-BF16 tiles, the whole-unit path of
+// attention_x86.h (included there, after the VDPBF16PS helpers it uses:
+// transpose16). Every unit (query rows of one KV head: a prefill chunk or a
+// decode step) runs as
+//   S = Q K^T   A: Q (16 rows x 32 d, straight from the query rows)
+//               B: K^T in VNNI form (16 d-pairs x 16 keys), packed per chunk
+//   softmax     on S's rows in f32 (scale, soft-cap, causal/window mask,
+//               online max and sum), as the vector path does
+//   O += P V    A: P (16 rows x 32 keys)  B: V in VNNI form (16 key-pairs x 16 d)
+// Keys are packed in chunks of 32 (one k-step of the PV product) that serve
+// every 16-row tile of the unit (up to 4), so packing costs a fraction of the
+// tile work; packing reads key rows one by one, so chunks may straddle KV
+// blocks of any size.
+//
+// The softmax runs over blocks of up to 128 keys (4 chunks), not chunk by
+// chunk: each step of it is a round trip between the tile unit and the
+// vector unit through memory (S stored from tiles and read by vector loads,
+// P stored by vector stores and read by tile loads), whose latency the
+// out-of-order window cannot hide, and each row pays a max and a sum
+// reduction and a scalar exp per step. Measured on one Sapphire Rapids
+// core pair, a 2048-token causal prefill at SmolLM2's heads (9q/3kv, D = 64):
+// 32-key steps spent ~40% of the kernel's time on the stall of the first PV
+// product after the P stores and on the S stores; see bench_attention.py.
+//
+// Where blocks and chunks sit depends on key positions only (multiples of
+// 128 and 32, clipped to the unit's keys), and a row's keys outside what it
+// sees are exact zeros in P (and in V, outside the unit's keys), so a row's
+// result does not depend on its batch, the rows beside it in a tile, or
+// which chunks its tile skips (the engine's greedy outputs rely on it).
+//
+// Precision: Q and K are bf16 already, and their products are exact in
+// the f32 accumulators. P is not: rounding it to bf16 (as flash-attention
+// kernels on GPUs do) cost ~2^-9 per weight, which measured on real models
+// (SmolLM2 Q4_1, Gemma 3) moved first-token logits 2-8x further from
+// transformers than the f32 paths. So P goes in as two bf16 terms, hi =
+// top 16 bits of P and lo = bf16(P - hi) (P to 2^-16), in two tile products: the
+// output is then as exact as the f32 FMA path's (bf16 outputs carry 2^-9),
+// for half again the tile work (PV is half the FLOPs).
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "../common/aligned.h"
+#include "../common/vec.h"
+#include "bf16_x86.h"
+
+namespace cpuinfer::attn {
+
+constexpr int64_t kFlashKeys = 32;    // keys per packed chunk: one k-step of the PV tile product
+constexpr int64_t kFlashBlock = 128;  // keys per softmax step (4 chunks), at multiples of 128
+constexpr int kFlashChunks = int(kFlashBlock / kFlashKeys);
+
+// Per-thread buffers of the AMX path: two blocks' packed chunks (slot c at
+// c * D * 16 of kt, c * D * 32 of vv), and two of each per-item buffer, the
+// pipeline's stages working on consecutive items (see flash_unit_amx).
+struct FlashScratch {
+    LineVector<uint32_t> kt;  // K^T chunk: [D/32][2 key halves][16 d-pairs][16 keys]
+    LineVector<uint16_t> vv;  // V chunk: [D/16][16 key-pairs][16 d][2]
+    LineVector<float> o;      // an item's products, [16 rows][D], two items apart by 16 * D
+    struct Item {
+        alignas(64) float s[16 * kFlashBlock];            // scores over a block, rows kFlashBlock apart
+        alignas(64) bf16_t p_hi[kFlashChunks * 16 * 32];  // weights, chunk c's 16 x 32 A tile at c * 512
+        alignas(64) bf16_t p_lo[kFlashChunks * 16 * 32];
+        alignas(64) float alpha[16];  // the rows' accumulator factors
+    } item[2];
+    void reserve(int64_t D) {
+        if (int64_t(kt.size()) < 2 * kFlashChunks * D * 16) {
+            kt.resize(size_t(2 * kFlashChunks * D * 16)), vv.resize(size_t(2 * kFlashChunks * D * 32));
+            o.resize(size_t(2 * 16 * D));
+        }
+    }
+};
+
+inline void amx_begin() { x86::load_tile_config(x86::full_tiles()); }
+inline void amx_end() { x86::release_tiles(); }
+
+// e^x for the softmax's x <= 0 (x - the row's max) in the lanes of `keep`, 0 in the others (whatever
+// they hold, -inf included): n = round(x log2(e)), r = x - n ln(2) in two steps (Cody-Waite, as vec::exp),
+// a degree-5 polynomial of e^r fitted to the relative error over |r| <= ln(2) / 2 (< 1.6e-7 in f32; the
+// degree-6 Taylor polynomial before it, one FMA more, gave < 2.1e-7), times 2^n by VSCALEFPS (which
+// underflows to 0 by itself; vec::exp builds 2^n from bits and must clamp). 11 instructions.
+inline __m512 exp_nonpos(__m512 x, __mmask16 keep = 0xffff) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));  // keeps r small for any finite x
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(0.008292494341731071f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.04189792275428772f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.16667599976062775f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.4999915063381195f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.9999997019767761f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+    return _mm512_maskz_scalef_ps(keep, p, n);
+}
+
+// The weights of 32 keys (e0: the first 16, e1: the rest) as the bf16 terms of P: hi, their top 16 bits
+// (one shuffle for both), and lo = bf16(e - hi), exact before its rounding: hi + lo is e to 2^-16 (the
+// rounded hi before, at three more instructions a vector, gave 2^-17; bf16 outputs carry 2^-9).
+inline void split_weights(__m512 e0, __m512 e1, bf16_t *hi, bf16_t *lo) {
+    alignas(64) static const uint16_t top_idx[32] = {1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31,
+                                                     33, 35, 37, 39, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
+    const __m512i i0 = _mm512_castps_si512(e0), i1 = _mm512_castps_si512(e1), top = _mm512_set1_epi32(int(0xffff0000u));
+    _mm512_store_si512(hi, _mm512_permutex2var_epi16(i0, _mm512_load_si512(top_idx), i1));
+    const __m512 l0 = _mm512_sub_ps(e0, _mm512_castsi512_ps(_mm512_and_si512(i0, top)));
+    const __m512 l1 = _mm512_sub_ps(e1, _mm512_castsi512_ps(_mm512_and_si512(i1, top)));
+    _mm512_store_si512(lo, (__m512i)_mm512_cvtne2ps_pbh(l1, l0));
+}
+
+// Packs the chunk of keys [a0, a0 + 32) as K^T and V tiles; keys outside
+// [lo, hi) are zero. key(j) and value(j) give the rows of absolute key j.
+template <typename KeyRow, typename ValueRow>
+inline void flash_pack(int64_t D, int64_t a0, int64_t lo, int64_t hi, KeyRow &&key, ValueRow &&value, uint32_t *kt,
+                       uint16_t *vv) {
+    const __m512i zero = _mm512_setzero_si512();
+    auto in = [&](int64_t j) { return a0 + j >= lo && a0 + j < hi; };
+    for (int h = 0; h < 2; ++h) {
+        const bf16_t *rows[16];
+        for (int j = 0; j < 16; ++j) rows[j] = in(16 * h + j) ? key(a0 + 16 * h + j) : nullptr;
+        for (int64_t ch = 0; ch < D / 32; ++ch) {
+            __m512i r[16];
+            for (int j = 0; j < 16; ++j) r[j] = rows[j] ? _mm512_loadu_si512(rows[j] + ch * 32) : zero;
+            transpose16(r);
+            uint32_t *dst = kt + (ch * 2 + h) * 256;
+            for (int i = 0; i < 16; ++i) _mm512_storeu_si512(dst + i * 16, r[i]);
+        }
+    }
+    // Element 2i of the result from a[i], 2i + 1 from b[i] (i < 16 or, for hi, 16 + i).
+    alignas(64) static const uint16_t lo_idx[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                                   8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+    const __m512i ilo = _mm512_load_si512(lo_idx), ihi = _mm512_add_epi16(ilo, _mm512_set1_epi16(16));
+    for (int64_t i = 0; i < 16; ++i) {
+        const bf16_t *a = in(2 * i) ? value(a0 + 2 * i) : nullptr, *b = in(2 * i + 1) ? value(a0 + 2 * i + 1) : nullptr;
+        for (int64_t g = 0; g < D / 32; ++g) {
+            const __m512i va = a ? _mm512_loadu_si512(a + 32 * g) : zero, vb = b ? _mm512_loadu_si512(b + 32 * g) : zero;
+            _mm512_storeu_si512(vv + ((2 * g) * 16 + i) * 32, _mm512_permutex2var_epi16(va, ilo, vb));
+            _mm512_storeu_si512(vv + ((2 * g + 1) * 16 + i) * 32, _mm512_permutex2var_epi16(va, ihi, vb));
+        }
+    }
+}
+
+// The bits of lanes [lo, hi) of a 16-lane vector (lo, hi clamped to [0, 16]).
+inline __mmask16 lanes(int64_t lo, int64_t hi) {
+    lo = std::clamp<int64_t>(lo, 0, 16), hi = std::clamp<int64_t>(hi, 0, 16);
+    return __mmask16(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+}
+
+// One 16-row tile's softmax step over the chunks [a0, a1) of a block (S in
+// f.s from the QK products) -> the weights as bf16 hi + lo parts in f.p_hi /
+// f.p_lo, the rows' m and l updated, and f.alpha[r] the factor of row r's
+// accumulator.
+inline void flash_softmax(const FlashUnit &u, int64_t r0, int R, int64_t a0, int64_t a1, FlashScratch::Item &f) {
+    const int64_t W = u.window;
+    const int nv = int((a1 - a0) / 16);
+    const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    const vec::vf qs = vec::splat(u.qscale), cap = vec::splat(u.soft_cap);
+    // Without a soft-cap (and with scale > 0, as always) the scale folds into the exponent: max(s) * scale
+    // is max(s * scale), and e = exp(s * scale - m) is one FMA. Every row takes the same formula either way.
+    const bool fold = u.soft_cap <= 0.f && u.qscale > 0.f;
+    // Two passes over the rows, each row's work independent of the other rows' in a pass, so that the
+    // out-of-order core overlaps rows (a row's exps wait for its max, through a chain of maxima and a
+    // reduction).
+    alignas(64) float mold[16], mnew[16];
+    __mmask16 mk[16][kFlashBlock / 16];
+    uint32_t sees = 0;  // rows that see a key here
+    for (int r = 0; r < 16; ++r) {
+        mold[r] = mnew[r] = 0.f;
+        int64_t lo = a0, hi = a0;  // keys of the chunks row r sees (none past R)
+        if (r < R) {
+            const int64_t p = u.pos[r0 + r];
+            lo = std::max({a0, u.k0, W > 0 ? p - W + 1 : int64_t(0)});
+            hi = std::min({a1, u.k1, p + 1});
+        }
+        if (lo >= hi) continue;
+        sees |= 1u << r;
+        const bool all = lo == a0 && hi == a1;
+        float *sr = f.s + r * kFlashBlock;
+        __m512 vmax = ninf;
+        for (int v = 0; v < nv; ++v) {
+            mk[r][v] = all ? __mmask16(0xffff) : lanes(lo - a0 - 16 * v, hi - a0 - 16 * v);
+            __m512 x = _mm512_load_ps(sr + 16 * v);
+            if (!fold) {
+                vec::vf y = vec::mul(vec::vf{x}, qs);
+                if (u.soft_cap > 0.f) y = vec::mul(cap, vec::tanh(y));
+                x = y.v;
+                _mm512_store_ps(sr + 16 * v, x);
+            }
+            vmax = _mm512_mask_max_ps(vmax, mk[r][v], vmax, x);
+        }
+        const float bmax = _mm512_reduce_max_ps(vmax);
+        mold[r] = u.m[r0 + r];
+        mnew[r] = std::max(mold[r], fold ? bmax * u.qscale : bmax);
+    }
+    // The rows' factors at once: 1 where the max holds (e^0 is exactly 1), ~0 where it was -inf.
+    _mm512_store_ps(f.alpha, exp_nonpos(_mm512_sub_ps(_mm512_load_ps(mold), _mm512_load_ps(mnew))));
+    for (int r = 0; r < 16; ++r) {
+        bf16_t *ph = f.p_hi + r * 32, *pl = f.p_lo + r * 32;  // chunk c's row at + c * 512
+        if (!(sees >> r & 1)) {  // nothing to add: zero weights
+            f.alpha[r] = 1.f;
+            for (int v = 0; v < nv; v += 2) {
+                _mm512_store_si512(ph + v * 256, _mm512_setzero_si512());
+                _mm512_store_si512(pl + v * 256, _mm512_setzero_si512());
+            }
+            continue;
+        }
+        const float *sr = f.s + r * kFlashBlock;
+        const __m512 nm = _mm512_set1_ps(-mnew[r]);
+        __m512 sum = _mm512_setzero_ps();
+        for (int v = 0; v < nv; v += 2) {
+            const __m512 s0 = _mm512_load_ps(sr + 16 * v), s1 = _mm512_load_ps(sr + 16 * v + 16);
+            const __m512 x0 = fold ? _mm512_fmadd_ps(s0, qs.v, nm) : _mm512_add_ps(s0, nm);
+            const __m512 x1 = fold ? _mm512_fmadd_ps(s1, qs.v, nm) : _mm512_add_ps(s1, nm);
+            const __m512 e0 = exp_nonpos(x0, mk[r][v]), e1 = exp_nonpos(x1, mk[r][v + 1]);
+            sum = _mm512_add_ps(_mm512_add_ps(sum, e0), e1);
+            split_weights(e0, e1, ph + v * 256, pl + v * 256);  // chunk v / 2's row
+        }
+        u.l[r0 + r] = u.l[r0 + r] * f.alpha[r] + _mm512_reduce_add_ps(sum);
+        u.m[r0 + r] = mnew[r];
+    }
+}
+
+// S of rows [r0, r0 + 16) against the packed chunks of [a0, a1) (kt: chunk
+// a0's), into f.s: two chunks at a time (C tiles 0-3), the rows' Q in tiles
+// 4-5 (kept across chunks for D <= 64), K^T alternating between tiles 6 and
+// 7, so that no tile load waits for the product that read its tile last.
+template <int C0, int C1, int Q>
+inline void qk_step(const uint32_t *k, bool two, int64_t next) {  // k: the chunk's K^T d-chunk, next: + chunk
+    _tile_loadd(6, k, 64);
+    x86::tdpbf16ps<C0, Q, 6>();
+    _tile_loadd(7, k + 256, 64);
+    x86::tdpbf16ps<C1, Q, 7>();
+    if (two) {
+        _tile_loadd(6, k + next, 64);
+        x86::tdpbf16ps<C0 + 2, Q, 6>();
+        _tile_loadd(7, k + next + 256, 64);
+        x86::tdpbf16ps<C1 + 2, Q, 7>();
+    }
+}
+inline void flash_qk(const FlashUnit &u, int64_t r0, int64_t a0, int64_t a1, const uint32_t *kt, FlashScratch::Item &f) {
+    const int64_t D = u.D, nc = (a1 - a0) / kFlashKeys, dc = D / 32;
+    const bf16_t *q = u.q + r0 * D;
+    const bool keep = dc <= 2;  // Q stays in tiles 4-5 for every chunk
+    if (keep) {
+        _tile_loadd(4, q, D * 2);
+        if (dc > 1) _tile_loadd(5, q + 32, D * 2);
+    }
+    for (int64_t c = 0; c < nc; c += 2, kt += 2 * D * 16) {
+        const bool two = c + 1 < nc;
+        _tile_zero(0);
+        _tile_zero(1);
+        if (two) {
+            _tile_zero(2);
+            _tile_zero(3);
+        }
+        for (int64_t ch = 0; ch < dc; ++ch) {
+            const uint32_t *k = kt + ch * 2 * 256;
+            if (ch % 2 == 0) {
+                if (!keep) _tile_loadd(4, q + ch * 32, D * 2);
+                qk_step<0, 1, 4>(k, two, D * 16);
+            } else {
+                if (!keep) _tile_loadd(5, q + ch * 32, D * 2);
+                qk_step<0, 1, 5>(k, two, D * 16);
+            }
+        }
+        _tile_stored(0, f.s + c * kFlashKeys, kFlashBlock * 4);
+        _tile_stored(1, f.s + c * kFlashKeys + 16, kFlashBlock * 4);
+        if (two) {
+            _tile_stored(2, f.s + (c + 1) * kFlashKeys, kFlashBlock * 4);
+            _tile_stored(3, f.s + (c + 1) * kFlashKeys + 16, kFlashBlock * 4);
+        }
+    }
+}
+
+// O (tiles 4 .. 4 + n - 1: d slices 16 wide from vv's slice d0) += P V over
+// the chunks of [a0, a1) (vv: chunk a0's), P's hi and lo terms each.
+template <int N>
+inline void flash_pv(const FlashUnit &u, int64_t a0, int64_t a1, const uint16_t *vv, int64_t d0, const FlashScratch::Item &f) {
+    for (int64_t c = 0; c < (a1 - a0) / kFlashKeys; ++c, vv += u.D * 32) {
+        _tile_loadd(0, f.p_hi + c * 512, 64);
+        _tile_loadd(1, f.p_lo + c * 512, 64);
+        const uint16_t *v = vv + d0 * 32;  // slice d0 / 16 at (d0 / 16) * 16 * 32
+        _tile_loadd(2, v, 64);
+        _tile_dpbf16ps(4, 0, 2);
+        _tile_dpbf16ps(4, 1, 2);
+        if constexpr (N > 1) {
+            _tile_loadd(3, v + 16 * 32, 64);
+            _tile_dpbf16ps(5, 0, 3);
+            _tile_dpbf16ps(5, 1, 3);
+        }
+        if constexpr (N > 2) {
+            _tile_loadd(2, v + 2 * 16 * 32, 64);
+            _tile_dpbf16ps(6, 0, 2);
+            _tile_dpbf16ps(6, 1, 2);
+        }
+        if constexpr (N > 3) {
+            _tile_loadd(3, v + 3 * 16 * 32, 64);
+            _tile_dpbf16ps(7, 0, 3);
+            _tile_dpbf16ps(7, 1, 3);
+        }
+    }
+}
+
+// Tiles 4 .. 4 + n - 1 to rows 16 * i floats in, `stride` floats apart (tile numbers are immediates).
+inline void store_o(int n, float *p, int64_t stride) {
+    _tile_stored(4, p, stride * 4);
+    if (n > 1) _tile_stored(5, p + 16, stride * 4);
+    if (n > 2) _tile_stored(6, p + 32, stride * 4);
+    if (n > 3) _tile_stored(7, p + 48, stride * 4);
+}
+inline void zero_o(int n) {
+    _tile_zero(4);
+    if (n > 1) _tile_zero(5);
+    if (n > 2) _tile_zero(6);
+    if (n > 3) _tile_zero(7);
+}
+template <typename F>
+inline void with_slices(int n, F &&f) {
+    switch (n) {
+        case 1: f(std::integral_constant<int, 1>()); break;
+        case 2: f(std::integral_constant<int, 2>()); break;
+        case 3: f(std::integral_constant<int, 3>()); break;
+        default: f(std::integral_constant<int, 4>()); break;
+    }
+}
+
+// The whole unit, as a pipeline over items (a block of 128 keys at a
+// multiple of 128, and a 16-row tile that sees some of it; blocks in order,
+// the tiles of each in order). Rows are token-major, so positions never
+// decrease with the row, and the keys a tile sees are [its first row's window
+// start, its last row's position]; an item takes just the chunks of its block
+// that its tile sees. Each item goes through
+//   pack   its block's chunks, once for every tile (vector stores)
+//   QK     S = Q K^T into its score buffer (tile stores)
+//   soft   S -> P, the rows' m, l and alpha (vector loads and stores)
+//   PV     o = P V, into tiles 4-7 64 d at a time, out to o (tile loads, stores)
+//   add    acc = acc * alpha + o for its rows (vector)
+// and item i's QK runs before item i - 1's PV and item i - 2's add, its
+// softmax after them: each stage reads what was stored one stage earlier,
+// with other work between, instead of waiting for the stores (a tile load
+// cannot take data from the store buffer, and a vector load of what a tile
+// just stored waits for the tile product) -- the round trip that bounded the
+// kernel. A row's accumulator sees its blocks' products in block order, each
+// after its factor, whatever the tile or the batch.
+template <typename KeyRow, typename ValueRow>
+inline void flash_unit_amx(const FlashUnit &u, KeyRow &&key, ValueRow &&value) {
+    const int64_t D = u.D, W = u.window;
+    thread_local FlashScratch tls;
+    FlashScratch &f = tls;  // one TLS lookup: each access to a thread_local in a shared library calls
+    f.reserve(D);           // __tls_get_addr (it was in the PV loop, with a vzeroupper)
+    // Keys [lo, hi) of block b that the rows from r0 to r1 - 1 see (none if lo >= hi).
+    auto seen = [&](int64_t b, int64_t r0, int64_t r1, int64_t &lo, int64_t &hi) {
+        lo = std::max({u.k0, b, W > 0 ? u.pos[r0] - W + 1 : int64_t(0)});
+        hi = std::min({u.k1, b + kFlashBlock, u.pos[r1 - 1] + 1});
+        return lo < hi;
+    };
+    // Chunk a of block b packed at slot: blocks alternate between two sets of kFlashChunks.
+    auto slot = [&](int64_t b, int64_t a) { return (b / kFlashBlock % 2) * kFlashChunks + (a - b) / kFlashKeys; };
+    auto pack = [&](int64_t b) {  // the chunks of block b that any tile sees
+        int64_t lo, hi;
+        if (b >= u.k1 || !seen(b, 0, u.rows, lo, hi)) return;
+        for (int64_t a = lo / kFlashKeys * kFlashKeys; a < hi; a += kFlashKeys) {
+            const int64_t c = slot(b, a);
+            flash_pack(D, a, u.k0, u.k1, key, value, f.kt.data() + c * D * 16, f.vv.data() + c * D * 32);
+        }
+    };
+    struct Item {
+        int64_t b, r0, a0, a1;  // its block, its tile's first row, its chunks [a0, a1)
+        int R;                  // its tile's rows
+    } item[3];                  // items i, i - 1, i - 2 at i % 3
+    int64_t i = 0, pv_next = 0, add_next = 0;  // items issued; PV and add done for items before these
+    auto pv_until = [&](int64_t end) {  // o = P V for the items before end
+        for (; pv_next < end; ++pv_next) {
+            const Item &it = item[pv_next % 3];
+            float *o = f.o.data() + (pv_next % 2) * 16 * D;
+            const uint16_t *vv = f.vv.data() + slot(it.b, it.a0) * D * 32;
+            for (int64_t d0 = 0; d0 < D; d0 += 64) {
+                const int n = int(std::min<int64_t>(4, (D - d0) / 16));
+                zero_o(n);
+                with_slices(n, [&](auto k) { flash_pv<decltype(k)::value>(u, it.a0, it.a1, vv, d0, f.item[pv_next % 2]); });
+                store_o(n, o + d0, D);
+            }
+        }
+    };
+    auto add_until = [&](int64_t end) {  // acc = acc * alpha + o for the rows of the items before end
+        for (; add_next < end; ++add_next) {
+            const Item &it = item[add_next % 3];
+            const float *o = f.o.data() + (add_next % 2) * 16 * D, *alpha = f.item[add_next % 2].alpha;
+            for (int r = 0; r < it.R; ++r) {
+                float *a = u.acc + (it.r0 + r) * D;
+                const __m512 al = _mm512_set1_ps(alpha[r]);
+                for (int64_t d = 0; d < D; d += 16)
+                    _mm512_storeu_ps(a + d, _mm512_fmadd_ps(_mm512_loadu_ps(a + d), al, _mm512_loadu_ps(o + r * D + d)));
+            }
+        }
+    };
+    amx_begin();
+    const int64_t b_first = u.k0 / kFlashBlock * kFlashBlock;
+    pack(b_first);
+    for (int64_t b = b_first; b < u.k1; b += kFlashBlock) {
+        bool packed_next = false;  // the next block's chunks go in while this block's items run
+        for (int64_t r0 = 0; r0 < u.rows; r0 += 16) {
+            Item &it = item[i % 3];
+            it.b = b, it.r0 = r0, it.R = int(std::min<int64_t>(16, u.rows - r0));
+            int64_t lo, hi;
+            if (!seen(b, r0, r0 + it.R, lo, hi)) continue;
+            it.a0 = lo / kFlashKeys * kFlashKeys, it.a1 = (hi + kFlashKeys - 1) / kFlashKeys * kFlashKeys;
+            flash_qk(u, r0, it.a0, it.a1, f.kt.data() + slot(b, it.a0) * D * 16, f.item[i % 2]);
+            pv_until(i);  // the last item that reads the next block's set (two blocks back) is done
+            if (!packed_next) pack(b + kFlashBlock), packed_next = true;
+            add_until(i - 1);
+            flash_softmax(u, r0, it.R, it.a0, it.a1, f.item[i % 2]);
+            ++i;
+        }
+        if (!packed_next) {
+            pv_until(i);
+            pack(b + kFlashBlock);
+        }
+    }
+    pv_until(i);
+    add_until(i);
+    amx_end();
+}
+
+}  // namespace cpuinfer::attn
