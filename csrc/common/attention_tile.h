@@ -307,6 +307,7 @@ struct FlashUnit {
 template <typename T, typename C>
 struct WholeUnit {
     static bool applies(int64_t, int64_t) { return false; }
+    static constexpr int64_t kChunkRows = 64;  // query rows per unit (a group's share of a prefill chunk)
     template <typename KeyRow, typename ValueRow>
     static void run(const FlashUnit &, KeyRow &&, ValueRow &&) {}
 };

@@ -1,7 +1,8 @@
 // Paged attention over a mixed batch (decode tokens and prefill chunks).
 //
-// Work is cut into groups (sequence, KV head, up to kChunkRows query rows,
-// where a row is one (token, query head) pair of that KV head's GQA group).
+// Work is cut into groups (sequence, KV head, up to kChunkRows query rows, or
+// a whole-unit path's WholeUnit::kChunkRows, where a row is one (token, query
+// head) pair of that KV head's GQA group).
 // Keys are taken in partitions of kPartKeys at fixed positions (flash-
 // decoding): each partition's softmax is online, in f32, from scratch; a row
 // whose keys span several partitions merges their (max, sum, unnormalised
@@ -132,8 +133,10 @@ struct Runner {
         int64_t total = 0;
         for (int64_t s = 0; s < a.num_seqs; ++s) {
             const int64_t L = q_len(s), ctx = a.seq_lens[s];
-            for (int64_t r0 = 0; r0 < L * G; r0 += kChunkRows) {
-                const int64_t rows = std::min(kChunkRows, L * G - r0);
+            using Whole = attn::WholeUnit<T, C>;  // a whole-unit path sets its own group size
+            const int64_t chunk = Whole::applies(L * G, D) ? Whole::kChunkRows : kChunkRows;
+            for (int64_t r0 = 0; r0 < L * G; r0 += chunk) {
+                const int64_t rows = std::min(chunk, L * G - r0);
                 const int64_t first_pos = ctx - L + r0 / G, last_pos = ctx - L + (r0 + rows - 1) / G;
                 const int64_t lo = W > 0 ? std::max<int64_t>(0, first_pos - W + 1) : 0;
                 const int64_t first = lo / P, parts = last_pos / P + 1 - first;
