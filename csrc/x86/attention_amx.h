@@ -224,54 +224,46 @@ inline void flash_softmax(const FlashUnit &u, int64_t r0, int R, int64_t a0, int
 }
 
 // S of rows [r0, r0 + 16) against the packed chunks of [a0, a1) (kt: chunk
-// a0's), into f.s: two chunks at a time (C tiles 0-3), the rows' Q in tiles
-// 4-5 (kept across chunks for D <= 64), K^T alternating between tiles 6 and
-// 7, so that no tile load waits for the product that read its tile last.
-template <int C0, int C1, int Q>
-inline void qk_step(const uint32_t *k, bool two, int64_t next) {  // k: the chunk's K^T d-chunk, next: + chunk
+// a0's), into f.s: a chunk's 16 x 32 scores in C tiles 0-1 or 2-3, the pair
+// alternating with the chunk, so that a chunk's products start while the
+// previous chunk's stores drain (zeroing a tile waits for its store, which
+// waits for its last product: one set of four C tiles for two chunks ran at
+// half the speed); the rows' Q in tiles 4-5 (kept across chunks for D <= 64),
+// K^T alternating between tiles 6 and 7.
+template <int C0, int Q>
+inline void qk_step(const uint32_t *k) {  // k: the chunk's K^T for one 32-d slice (two 16-key halves)
     _tile_loadd(6, k, 64);
     x86::tdpbf16ps<C0, Q, 6>();
     _tile_loadd(7, k + 256, 64);
-    x86::tdpbf16ps<C1, Q, 7>();
-    if (two) {
-        _tile_loadd(6, k + next, 64);
-        x86::tdpbf16ps<C0 + 2, Q, 6>();
-        _tile_loadd(7, k + next + 256, 64);
-        x86::tdpbf16ps<C1 + 2, Q, 7>();
+    x86::tdpbf16ps<C0 + 1, Q, 7>();
+}
+template <int C0>
+inline void qk_chunk(const bf16_t *q, int64_t D, bool keep, const uint32_t *kt, float *s) {
+    x86::tile_zero<C0>();
+    x86::tile_zero<C0 + 1>();
+    for (int64_t ch = 0; ch < D / 32; ++ch) {
+        if (ch % 2 == 0) {
+            if (!keep) _tile_loadd(4, q + ch * 32, D * 2);
+            qk_step<C0, 4>(kt + ch * 512);
+        } else {
+            if (!keep) _tile_loadd(5, q + ch * 32, D * 2);
+            qk_step<C0, 5>(kt + ch * 512);
+        }
     }
+    x86::tile_store<C0>(s, kFlashBlock * 4);
+    x86::tile_store<C0 + 1>(s + 16, kFlashBlock * 4);
 }
 inline void flash_qk(const FlashUnit &u, int64_t r0, int64_t a0, int64_t a1, const uint32_t *kt, FlashScratch::Item &f) {
-    const int64_t D = u.D, nc = (a1 - a0) / kFlashKeys, dc = D / 32;
+    const int64_t D = u.D, nc = (a1 - a0) / kFlashKeys;
     const bf16_t *q = u.q + r0 * D;
-    const bool keep = dc <= 2;  // Q stays in tiles 4-5 for every chunk
+    const bool keep = D <= 64;  // Q stays in tiles 4-5 for every chunk
     if (keep) {
         _tile_loadd(4, q, D * 2);
-        if (dc > 1) _tile_loadd(5, q + 32, D * 2);
+        if (D > 32) _tile_loadd(5, q + 32, D * 2);
     }
-    for (int64_t c = 0; c < nc; c += 2, kt += 2 * D * 16) {
-        const bool two = c + 1 < nc;
-        _tile_zero(0);
-        _tile_zero(1);
-        if (two) {
-            _tile_zero(2);
-            _tile_zero(3);
-        }
-        for (int64_t ch = 0; ch < dc; ++ch) {
-            const uint32_t *k = kt + ch * 2 * 256;
-            if (ch % 2 == 0) {
-                if (!keep) _tile_loadd(4, q + ch * 32, D * 2);
-                qk_step<0, 1, 4>(k, two, D * 16);
-            } else {
-                if (!keep) _tile_loadd(5, q + ch * 32, D * 2);
-                qk_step<0, 1, 5>(k, two, D * 16);
-            }
-        }
-        _tile_stored(0, f.s + c * kFlashKeys, kFlashBlock * 4);
-        _tile_stored(1, f.s + c * kFlashKeys + 16, kFlashBlock * 4);
-        if (two) {
-            _tile_stored(2, f.s + (c + 1) * kFlashKeys, kFlashBlock * 4);
-            _tile_stored(3, f.s + (c + 1) * kFlashKeys + 16, kFlashBlock * 4);
-        }
+    for (int64_t c = 0; c < nc; ++c, kt += D * 16) {
+        if (c % 2 == 0) qk_chunk<0>(q, D, keep, kt, f.s + c * kFlashKeys);
+        else qk_chunk<2>(q, D, keep, kt, f.s + c * kFlashKeys);
     }
 }
 

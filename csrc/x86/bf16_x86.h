@@ -100,6 +100,24 @@ inline void tdpbf16ps() {
 #endif
 }
 
+// TILEZERO and TILESTORED with the tile number as a template argument (as above).
+template <int T>
+inline void tile_zero() {
+#if defined(CPUINFER_SIMDE_EMULATION)
+    _tile_zero(T);
+#else
+    asm volatile("tilezero %%tmm%c0" ::"i"(T));
+#endif
+}
+template <int T>
+inline void tile_store(void *p, int64_t stride) {
+#if defined(CPUINFER_SIMDE_EMULATION)
+    _tile_stored(T, p, stride);
+#else
+    asm volatile("tilestored %%tmm%c0, (%1,%2,1)" ::"i"(T), "r"(p), "r"(stride) : "memory");
+#endif
+}
+
 inline void release_tiles() {
 #if !defined(CPUINFER_SIMDE_EMULATION)
     _tile_release();
