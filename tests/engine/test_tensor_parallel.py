@@ -94,15 +94,18 @@ def test_engine_features_under_tp2(checkpoints, kv):
 
 def test_quantized_gguf_shares_stay_quantized(smol_path):
     """SmolLM2's Q4_1 GGUF on 3 ranks (its 9 heads and 3 KV heads split 3 ways): every projection and the tied
-    vocabulary-parallel table stay Q4_1 on every rank, one rank's greedy tokens, and logits within 1% of its
-    (measured: equal; with bf16 shares rounded before the sum they were 5.8% apart on an AVX2 CPU)."""
+    vocabulary-parallel table stay Q4_1 on every rank, one rank's greedy tokens, and logits within 2% of its.
+    Not bit for bit: a row-parallel projection's f32 sum is three partial sums added, one rank's is one chain,
+    and the last-bit differences flip bf16 roundings that 30 layers carry to the logits (measured: equal on an
+    AVX2 CPU; 0.6% and, with the 512-key AMX attention steps, 1.3% on Sapphire Rapids; with bf16 shares rounded
+    before the sum, the bug this guards against, 5.8% apart)."""
     one = run("smol", smol_path, "1")
     three = run("smol", smol_path, "3", timeout=400)
     assert three["quantized"] and one["quantized"]
     assert three["tokens"] == one["tokens"]
     for a, b in zip(three["first"], one["first"], strict=True):
         a, b = torch.tensor(a), torch.tensor(b)
-        assert (a - b).abs().max() <= 0.01 * b.abs().max()
+        assert (a - b).abs().max() <= 0.02 * b.abs().max()
 
 
 def test_indivisible_heads_are_refused(smol_path):

@@ -187,18 +187,20 @@ def test_bad_input(kernels):
 
 @pytest.mark.parametrize("dtype", MODEL_DTYPES)
 @pytest.mark.parametrize("cache_dtype", CACHE_DTYPES, ids=lambda c: str(c)[6:])
-def test_a_row_does_not_depend_on_its_batch(kernels, dtype, cache_dtype):
+@pytest.mark.parametrize("window", [0, 200], ids=["full", "window"])
+def test_a_row_does_not_depend_on_its_batch(kernels, dtype, cache_dtype, window):
     """Bit for bit: every row of a prefill chunk (after a cached prefix) equals that row decoded alone, and a
     decode row alone equals it in a batch of other sequences. (Preemption recomputes a sequence as one prefill,
     and the engine's greedy outputs must not change with what else runs.) SmolLM2's heads (9 query, 3 KV);
     short contexts and ones over several 512-key flash-decoding partitions, which a lone sequence's decode
-    spreads over the threads and a batch's does not."""
+    spreads over the threads and a batch's does not; with a sliding window too, whose start moves with the row
+    (a prefill chunk's rows see different first keys than any one of them alone)."""
     rng = random.Random(hash((str(dtype), str(cache_dtype))) % 1000)
     for long in (False, False, False, True, True):
         ctx = rng.randint(600, 1600) if long else rng.randint(2, 300)
         q = rng.randint(1, 24 if long else ctx)
         b = make_batch([(q, ctx)], 9, 3, 64, 16, dtype, cache_dtype)
-        out = run_kernel(kernels, b)
+        out = run_kernel(kernels, b, sliding_window=window)
         for i in range(q):
             one = PagedBatch(
                 b.query[i : i + 1].clone(),
@@ -209,10 +211,12 @@ def test_a_row_does_not_depend_on_its_batch(kernels, dtype, cache_dtype):
                 b.block_tables,
                 b.scale,
             )
-            assert torch.equal(run_kernel(kernels, one), out[i : i + 1]), f"q={q} ctx={ctx}: row {i} differs"
+            assert torch.equal(run_kernel(kernels, one, sliding_window=window), out[i : i + 1]), (
+                f"q={q} ctx={ctx}: row {i} differs"
+            )
     seqs = [(1, rng.randint(2, 1600)) for _ in range(8)]
     b = make_batch(seqs, 9, 3, 64, 16, dtype, cache_dtype)
-    out = run_kernel(kernels, b)
+    out = run_kernel(kernels, b, sliding_window=window)
     for s in range(8):
         one = PagedBatch(
             b.query[s : s + 1].clone(),
@@ -223,4 +227,6 @@ def test_a_row_does_not_depend_on_its_batch(kernels, dtype, cache_dtype):
             b.block_tables[s : s + 1],
             b.scale,
         )
-        assert torch.equal(run_kernel(kernels, one), out[s : s + 1]), f"sequence {s} of the batch differs alone"
+        assert torch.equal(run_kernel(kernels, one, sliding_window=window), out[s : s + 1]), (
+            f"sequence {s} of the batch differs alone"
+        )
