@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from . import _C
+from .platform.memory import empty_weight
 from .quantization.weight import is_quantized
 
 
@@ -223,7 +224,7 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     BFDOT, f16 on AMX-FP16; else 1; see pack_layout()); rows past the last full panel stay row-major. The
     layout depends on the kernel variant and, on amx, the CPU: pack in the process that runs the model.
     """
-    out = torch.empty_like(weight, memory_format=torch.contiguous_format)
+    out = empty_weight(weight.shape, weight.dtype)  # huge pages while ModelRunner builds a model
     _C.linear_pack_weight(out, weight.contiguous())
     return out
 

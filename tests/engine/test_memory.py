@@ -1,12 +1,22 @@
-"""KV-cache memory: huge-page advice, checked in the kernel's own view of the mapping (/proc/self/smaps)."""
+"""KV-cache and weight memory: huge-page advice, checked in the kernel's own view of the mapping (/proc/self/smaps)."""
 
+import gc
+import itertools
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from cpuinfer.platform.memory import HUGE_PAGE, advise_huge_pages, zeros_huge
+from cpuinfer.platform.memory import (
+    HUGE_PAGE,
+    HugePageArena,
+    advise_huge_pages,
+    empty_weight,
+    huge_pages_available,
+    weight_arena,
+    zeros_huge,
+)
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 linux_thp = pytest.mark.skipif(
@@ -51,3 +61,92 @@ def test_small_tensors_are_left_alone():
     assert advise_huge_pages(torch.empty(1000)) == 0  # smaller than one huge page
     assert advise_huge_pages(torch.empty(0)) == 0
     assert torch.equal(zeros_huge((3, 5), torch.float32), torch.zeros(3, 5))
+
+
+# The weight arena: packed weights carved out of huge-page chunks (platform.memory.HugePageArena).
+
+
+def test_arena_tensors_are_separate_aligned_and_hold_their_values():
+    arena = HugePageArena(chunk_bytes=HUGE_PAGE)
+    shapes = [((3, 5), torch.float32), ((1000, 7), torch.bfloat16), ((0, 4), torch.float16), ((4096,), torch.uint8)]
+    made = [(arena.empty(shape, dtype), shape, dtype) for shape, dtype in shapes]
+    spans = []
+    for i, (t, shape, dtype) in enumerate(made):
+        assert t.shape == shape and t.dtype == dtype and t.is_contiguous()
+        assert t.data_ptr() % HugePageArena.ALIGN == 0
+        t.fill_(i + 1)
+        spans.append((t.data_ptr(), t.data_ptr() + t.nbytes))
+    spans.sort()
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans)), f"arena tensors overlap: {spans}"
+    for i, (t, _, _) in enumerate(made):  # no write reached another tensor
+        assert torch.all(t == i + 1)
+
+
+def test_arena_starts_a_chunk_when_full_and_gives_big_tensors_their_own():
+    arena = HugePageArena(chunk_bytes=HUGE_PAGE)
+    a = arena.empty((HUGE_PAGE // 2,), torch.uint8)
+    b = arena.empty((HUGE_PAGE // 2,), torch.uint8)  # fills the first chunk exactly
+    assert arena.chunks == 1 and b.data_ptr() == a.data_ptr() + HUGE_PAGE // 2
+    c = arena.empty((1,), torch.uint8)
+    assert arena.chunks == 2 and c.data_ptr() % HUGE_PAGE == 0  # a new chunk starts on a huge page
+    big = arena.empty((3 * HUGE_PAGE + 1,), torch.uint8)
+    assert arena.chunks == 3 and big.numel() == 3 * HUGE_PAGE + 1
+    big.fill_(7)  # the whole of it is writable
+    assert int(big[-1]) == 7
+
+
+def test_arena_tensors_outlive_the_arena():
+    arena = HugePageArena(chunk_bytes=HUGE_PAGE)
+    t = arena.empty((1024,), torch.float32)
+    t.copy_(torch.arange(1024, dtype=torch.float32))
+    del arena
+    gc.collect()
+    churn = [torch.full((HUGE_PAGE // 4,), -1.0) for _ in range(8)]  # reuse of freed memory would show here
+    assert torch.equal(t, torch.arange(1024, dtype=torch.float32))
+    del churn
+
+
+def test_arena_refuses_a_chunk_size_off_huge_pages():
+    for bad in (0, -HUGE_PAGE, HUGE_PAGE + 4096):
+        with pytest.raises(ValueError, match="multiple of"):
+            HugePageArena(chunk_bytes=bad)
+
+
+def test_empty_weight_uses_the_active_arena_only():
+    outside = empty_weight((64, 64), torch.bfloat16)
+    assert outside.shape == (64, 64) and outside.dtype == torch.bfloat16
+    with weight_arena() as arena:
+        if arena is None:
+            assert not huge_pages_available()
+            return
+        x = empty_weight((64, 64), torch.bfloat16)
+        y = empty_weight((64, 64), torch.bfloat16)
+        assert arena.chunks == 1
+        assert y.data_ptr() - x.data_ptr() == x.nbytes  # one after another in its chunk (8 KiB, two pages)
+    assert empty_weight((8,), torch.float32).shape == (8,)  # the arena is gone: plain tensors again
+
+
+@linux_thp
+def test_arena_chunks_are_advised_for_huge_pages():
+    assert huge_pages_available()
+    with weight_arena():
+        t = empty_weight((4 * HUGE_PAGE,), torch.uint8)
+    flags = mapping_of(t.data_ptr() + t.nbytes // 2)["VmFlags"].split()
+    assert "hg" in flags, f"MADV_HUGEPAGE not set on the arena's chunk: {flags}"
+
+
+@linux_thp
+def test_model_runner_packs_its_weights_in_huge_pages(monkeypatch):
+    """A bf16 model's packed projections and lm_head lie in advised mappings (the bundled SmolLM2, dense)."""
+    from cpuinfer.config import default_model_path
+    from cpuinfer.model_loader import load_model_spec
+    from cpuinfer.worker.model_runner import ModelRunner
+
+    monkeypatch.setenv("CPUINFER_GGUF_DEQUANTIZE", "1")  # dense bf16 weights, packed for the GEMM
+    runner = ModelRunner(load_model_spec(default_model_path(), "bfloat16"), 16, 8, torch.bfloat16)
+    layer = runner.model.layers[0]
+    assert layer.attn.packed and runner.model.head.packed
+    for w in (layer.attn.qkv_w, layer.attn.o_w, layer.mlp.gate_up_w, layer.mlp.down_w, runner.model.head.lm_head):
+        assert w.dtype == torch.bfloat16
+        flags = mapping_of(w.data_ptr())["VmFlags"].split()
+        assert "hg" in flags, f"a packed weight {tuple(w.shape)} is not in huge-page memory: {flags}"

@@ -19,7 +19,7 @@ from ..distributed.pipeline import SINGLE_STAGE, PPStage, micro_batches
 from ..distributed.tensor_parallel import SINGLE, TPGroup
 from ..model_loader import ModelSpec, load_weights
 from ..models import build_model
-from ..platform.memory import zeros_huge
+from ..platform.memory import weight_arena, zeros_huge
 
 
 @dataclass
@@ -67,7 +67,9 @@ class ModelRunner:
         tensors, extras = load_weights(spec)
         self.tp = tp
         self.pp = pp
-        self.model = build_model(spec, tensors, extras, tp, pp)
+        # The packed weights in huge pages: a decode step streams them all (platform.memory).
+        with weight_arena():
+            self.model = build_model(spec, tensors, extras, tp, pp)
         del tensors
         shape = (num_blocks, spec.kv_heads_per_rank(tp.size), block_size, spec.head_size)
         # Huge pages where the OS offers them: attention reads the cache block by block at scattered places.
