@@ -91,7 +91,7 @@ class HugePageArena:
     larger than the chunk size gets a chunk of its own.
     """
 
-    ALIGN = 4096  # every tensor starts on a page: as aligned as torch's own large allocations
+    ALIGN = 4096  # every tensor starts on a page (torch's allocator gives 64 bytes; the kernels need 64)
 
     def __init__(self, chunk_bytes: int = 64 << 20):
         if chunk_bytes <= 0 or chunk_bytes % HUGE_PAGE:
