@@ -42,6 +42,7 @@
 #include <cstdint>
 #include <limits>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "../common/aligned.h"
@@ -271,48 +272,23 @@ inline void flash_qk(const FlashUnit &u, int64_t r0, int64_t a0, int64_t a1, con
     }
 }
 
-// O (tiles 4 .. 4 + n - 1: d slices 16 wide from vv's slice d0) += P V over
-// the chunks of [a0, a1) (vv: chunk a0's), P's hi and lo terms each.
-template <int N>
-inline void flash_pv(const FlashUnit &u, int64_t a0, int64_t a1, const uint16_t *vv, int64_t d0, const FlashScratch::Item &f) {
-    for (int64_t c = 0; c < (a1 - a0) / kFlashKeys; ++c, vv += u.D * 32) {
+// One item's o[:, 16 I] for the I of its d slices (16 wide, from v: the first chunk's slice) = P V over its
+// nc chunks, P's hi and lo terms each: slice I accumulates in tile 4 + I, its V tile alternating between
+// tiles 2 and 3; P's terms in tiles 0 and 1.
+template <int... I>
+inline void flash_pv(std::integer_sequence<int, I...>, int64_t D, int64_t nc, const uint16_t *v,
+                     const FlashScratch::Item &f, float *o) {
+    (x86::tile_zero<4 + I>(), ...);
+    for (int64_t c = 0; c < nc; ++c, v += D * 32) {
         _tile_loadd(0, f.p_hi + c * 512, 64);
         _tile_loadd(1, f.p_lo + c * 512, 64);
-        const uint16_t *v = vv + d0 * 32;  // slice d0 / 16 at (d0 / 16) * 16 * 32
-        _tile_loadd(2, v, 64);
-        _tile_dpbf16ps(4, 0, 2);
-        _tile_dpbf16ps(4, 1, 2);
-        if constexpr (N > 1) {
-            _tile_loadd(3, v + 16 * 32, 64);
-            _tile_dpbf16ps(5, 0, 3);
-            _tile_dpbf16ps(5, 1, 3);
-        }
-        if constexpr (N > 2) {
-            _tile_loadd(2, v + 2 * 16 * 32, 64);
-            _tile_dpbf16ps(6, 0, 2);
-            _tile_dpbf16ps(6, 1, 2);
-        }
-        if constexpr (N > 3) {
-            _tile_loadd(3, v + 3 * 16 * 32, 64);
-            _tile_dpbf16ps(7, 0, 3);
-            _tile_dpbf16ps(7, 1, 3);
-        }
+        ((x86::tile_load<2 + I % 2>(v + I * 16 * 32, 64), x86::tdpbf16ps<4 + I, 0, 2 + I % 2>(),
+          x86::tdpbf16ps<4 + I, 1, 2 + I % 2>()),
+         ...);
     }
+    (x86::tile_store<4 + I>(o + 16 * I, D * 4), ...);
 }
 
-// Tiles 4 .. 4 + n - 1 to rows 16 * i floats in, `stride` floats apart (tile numbers are immediates).
-inline void store_o(int n, float *p, int64_t stride) {
-    _tile_stored(4, p, stride * 4);
-    if (n > 1) _tile_stored(5, p + 16, stride * 4);
-    if (n > 2) _tile_stored(6, p + 32, stride * 4);
-    if (n > 3) _tile_stored(7, p + 48, stride * 4);
-}
-inline void zero_o(int n) {
-    _tile_zero(4);
-    if (n > 1) _tile_zero(5);
-    if (n > 2) _tile_zero(6);
-    if (n > 3) _tile_zero(7);
-}
 template <typename F>
 inline void with_slices(int n, F &&f) {
     switch (n) {
@@ -373,11 +349,11 @@ inline void flash_unit_amx(const FlashUnit &u, KeyRow &&key, ValueRow &&value) {
             const Item &it = item[pv_next % 3];
             float *o = f.o.data() + (pv_next % 2) * 16 * D;
             const uint16_t *vv = f.vv.data() + slot(it.b, it.a0) * D * 32;
-            for (int64_t d0 = 0; d0 < D; d0 += 64) {
-                const int n = int(std::min<int64_t>(4, (D - d0) / 16));
-                zero_o(n);
-                with_slices(n, [&](auto k) { flash_pv<decltype(k)::value>(u, it.a0, it.a1, vv, d0, f.item[pv_next % 2]); });
-                store_o(n, o + d0, D);
+            for (int64_t d0 = 0; d0 < D; d0 += 64) {  // 64 d (4 tiles) at a time
+                with_slices(int(std::min<int64_t>(4, (D - d0) / 16)), [&](auto n) {
+                    flash_pv(std::make_integer_sequence<int, decltype(n)::value>(), D, (it.a1 - it.a0) / kFlashKeys,
+                             vv + d0 * 32, f.item[pv_next % 2], o + d0);
+                });
             }
         }
     };

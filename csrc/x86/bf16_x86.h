@@ -100,13 +100,21 @@ inline void tdpbf16ps() {
 #endif
 }
 
-// TILEZERO and TILESTORED with the tile number as a template argument (as above).
+// TILEZERO, TILELOADD and TILESTORED with the tile number as a template argument (as above).
 template <int T>
 inline void tile_zero() {
 #if defined(CPUINFER_SIMDE_EMULATION)
     _tile_zero(T);
 #else
     asm volatile("tilezero %%tmm%c0" ::"i"(T));
+#endif
+}
+template <int T>
+inline void tile_load(const void *p, int64_t stride) {
+#if defined(CPUINFER_SIMDE_EMULATION)
+    _tile_loadd(T, p, stride);
+#else
+    asm volatile("tileloadd (%0,%1,1), %%tmm%c2" ::"r"(p), "r"(stride), "i"(T) : "memory");
 #endif
 }
 template <int T>
