@@ -95,15 +95,24 @@ def test_arena_starts_a_chunk_when_full_and_gives_big_tensors_their_own():
     assert int(big[-1]) == 7
 
 
-def test_arena_tensors_outlive_the_arena():
-    arena = HugePageArena(chunk_bytes=HUGE_PAGE)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
+def test_arena_chunks_live_as_long_as_their_tensors():
+    """The arena keeps only the chunk it fills: a tensor keeps its chunk (values intact after the arena is
+    gone), and once the last tensor of a chunk is gone its memory goes back to the system. (A 64 MiB chunk is
+    past glibc's largest mmap threshold, so freeing it unmaps it.)"""
+    arena = HugePageArena()
     t = arena.empty((1024,), torch.float32)
     t.copy_(torch.arange(1024, dtype=torch.float32))
+    addr = t.data_ptr()
     del arena
     gc.collect()
     churn = [torch.full((HUGE_PAGE // 4,), -1.0) for _ in range(8)]  # reuse of freed memory would show here
     assert torch.equal(t, torch.arange(1024, dtype=torch.float32))
-    del churn
+    assert mapping_of(addr)["range"][0] <= addr
+    del churn, t
+    gc.collect()
+    with pytest.raises(AssertionError, match="no mapping holds"):
+        mapping_of(addr)
 
 
 def test_arena_refuses_a_chunk_size_off_huge_pages():
