@@ -30,6 +30,7 @@ import contextlib
 import contextvars
 import ctypes
 import functools
+import mmap
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,11 +63,40 @@ def advise_huge_pages(t: torch.Tensor) -> int:
     return hi - lo if _madvise()(lo, hi - lo, MADV_HUGEPAGE) == 0 else 0
 
 
-def zeros_huge(shape, dtype: torch.dtype) -> torch.Tensor:
-    """torch.zeros(shape, dtype=dtype), backed by huge pages where the OS offers them."""
-    t = torch.empty(shape, dtype=dtype)
+def huge_page_bytes(nbytes: int) -> torch.Tensor:
+    """nbytes of zeroed memory as a uint8 tensor starting on a 2 MiB boundary, in an anonymous mapping of its
+    own on Linux, advised for huge pages before anything touches it.
+
+    Why a mapping of its own rather than torch.empty: glibc serves even a 64 MiB request from the heap when
+    the heap has that much free (it does after a model load's temporaries are gone), and such memory (a)
+    has been touched already, so the advice comes too late to back it with huge pages, and (b) stays with
+    the heap after it is freed. The tensor and every view of it keep the mapping; the last one gone unmaps
+    it. Elsewhere, a plain (zeroed) tensor at the same alignment.
+    """
+    if nbytes <= 0:
+        return torch.zeros(max(nbytes, 0), dtype=torch.uint8)
+    if sys.platform.startswith("linux"):
+        # Private: a shared anonymous mapping is shmem, whose huge pages follow shmem_enabled, not the advice.
+        whole = torch.frombuffer(
+            mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), dtype=torch.uint8
+        )
+    else:
+        whole = torch.zeros(nbytes + HUGE_PAGE, dtype=torch.uint8)
+    lead = -whole.data_ptr() % HUGE_PAGE
+    t = whole[lead : lead + nbytes]
     advise_huge_pages(t)
-    return t.zero_()
+    return t
+
+
+def zeros_huge(shape, dtype: torch.dtype) -> torch.Tensor:
+    """torch.zeros(shape, dtype=dtype), backed by huge pages where the OS offers them (from one huge page up)."""
+    shape = torch.Size(shape)
+    nbytes = shape.numel() * dtype.itemsize
+    if nbytes < HUGE_PAGE or not huge_pages_available():
+        return torch.zeros(shape, dtype=dtype)
+    # Written now although the mapping reads as zeros already: the memory is committed here, so a cache too
+    # big for the machine fails at startup, not at some later request, and requests pay no page faults.
+    return huge_page_bytes(nbytes).view(dtype).view(shape).zero_()
 
 
 @functools.cache
@@ -84,9 +114,9 @@ def huge_pages_available() -> bool:
 class HugePageArena:
     """Tensors carved one after another out of huge-page-backed chunks (a bump allocator).
 
-    A chunk is one torch tensor of bytes, advised for huge pages before anything touches it; each tensor
-    handed out is a view of it at a 4 KiB boundary, so a chunk lives as long as any tensor cut from it,
-    and the arena itself keeps only the chunk it is filling. Pages are backed when first written, so the
+    A chunk is a huge_page_bytes() mapping; each tensor handed out is a view of it at a 4 KiB boundary, so a
+    chunk lives as long as any tensor cut from it, and is unmapped when the last one is gone (the arena
+    itself keeps only the chunk it is filling). Pages are backed when first written, so the
     unused tail of a chunk costs address space, not memory (at most one partly used huge page). A tensor
     larger than the chunk size gets a chunk of its own.
     """
@@ -107,12 +137,8 @@ class HugePageArena:
         nbytes = shape.numel() * dtype.itemsize
         size = -(-max(nbytes, 1) // self.ALIGN) * self.ALIGN
         if self._chunk is None or self._used + size > self._end:
-            usable = max(self.chunk_bytes, -(-size // HUGE_PAGE) * HUGE_PAGE)
-            # One huge page more, for the 2 MiB boundary the chunk's tensors start at.
-            self._chunk = torch.empty(usable + HUGE_PAGE, dtype=torch.uint8)
-            advise_huge_pages(self._chunk)
-            self._used = -self._chunk.data_ptr() % HUGE_PAGE
-            self._end = self._used + usable
+            self._chunk = huge_page_bytes(max(self.chunk_bytes, -(-size // HUGE_PAGE) * HUGE_PAGE))
+            self._used, self._end = 0, self._chunk.numel()
             self.chunks += 1
         t = self._chunk[self._used : self._used + nbytes].view(dtype).view(shape)
         self._used += size
