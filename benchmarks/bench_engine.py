@@ -3,7 +3,8 @@
     python benchmarks/bench_engine.py [--input-len 128 --output-len 128 --batch 32]
 
 latency:    batch 1, input-len prompt, output-len new tokens; decode tokens/s (prefill excluded) and end to end;
-            time to first token of an input-len and of a long-input-len prompt.
+            time to first token of an input-len and of a long-input-len prompt (each the median of --repeat
+            prompts: a single one moved 20-30% between runs on a shared host).
 throughput: `batch` prompts x input-len in x output-len out; output tokens/s.
 memory:     peak RSS of the engine phase (run first, before transformers is loaded) against
             weights + KV space + 600 MB.
@@ -17,6 +18,7 @@ import argparse
 import os
 import random
 import resource
+import statistics
 import time
 
 import torch
@@ -64,18 +66,26 @@ def bench_engine(model: str, args) -> dict:
     run(prompts(1, 16, vocab))  # warm-up
     total, prefill = run(prompts(1, args.input_len, vocab))
     decode_tps = (args.output_len - 1) / (total - prefill)
-    long_sp = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
-    eng.add_request(eng.next_request_id(), prompts(1, args.long_input_len, vocab)[0], long_sp)
-    t = time.perf_counter()
-    while eng.has_unfinished_requests():
-        eng.step()
-    long_prefill = time.perf_counter() - t
+    one_sp = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+
+    def ttft(length):
+        times = []
+        for p in prompts(args.repeat, length, vocab):
+            eng.add_request(eng.next_request_id(), p, one_sp)
+            t = time.perf_counter()
+            while eng.has_unfinished_requests():
+                eng.step()
+            times.append(time.perf_counter() - t)
+        return statistics.median(times)
+
+    ttft_short, ttft_long = ttft(args.input_len), ttft(args.long_input_len)
     ttotal, _ = run(prompts(args.batch, args.input_len, vocab))
     return dict(
         load=load,
         latency=total,
         prefill=prefill,
-        long_prefill=long_prefill,
+        ttft=ttft_short,
+        long_prefill=ttft_long,
         decode_tps=decode_tps,
         throughput=args.batch * args.output_len / ttotal,
         weights_mb=weights / 2**20,
@@ -141,12 +151,17 @@ def bench_transformers(model: str, args) -> dict:
     p1 = prompts(1, args.input_len, vocab)
     prefill = gen(p1, 1)
     total = gen(p1, args.output_len)
-    long_prefill = gen(prompts(1, args.long_input_len, vocab), 1)
+
+    def ttft(length):
+        return statistics.median(gen([p], 1) for p in prompts(args.repeat, length, vocab))
+
+    ttft_short, ttft_long = ttft(args.input_len), ttft(args.long_input_len)
     ttotal = gen(prompts(args.batch, args.input_len, vocab), args.output_len)
     return dict(
         latency=total,
         prefill=prefill,
-        long_prefill=long_prefill,
+        ttft=ttft_short,
+        long_prefill=ttft_long,
         decode_tps=(args.output_len - 1) / (total - prefill),
         throughput=args.batch * args.output_len / ttotal,
     )
@@ -160,6 +175,7 @@ def main() -> int:
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--long-input-len", type=int, default=2048, help="prompt length of the long-prompt TTFT")
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--repeat", type=int, default=3, help="prompts per time-to-first-token figure (the median)")
     ap.add_argument("--kv-space", default="0.5", help="VLLM_CPU_KVCACHE_SPACE for the run (GiB)")
     args, _ = ap.parse_known_args()  # nox passes its posargs to every benchmark
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", args.kv_space)
@@ -188,8 +204,8 @@ def main() -> int:
     print(f"ratio throughput:         {ours['throughput'] / ref['throughput']:.2f}x  (target >= 3)")
     print(f"ratio end-to-end latency: {ref['latency'] / ours['latency']:.2f}x")
     print(
-        f"TTFT {args.input_len} tokens:  ours {ours['prefill'] * 1000:.0f} ms, transformers "
-        f"{ref['prefill'] * 1000:.0f} ms = {ours['prefill'] / ref['prefill']:.2f}x  (target <= 0.75)"
+        f"TTFT {args.input_len} tokens:  ours {ours['ttft'] * 1000:.0f} ms, transformers "
+        f"{ref['ttft'] * 1000:.0f} ms = {ours['ttft'] / ref['ttft']:.2f}x  (target <= 0.75; medians of {args.repeat})"
     )
     print(
         f"TTFT {args.long_input_len} tokens: ours {ours['long_prefill'] * 1000:.0f} ms, transformers "
@@ -199,6 +215,8 @@ def main() -> int:
     met = (
         ours["decode_tps"] >= 3 * ref["decode_tps"]
         and ours["throughput"] >= 3 * ref["throughput"]
+        and ours["ttft"] <= 0.75 * ref["ttft"]
+        and ours["long_prefill"] <= 0.6 * ref["long_prefill"]
         and ours["peak_rss_mb"] <= budget
     )
     return 0 if met else 1
