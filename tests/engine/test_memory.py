@@ -1,5 +1,6 @@
 """KV-cache and weight memory: huge-page advice, checked in the kernel's own view of the mapping (/proc/self/smaps)."""
 
+import ctypes
 import gc
 import itertools
 import sys
@@ -15,6 +16,7 @@ from cpuinfer.platform.memory import (
     empty_weight,
     huge_page_bytes,
     huge_pages_available,
+    release_free_heap,
     weight_arena,
     zeros_huge,
 )
@@ -81,6 +83,29 @@ def test_small_tensors_are_left_alone():
     assert advise_huge_pages(torch.empty(1000)) == 0  # smaller than one huge page
     assert advise_huge_pages(torch.empty(0)) == 0
     assert torch.equal(zeros_huge((3, 5), torch.float32), torch.zeros(3, 5))
+
+
+def vm_rss_kib() -> int:
+    return int(Path("/proc/self/status").read_text().split("VmRSS:")[1].split()[0])
+
+
+glibc = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or not hasattr(ctypes.CDLL(None), "malloc_trim"), reason="needs glibc"
+)
+
+
+@glibc
+def test_release_free_heap_returns_freed_heap_memory():
+    # 100 MiB in 64 KiB tensors: below glibc's mmap threshold, so on the heap; one more pins the heap's top,
+    # so freeing the rest leaves them free in its middle, where glibc keeps them resident.
+    parts = [torch.ones(1 << 14) for _ in range(1600)]
+    pin = torch.ones(1 << 14)
+    del parts
+    gc.collect()
+    before = vm_rss_kib()
+    assert release_free_heap()
+    assert before - vm_rss_kib() > 50 << 10, "malloc_trim gave back less than half of 100 MiB freed"
+    assert torch.equal(pin, torch.ones(1 << 14))
 
 
 # The weight arena: packed weights carved out of huge-page chunks (platform.memory.HugePageArena).

@@ -19,7 +19,7 @@ from ..distributed.pipeline import SINGLE_STAGE, PPStage, micro_batches
 from ..distributed.tensor_parallel import SINGLE, TPGroup
 from ..model_loader import ModelSpec, load_weights
 from ..models import build_model
-from ..platform.memory import weight_arena, zeros_huge
+from ..platform.memory import release_free_heap, weight_arena, zeros_huge
 
 
 @dataclass
@@ -71,6 +71,7 @@ class ModelRunner:
         with weight_arena():
             self.model = build_model(spec, tensors, extras, tp, pp)
         del tensors
+        release_free_heap()  # the checkpoint's freed tensors, before the KV cache takes its memory
         shape = (num_blocks, spec.kv_heads_per_rank(tp.size), block_size, spec.head_size)
         # Huge pages where the OS offers them: attention reads the cache block by block at scattered places.
         self.kv_caches = [
