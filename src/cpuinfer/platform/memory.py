@@ -37,55 +37,30 @@ from pathlib import Path
 
 import torch
 
-MADV_HUGEPAGE = 14  # the same on every Linux architecture cpuinfer builds for
 HUGE_PAGE = 2 << 20
-
-
-@functools.cache
-def _madvise():
-    madvise = ctypes.CDLL(None, use_errno=True).madvise
-    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    madvise.restype = ctypes.c_int
-    return madvise
-
-
-def advise_huge_pages(t: torch.Tensor) -> int:
-    """Ask Linux to back the whole 2 MiB pages inside t's memory with huge pages; call it before the
-    memory is first written. Returns the bytes advised: 0 off Linux, for tensors smaller than a huge
-    page, or when the kernel refuses (THP "never", or built without THP) - never an error."""
-    if not sys.platform.startswith("linux") or t.device.type != "cpu":
-        return 0
-    start = t.data_ptr()
-    end = start + t.numel() * t.element_size()
-    lo, hi = -(-start // HUGE_PAGE) * HUGE_PAGE, end // HUGE_PAGE * HUGE_PAGE
-    if hi <= lo:
-        return 0
-    return hi - lo if _madvise()(lo, hi - lo, MADV_HUGEPAGE) == 0 else 0
 
 
 def huge_page_bytes(nbytes: int) -> torch.Tensor:
     """nbytes of zeroed memory as a uint8 tensor starting on a 2 MiB boundary, in an anonymous mapping of its
-    own on Linux, advised for huge pages before anything touches it.
+    own, advised for huge pages (Linux's MADV_HUGEPAGE) before anything touches it.
 
     Why a mapping of its own rather than torch.empty: glibc serves even a 64 MiB request from the heap when
     the heap has that much free (it does after a model load's temporaries are gone), and such memory (a)
     has been touched already, so the advice comes too late to back it with huge pages, and (b) stays with
     the heap after it is freed. The tensor and every view of it keep the mapping; the last one gone unmaps
-    it. Elsewhere, a plain (zeroed) tensor at the same alignment.
+    it. Only the tensor's own range is advised, so it is a mapping entry of its own (/proc/self/smaps).
     """
     if nbytes <= 0:
-        return torch.zeros(max(nbytes, 0), dtype=torch.uint8)
-    if sys.platform.startswith("linux"):
-        # Private: a shared anonymous mapping is shmem, whose huge pages follow shmem_enabled, not the advice.
-        whole = torch.frombuffer(
-            mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), dtype=torch.uint8
-        )
-    else:
-        whole = torch.zeros(nbytes + HUGE_PAGE, dtype=torch.uint8)
-    lead = -whole.data_ptr() % HUGE_PAGE
-    t = whole[lead : lead + nbytes]
-    advise_huge_pages(t)
-    return t
+        return torch.zeros(0, dtype=torch.uint8)
+    # Private: a shared anonymous mapping is shmem, whose huge pages follow shmem_enabled, not the advice.
+    # (Without a file, mmap adds MAP_ANONYMOUS itself.)
+    region = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE)
+    whole = torch.frombuffer(region, dtype=torch.uint8)
+    lead = -whole.data_ptr() % HUGE_PAGE  # whole pages: the mapping starts on one
+    if hasattr(mmap, "MADV_HUGEPAGE"):  # Linux
+        with contextlib.suppress(OSError):  # a kernel built without THP refuses: small pages, not an error
+            region.madvise(mmap.MADV_HUGEPAGE, lead, nbytes)
+    return whole[lead : lead + nbytes]
 
 
 def zeros_huge(shape, dtype: torch.dtype) -> torch.Tensor:
