@@ -141,7 +141,8 @@ GEMM_ROWS = [1, 2, 3, 5, 7, 8, 11, 12, 13, 16, 17, 23, 24, 25, 31, 32, 37, 64, 9
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n,k", [(64, 64), (37, 72), (130, 100), (96, 33), (2, 8), (256, 1000)])
+# (96, 576): K a multiple of 32 over several of the AMX tile's K blocks, which up to 32 rows it streams unblocked.
+@pytest.mark.parametrize("n,k", [(64, 64), (37, 72), (130, 100), (96, 33), (2, 8), (256, 1000), (96, 576)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_packed_linear_every_m(kernels, dtype, n, k, bias):
     """Packed linear against a float64 reference for every M across the GEMV/GEMM boundary."""
