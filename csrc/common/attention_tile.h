@@ -303,7 +303,9 @@ struct FlashUnit {
 };
 
 // A whole unit at once where applies(rows, D); key(j) / value(j) give the
-// cache rows of absolute key j.
+// cache rows of absolute key j (a run of keys whose end rows are as far
+// apart as their keys times D is one straight run of rows: see
+// flash_unit_amx).
 template <typename T, typename C>
 struct WholeUnit {
     static bool applies(int64_t, int64_t) { return false; }

@@ -116,16 +116,35 @@ inline void split_weights(__m512 e0, __m512 e1, bf16_t *hi, bf16_t *lo) {
     _mm512_store_si512(lo, (__m512i)_mm512_cvtne2ps_pbh(l1, l0));
 }
 
+// out[i] = row(j + i) for the keys j + i in [lo, hi), else nullptr (i < 16).
+// The run's ends are looked up, and its rows between them taken as D apart
+// when the ends are (row() must allow that: see flash_unit_amx); a lookup
+// through a paged cache's block table (a division by the block size and two
+// loads) per row was ~30% of the packing, and the packing about a third of
+// a decode unit (3 rows, 192 keys, in L2).
+template <typename Row>
+inline void run_rows(int64_t D, int64_t j, int64_t lo, int64_t hi, Row &&row, const bf16_t **out) {
+    const int64_t a = std::max(j, lo), b = std::min(j + 16, hi);
+    for (int i = 0; i < 16; ++i) out[i] = nullptr;
+    if (a >= b) return;
+    const bf16_t *first = row(a), *last = b - 1 > a ? row(b - 1) : first;
+    const bool straight = last == first + (b - 1 - a) * D;
+    for (int64_t k = a; k < b; ++k) out[k - j] = straight ? first + (k - a) * D : row(k);
+}
+
 // Packs the chunk of keys [a0, a0 + 32) as K^T and V tiles; keys outside
 // [lo, hi) are zero. key(j) and value(j) give the rows of absolute key j.
 template <typename KeyRow, typename ValueRow>
 inline void flash_pack(int64_t D, int64_t a0, int64_t lo, int64_t hi, KeyRow &&key, ValueRow &&value, uint32_t *kt,
                        uint16_t *vv) {
     const __m512i zero = _mm512_setzero_si512();
-    auto in = [&](int64_t j) { return a0 + j >= lo && a0 + j < hi; };
+    const bf16_t *krows[32], *vrows[32];
+    run_rows(D, a0, lo, hi, key, krows);
+    run_rows(D, a0 + 16, lo, hi, key, krows + 16);
+    run_rows(D, a0, lo, hi, value, vrows);
+    run_rows(D, a0 + 16, lo, hi, value, vrows + 16);
     for (int h = 0; h < 2; ++h) {
-        const bf16_t *rows[16];
-        for (int j = 0; j < 16; ++j) rows[j] = in(16 * h + j) ? key(a0 + 16 * h + j) : nullptr;
+        const bf16_t *const *rows = krows + 16 * h;
         for (int64_t ch = 0; ch < D / 32; ++ch) {
             __m512i r[16];
             for (int j = 0; j < 16; ++j) r[j] = rows[j] ? _mm512_loadu_si512(rows[j] + ch * 32) : zero;
@@ -139,7 +158,7 @@ inline void flash_pack(int64_t D, int64_t a0, int64_t lo, int64_t hi, KeyRow &&k
                                                    8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
     const __m512i ilo = _mm512_load_si512(lo_idx), ihi = _mm512_add_epi16(ilo, _mm512_set1_epi16(16));
     for (int64_t i = 0; i < 16; ++i) {
-        const bf16_t *a = in(2 * i) ? value(a0 + 2 * i) : nullptr, *b = in(2 * i + 1) ? value(a0 + 2 * i + 1) : nullptr;
+        const bf16_t *a = vrows[2 * i], *b = vrows[2 * i + 1];
         for (int64_t g = 0; g < D / 32; ++g) {
             const __m512i va = a ? _mm512_loadu_si512(a + 32 * g) : zero, vb = b ? _mm512_loadu_si512(b + 32 * g) : zero;
             _mm512_storeu_si512(vv + ((2 * g) * 16 + i) * 32, _mm512_permutex2var_epi16(va, ilo, vb));
@@ -317,6 +336,11 @@ inline void with_slices(int n, F &&f) {
 // just stored waits for the tile product) -- the round trip that bounded the
 // kernel. A row's accumulator sees its blocks' products in block order, each
 // after its factor, whatever the tile or the batch.
+// key(j) / value(j): the rows of absolute key j, with keys i < j whose rows
+// are (j - i) * D apart having their keys between them in the rows between
+// (as in a paged cache: rows D apart within a block, and blocks, of at least
+// one whole row each, laid out so that two keys' rows sit that far apart
+// only inside one block or across blocks that follow each other).
 template <typename KeyRow, typename ValueRow>
 inline void flash_unit_amx(const FlashUnit &u, KeyRow &&key, ValueRow &&value) {
     const int64_t D = u.D, W = u.window;
