@@ -66,6 +66,9 @@ struct FlashScratch {
     LineVector<uint32_t> kt;  // K^T chunk: [D/32][2 key halves][16 d-pairs][16 keys]
     LineVector<uint16_t> vv;  // V chunk: [D/16][16 key-pairs][16 d][2]
     LineVector<float> o;      // an item's products, [16 rows][D], two items apart by 16 * D
+    LineVector<uint32_t> qt;  // a single-tile unit's Q^T: [D/32][16 d-pairs][16 rows] (flash_qkt)
+    LineVector<bf16_t> krun;  // key rows copied for flash_qkt's A tiles: [2 chunks][2 runs][16 keys][D]
+    alignas(64) float st[2 * 2 * 256];  // flash_qkt's S^T tiles: [2 chunks][2 runs][16 keys][16 rows]
     struct Item {
         alignas(64) float s[16 * kFlashBlock];            // scores over a block, rows kFlashBlock apart
         alignas(64) bf16_t p_hi[kFlashChunks * 16 * 32];  // weights, chunk c's 16 x 32 A tile at c * 512
@@ -76,6 +79,7 @@ struct FlashScratch {
         if (int64_t(kt.size()) < 2 * kFlashChunks * D * 16) {
             kt.resize(size_t(2 * kFlashChunks * D * 16)), vv.resize(size_t(2 * kFlashChunks * D * 32));
             o.resize(size_t(2 * 16 * D));
+            qt.resize(size_t(D / 32 * 256)), krun.resize(size_t(4 * 16 * D));
         }
     }
 };
@@ -132,18 +136,21 @@ inline void run_rows(int64_t D, int64_t j, int64_t lo, int64_t hi, Row &&row, co
     for (int64_t k = a; k < b; ++k) out[k - j] = straight ? first + (k - a) * D : row(k);
 }
 
-// Packs the chunk of keys [a0, a0 + 32) as K^T and V tiles; keys outside
-// [lo, hi) are zero. key(j) and value(j) give the rows of absolute key j.
+// Packs the chunk of keys [a0, a0 + 32) as K^T (unless !keys) and V tiles;
+// keys outside [lo, hi) are zero. key(j) and value(j) give the rows of
+// absolute key j.
 template <typename KeyRow, typename ValueRow>
 inline void flash_pack(int64_t D, int64_t a0, int64_t lo, int64_t hi, KeyRow &&key, ValueRow &&value, uint32_t *kt,
-                       uint16_t *vv) {
+                       uint16_t *vv, bool keys = true) {
     const __m512i zero = _mm512_setzero_si512();
     const bf16_t *krows[32], *vrows[32];
-    run_rows(D, a0, lo, hi, key, krows);
-    run_rows(D, a0 + 16, lo, hi, key, krows + 16);
+    if (keys) {
+        run_rows(D, a0, lo, hi, key, krows);
+        run_rows(D, a0 + 16, lo, hi, key, krows + 16);
+    }
     run_rows(D, a0, lo, hi, value, vrows);
     run_rows(D, a0 + 16, lo, hi, value, vrows + 16);
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < 2 && keys; ++h) {
         const bf16_t *const *rows = krows + 16 * h;
         for (int64_t ch = 0; ch < D / 32; ++ch) {
             __m512i r[16];
@@ -291,6 +298,113 @@ inline void flash_qk(const FlashUnit &u, int64_t r0, int64_t a0, int64_t a1, con
     }
 }
 
+// A unit of one tile (up to 16 rows: a decode step's) takes S^T = K Q^T
+// instead of flash_qk's S = Q K^T: A = 16 keys' rows (32 d) as they lie in
+// the cache, B = Q^T in VNNI form (packed once per unit), C = S^T (16 keys x
+// 16 rows), put back as S by one vector transpose per 16 keys. flash_qk's
+// operand is K^T, packed by two 16 x 16 transposes per 16 keys at D = 64
+// (four at 128), which a prefill unit shares among up to 16 tiles but a
+// decode unit spends on one; and the packed copy spilled to L2 next to a
+// block's V. Each score is the same chain over d in order either way (the
+// bf16 products are exact in f32), so the bits are flash_qk's, and a row's
+// result still does not depend on its batch. Measured on Sapphire Rapids,
+// SmolLM2's heads (9q/3kv, D = 64): a decode unit of 192 keys in L2, one
+// thread, 3.05 -> 2.28 us; 32 x 192 decode over 30 cold caches, 2 threads,
+// 0.36-0.38 -> 0.33-0.36 ms a layer (the rest is the K/V stream); engine W2
+// (32 sequences decoding) 881 -> 922 tok/s. Tried with it and dropped: V
+// packed after the softmax with its rows prefetched during QK (no faster
+// cold, 10-20% slower in cache), and the whole unit sequence of a thread as
+// one pipeline, so that a unit's hand-offs and K/V loads overlap the next
+// unit's (bit-identical, no faster: a decode unit is bound by its own work).
+
+// Q^T of a tile's 16 rows (rows past the unit's are zero) for d-slice ch at qt + 256 ch: [16 d-pairs][16 rows].
+inline void pack_qt(const bf16_t *q, int64_t D, uint32_t *qt) {
+    for (int64_t ch = 0; ch < D / 32; ++ch) {
+        __m512i r[16];
+        for (int j = 0; j < 16; ++j) r[j] = _mm512_loadu_si512(q + j * D + ch * 32);
+        transpose16(r);
+        for (int i = 0; i < 16; ++i) _mm512_store_si512(qt + ch * 256 + i * 16, r[i]);
+    }
+}
+
+// The rows of keys [a, a + 16), D apart, for A tiles: the cache's own when all
+// sixteen are in [lo, hi) and lie D apart, else a copy in tmp ([16][D]) with
+// zero rows outside [lo, hi) (which may not be in the cache at all).
+template <typename KeyRow>
+inline const bf16_t *key_run(int64_t D, int64_t a, int64_t lo, int64_t hi, KeyRow &&key, bf16_t *tmp) {
+    if (a >= lo && a + 16 <= hi) {
+        const bf16_t *first = key(a);
+        if (key(a + 15) == first + 15 * D) return first;
+    }
+    const bf16_t *rows[16];
+    run_rows(D, a, lo, hi, key, rows);
+    for (int j = 0; j < 16; ++j)
+        for (int64_t d = 0; d < D; d += 32)
+            _mm512_store_si512(tmp + j * D + d, rows[j] ? _mm512_loadu_si512(rows[j] + d) : _mm512_setzero_si512());
+    return tmp;
+}
+
+// S^T of one chunk: its two 16-key runs (rows k0, k1) against Q^T, in C tiles C0 and C0 + 1 (the pair
+// alternating with the chunk, as in qk_chunk), stored to st ([2 runs][16 keys][16 rows]). A in tiles 4-5,
+// Q^T in 6-7 (kept across chunks for D <= 64).
+template <int C0>
+inline void qkt_chunk(const bf16_t *k0, const bf16_t *k1, int64_t D, bool keep, const uint32_t *qt, float *st) {
+    x86::tile_zero<C0>();
+    x86::tile_zero<C0 + 1>();
+    for (int64_t ch = 0; ch < D / 32; ++ch) {
+        if (ch % 2 == 0) {
+            if (!keep) _tile_loadd(6, qt + ch * 256, 64);
+            _tile_loadd(4, k0 + ch * 32, D * 2);
+            x86::tdpbf16ps<C0, 4, 6>();
+            _tile_loadd(5, k1 + ch * 32, D * 2);
+            x86::tdpbf16ps<C0 + 1, 5, 6>();
+        } else {
+            if (!keep) _tile_loadd(7, qt + ch * 256, 64);
+            _tile_loadd(4, k0 + ch * 32, D * 2);
+            x86::tdpbf16ps<C0, 4, 7>();
+            _tile_loadd(5, k1 + ch * 32, D * 2);
+            x86::tdpbf16ps<C0 + 1, 5, 7>();
+        }
+    }
+    x86::tile_store<C0>(st, 64);
+    x86::tile_store<C0 + 1>(st + 256, 64);
+}
+
+// Rows r < R of a chunk's S (32 keys, into s at rows kFlashBlock apart) from its S^T tiles.
+inline void st_to_s(const float *st, int R, float *s) {
+    for (int h = 0; h < 2; ++h) {
+        __m512i r[16];
+        for (int j = 0; j < 16; ++j) r[j] = _mm512_load_si512(st + h * 256 + j * 16);
+        transpose16(r);
+        for (int i = 0; i < R; ++i) _mm512_store_si512(s + i * kFlashBlock + h * 16, r[i]);
+    }
+}
+
+// S of a one-tile unit's R rows against the chunks [a0, a1), into it.s as flash_qk leaves it (rows past R
+// unset: the softmax reads none of them). A chunk's transpose runs after the next chunk's products are
+// issued, so that it reads tile stores that have landed.
+template <typename KeyRow>
+inline void flash_qkt(const FlashUnit &u, int R, int64_t a0, int64_t a1, KeyRow &&key, FlashScratch &f,
+                      FlashScratch::Item &it) {
+    const int64_t D = u.D, nc = (a1 - a0) / kFlashKeys;
+    const uint32_t *qt = f.qt.data();
+    const bool keep = D <= 64;
+    if (keep) {
+        _tile_loadd(6, qt, 64);
+        if (D > 32) _tile_loadd(7, qt + 256, 64);
+    }
+    for (int64_t c = 0; c < nc; ++c) {
+        const int64_t a = a0 + c * kFlashKeys;
+        bf16_t *tmp = f.krun.data() + (c % 2) * 32 * D;
+        const bf16_t *k0 = key_run(D, a, u.k0, u.k1, key, tmp), *k1 = key_run(D, a + 16, u.k0, u.k1, key, tmp + 16 * D);
+        if (c % 2 == 0) qkt_chunk<0>(k0, k1, D, keep, qt, f.st);
+        else qkt_chunk<2>(k0, k1, D, keep, qt, f.st + 512);
+
+        if (c > 0) st_to_s(f.st + (c - 1) % 2 * 512, R, it.s + (c - 1) * kFlashKeys);
+    }
+    if (nc > 0) st_to_s(f.st + (nc - 1) % 2 * 512, R, it.s + (nc - 1) * kFlashKeys);
+}
+
 // One item's o[:, 16 I] for the I of its d slices (16 wide, from v: the first chunk's slice) = P V over its
 // nc chunks, P's hi and lo terms each: slice I accumulates in tile 4 + I, its V tile alternating between
 // tiles 2 and 3; P's terms in tiles 0 and 1.
@@ -355,12 +469,13 @@ inline void flash_unit_amx(const FlashUnit &u, KeyRow &&key, ValueRow &&value) {
     };
     // Chunk a of block b packed at slot: blocks alternate between two sets of kFlashChunks.
     auto slot = [&](int64_t b, int64_t a) { return (b / kFlashBlock % 2) * kFlashChunks + (a - b) / kFlashKeys; };
+    const bool single = u.rows <= 16;  // one tile: S^T = K Q^T (flash_qkt), V packed alone
     auto pack = [&](int64_t b) {  // the chunks of block b that any tile sees
         int64_t lo, hi;
         if (b >= u.k1 || !seen(b, 0, u.rows, lo, hi)) return;
         for (int64_t a = lo / kFlashKeys * kFlashKeys; a < hi; a += kFlashKeys) {
             const int64_t c = slot(b, a);
-            flash_pack(D, a, u.k0, u.k1, key, value, f.kt.data() + c * D * 16, f.vv.data() + c * D * 32);
+            flash_pack(D, a, u.k0, u.k1, key, value, f.kt.data() + c * D * 16, f.vv.data() + c * D * 32, !single);
         }
     };
     struct Item {
@@ -393,6 +508,7 @@ inline void flash_unit_amx(const FlashUnit &u, KeyRow &&key, ValueRow &&value) {
             }
         }
     };
+    if (single) pack_qt(u.q, D, f.qt.data());
     amx_begin();
     const int64_t b_first = u.k0 / kFlashBlock * kFlashBlock;
     pack(b_first);
@@ -404,7 +520,8 @@ inline void flash_unit_amx(const FlashUnit &u, KeyRow &&key, ValueRow &&value) {
             int64_t lo, hi;
             if (!seen(b, r0, r0 + it.R, lo, hi)) continue;
             it.a0 = lo / kFlashKeys * kFlashKeys, it.a1 = (hi + kFlashKeys - 1) / kFlashKeys * kFlashKeys;
-            flash_qk(u, r0, it.a0, it.a1, f.kt.data() + slot(b, it.a0) * D * 16, f.item[i % 2]);
+            if (single) flash_qkt(u, it.R, it.a0, it.a1, key, f, f.item[i % 2]);
+            else flash_qk(u, r0, it.a0, it.a1, f.kt.data() + slot(b, it.a0) * D * 16, f.item[i % 2]);
             pv_until(i);  // the last item that reads the next block's set (two blocks back) is done
             if (!packed_next) pack(b + kFlashBlock), packed_next = true;
             add_until(i - 1);
