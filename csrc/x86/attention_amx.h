@@ -8,9 +8,11 @@
 //               online max and sum), as the vector path does
 //   O += P V    A: P (16 rows x 32 keys)  B: V in VNNI form (16 key-pairs x 16 d)
 // Keys are packed in chunks of 32 (one k-step of the PV product) that serve
-// every 16-row tile of the unit (up to 4), so packing costs a fraction of the
-// tile work; packing reads key rows one by one, so chunks may straddle KV
-// blocks of any size.
+// every 16-row tile of the unit (up to 16), so packing costs a fraction of the
+// tile work; packing reads key rows in runs of 16 (one block's, or row by
+// row where a run's rows are not D apart), so chunks may straddle KV blocks
+// of any size. A unit of a single tile (a decode step) computes S^T = K Q^T
+// instead, K straight from the cache, and packs only V (flash_qkt).
 //
 // The softmax runs over blocks of up to kFlashBlock keys (512), not chunk by
 // chunk: each step of it is a round trip between the tile unit and the
@@ -399,7 +401,6 @@ inline void flash_qkt(const FlashUnit &u, int R, int64_t a0, int64_t a1, KeyRow 
         const bf16_t *k0 = key_run(D, a, u.k0, u.k1, key, tmp), *k1 = key_run(D, a + 16, u.k0, u.k1, key, tmp + 16 * D);
         if (c % 2 == 0) qkt_chunk<0>(k0, k1, D, keep, qt, f.st);
         else qkt_chunk<2>(k0, k1, D, keep, qt, f.st + 512);
-
         if (c > 0) st_to_s(f.st + (c - 1) % 2 * 512, R, it.s + (c - 1) * kFlashKeys);
     }
     if (nc > 0) st_to_s(f.st + (nc - 1) % 2 * 512, R, it.s + (nc - 1) * kFlashKeys);
