@@ -7,6 +7,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <optional>
@@ -214,6 +215,29 @@ void py_linear_pack_weight(Out out, In weight) {
     linear_pack_weight(dt, out.data(), weight.data(), w.rows, w.cols);
 }
 
+void py_linear_packed_rows(Out out, In weight, In ids) {
+    DType dt = float_dtype(weight, "weight");
+    check_same_dtype(float_dtype(out, "out"), dt, "out", "weight");
+    if (weight.ndim() != 2 || out.ndim() != 2) fail_value("weight and out must be 2-D [rows, features]");
+    Rows w = as_rows(weight, "weight"), o = as_rows(out, "out");
+    if (w.rows > 1 && w.stride != w.cols) fail_value("weight must be contiguous (linear_pack_weight's output)");
+    check_packable(w.cols, dt, "weight");
+    const auto *id = static_cast<const int64_t *>(int_tensor(ids, "ids", 64, 1));
+    const int64_t n = int64_t(ids.shape(0));
+    if (o.rows != n || o.cols != w.cols)
+        fail_value("out must be [len(ids), " + std::to_string(w.cols) + "], got [" + std::to_string(o.rows) + ", " +
+                   std::to_string(o.cols) + "]");
+    check_no_overlap(o, "out", w, "weight");
+    int64_t lo = 0, hi = 0;
+    for (int64_t i = 0; i < n; ++i) lo = i ? std::min(lo, id[i]) : id[i], hi = i ? std::max(hi, id[i]) : id[i];
+    if (n > 0 && (lo < 0 || hi >= w.rows))
+        throw nb::index_error(("token ids must be in [0, " + std::to_string(w.rows) + "), got " + std::to_string(lo) +
+                               ".." + std::to_string(hi))
+                                  .c_str());
+    nb::gil_scoped_release nogil;
+    linear_packed_rows(dt, out.data(), o.stride, weight.data(), id, n, w.rows, w.cols);
+}
+
 void py_bind_threads(const std::vector<int> &cpus) {
     if (cpus.empty()) fail_value("bind_threads needs at least one CPU id");
     for (int c : cpus)
@@ -258,6 +282,9 @@ NB_MODULE(CPUINFER_MODULE(CPUINFER_VARIANT), m) {
           "GEMM for many); else a GEMV at every M.");
     m.def("linear_pack_weight", &py_linear_pack_weight, nb::arg("out"), nb::arg("weight"),
           "Write weight [N, K] into out in the packed panel layout (K % linear_pack_pair(dtype) == 0).");
+    m.def("linear_packed_rows", &py_linear_packed_rows, nb::arg("out"), nb::arg("weight"), nb::arg("ids"),
+          "out[i] = row ids[i] of the weight linear_pack_weight packed into `weight` (an embedding table kept "
+          "packed for its tied lm_head); ids: int64, each in [0, rows).");
     m.attr("LINEAR_PACK_COLS") = linear_pack_cols();
     m.def("linear_pack_pair", [](const std::string &dtype) { return linear_pack_pair(dtype_from_name(dtype)); },
           nb::arg("dtype"), "Consecutive k per column in the packed layout for dtype ('bfloat16', ...).");

@@ -95,6 +95,11 @@ void linear(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_st
 int64_t linear_pack_cols();
 int64_t linear_pack_pair(DType dt);
 void linear_pack_weight(DType dt, void *dst, const void *src, int64_t N, int64_t K);
+// out row i (out_stride elements apart) = row ids[i] of the [N, K] weight
+// that linear_pack_weight packed into `packed` (an embedding table kept
+// packed for its tied lm_head). Every id must be in [0, N).
+void linear_packed_rows(DType dt, void *out, int64_t out_stride, const void *packed, const int64_t *ids, int64_t n,
+                        int64_t N, int64_t K);
 // Which tile the packed kernel uses for dt ("amx", "amx-fp16", "avx512bf16", "bfdot", "fmlal", "fma").
 const char *linear_tile_impl(DType dt);
 

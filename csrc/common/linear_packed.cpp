@@ -177,6 +177,27 @@ void linear_pack_weight(DType dt, void *dst, const void *src, int64_t N, int64_t
     std::memcpy(o + panels * C * K * es, in + panels * C * K * es, size_t((N - panels * C) * K * es));
 }
 
+void linear_packed_rows(DType dt, void *out, int64_t out_stride, const void *packed, const int64_t *ids, int64_t n,
+                        int64_t N, int64_t K) {
+    const int64_t C = linear_pack_cols(), P = linear_pack_pair(dt), es = dtype_size(dt), full = N / C * C;
+    const char *w = static_cast<const char *>(packed);
+    char *o = static_cast<char *>(out);
+    // A decode step's few rows stay on the calling thread (a row is K / P copies of P elements).
+    parallel_for(n, std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(K, 1)), [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+            const int64_t id = ids[i];
+            char *dst = o + i * out_stride * es;
+            if (id >= full) {  // a tail row, row-major after the panels
+                std::memcpy(dst, w + id * K * es, size_t(K * es));
+                continue;
+            }
+            // Its panel's column id % C: pairs k / P at (k / P) * C * P = k * C elements apart.
+            const char *col = w + ((id / C) * C * K + (id % C) * P) * es;
+            for (int64_t k = 0; k < K; k += P) std::memcpy(dst + k * es, col + k * C * es, size_t(P * es));
+        }
+    });
+}
+
 void linear_panels(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_stride, const void *weight,
                    const void *bias, int64_t M, int64_t panels, int64_t K, bool out_f32) {
     if (M <= 0 || panels <= 0) return;

@@ -231,21 +231,9 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
 
 def packed_rows(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """weight_original[ids] read from a packed weight (an embedding table that doubles as the tied lm_head)."""
-    n, k = weight.shape
-    cols, pair = pack_layout(weight.dtype)
-    full = n // cols * cols
-    ids = ids.reshape(-1)
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= n):
-        raise IndexError(f"token ids must be in [0, {n}), got {int(ids.min())}..{int(ids.max())}")
-    panels = weight[:full].view(full // cols, k // pair, cols, pair)
-    inside = ids < full
-    if bool(inside.all()):
-        return panels[ids // cols, :, ids % cols, :].reshape(ids.shape[0], k)
-    out = torch.empty(ids.shape[0], k, dtype=weight.dtype)
-    sel = inside.nonzero().reshape(-1)
-    out[sel] = panels[ids[sel] // cols, :, ids[sel] % cols, :].reshape(-1, k)
-    rest = (~inside).nonzero().reshape(-1)
-    out[rest] = weight[ids[rest]]  # rows past the last full panel stay row-major
+    ids = ids.reshape(-1).to(torch.int64).contiguous()
+    out = torch.empty(ids.shape[0], weight.shape[1], dtype=weight.dtype)
+    _C.linear_packed_rows(out, weight, ids)
     return out
 
 

@@ -237,6 +237,24 @@ def test_packed_weight_bad_input(kernels):
         )
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_packed_rows_prefill_sized_batch(kernels, dtype):
+    """Thousands of ids (a prefill's: the rows split over threads), every variant's layout, tail rows included."""
+    cols, pair = _layout(kernels, dtype)
+    n, k = cols * 40 + 5, 24 * pair
+    w = torch.randn(n, k).to(dtype)
+    packed = _pack(kernels, w)
+    ids = torch.randint(0, n, (5000,))
+    ids[:3] = torch.tensor([n - 1, 0, cols * 40])
+    out = torch.empty(ids.numel(), k, dtype=dtype)
+    kernels.linear_packed_rows(out, packed, ids)
+    assert torch.equal(out, w[ids])
+    with pytest.raises(TypeError, match="ids must be an int64"):
+        kernels.linear_packed_rows(out, packed, ids.int())
+    with pytest.raises(ValueError, match="out must be"):
+        kernels.linear_packed_rows(out[:-1], packed, ids)
+
+
 def test_packed_rows_read_embeddings_back():
     """A tied embedding table is stored packed once: lookups read the original rows back, tail rows included."""
     cols, _ = ops.pack_layout(torch.bfloat16)
@@ -251,7 +269,7 @@ def test_packed_rows_read_embeddings_back():
     torch.testing.assert_close(
         ops.linear(x, packed, packed=True).float(), x.float() @ w.float().T, **LINEAR_TOL[torch.bfloat16]
     )
-    for bad in ([n], [-1]):
+    for bad in ([n], [-1], [0, n + 5]):
         with pytest.raises(IndexError, match="token ids"):
             ops.packed_rows(packed, torch.tensor(bad))
     with pytest.raises(ValueError, match="packed weight"):
