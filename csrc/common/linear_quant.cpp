@@ -135,6 +135,9 @@ struct QuantizedX {
 
 int64_t groups_of(const QuantMatrix &w) { return w.K / w.group; }
 
+// Up to this many rows, several row chunks share each panel pass (see run).
+constexpr int64_t kPanelMajorRows = 64;
+
 quant::QuantPanel panel(const QuantMatrix &w, int64_t p) {
     const int64_t blocks = w.K / kBlock, groups = groups_of(w), at = p * groups * kLanes;
     return {w.qs + p * blocks * block_bytes(w.bits), w.d + at, w.z ? w.z + at : nullptr, w.m ? w.m + at : nullptr,
@@ -146,14 +149,20 @@ template <typename Tile, typename T, typename O>
 void run(O *out, int64_t os, const quant::QuantRows &x, const QuantMatrix &w, const T *bias, int64_t M) {
     static_assert(Tile::kMaxRows <= 16, "acc below holds 16 rows");
     const int64_t panels = quant_panels(w.N), K = w.K, MR = Tile::kMaxRows;
-    const int64_t chunk = row_chunk(M, K, MR, Tile::kChunkBytes), tasks = (M + chunk - 1) / chunk * panels;
+    const int64_t chunk = row_chunk(M, K, MR, Tile::kChunkBytes), chunks = (M + chunk - 1) / chunk;
+    const int64_t tasks = chunks * panels;
+    // A decode batch of a few row chunks (the amx tile's are 16 rows: two at M = 32) goes panel-major: a
+    // thread takes each of its panels through every chunk, so the weight streams once per call, not once
+    // per chunk (chunk-major, each thread would read the whole weight for its own chunk). Measured on
+    // Sapphire Rapids, 2 threads, SmolLM2 Q4_1, 32 sequences decoding: 36.1 -> 33.9 ms a step.
+    const bool panel_major = chunks > 1 && M <= kPanelMajorRows;
     // At least ~64K multiply-adds per thread, so that small projections do not wake the team.
     const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / (kLanes * K * std::min<int64_t>(chunk, 64)));
     parallel_for(tasks, grain, [&](int64_t b, int64_t e) {
         alignas(64) float acc[16 * kLanes];
         Tile::begin();
         for (int64_t t = b; t < e; ++t) {
-            const int64_t c = t / panels, p = t % panels;
+            const int64_t c = panel_major ? t % chunks : t / panels, p = panel_major ? t / chunks : t % panels;
             const int64_t m_begin = c * chunk, rows = std::min(chunk, M - m_begin);
             if (rows <= 0) continue;
             const quant::QuantPanel wp = panel(w, p);

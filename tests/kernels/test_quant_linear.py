@@ -99,13 +99,22 @@ def test_quant_linear_half_inputs_and_bias(kernels, dtype):
 @pytest.mark.parametrize("kind", KEPT_TYPES)
 def test_batch_invariant_and_same_on_every_variant(kernels, kind):
     """A row's result is the same alone or in any batch, bit for bit, and equal to the generic build's: the
-    row groups of 1-4 rows, 5-16 rows (amx: AMX-INT8 tiles from 5 rows) and 100 rows take different tiles."""
+    row groups of 1-4 rows, 5-16 rows (amx: AMX-INT8 tiles from 5 rows) and 100 rows take different tiles,
+    and 17-64 rows (amx: several 16-row chunks) run panel by panel through every chunk."""
     raw, _ = gguf_tensor(kind, 80, 512)
     w = unpack(kind, raw, 80, 512)
     x = torch.randn(100, 512)  # float32 out: every bit of the accumulation shows
     batch = torch.empty(100, 80)
     kernels.quant_linear(batch, x, w, None)
-    for rows in ([0], [37, 38, 39], list(range(50, 59)), list(range(60, 76)), [99, 3, 17, 42, 8]):
+    for rows in (
+        [0],
+        [37, 38, 39],
+        list(range(50, 59)),
+        list(range(60, 76)),
+        [99, 3, 17, 42, 8],
+        list(range(10, 42)),
+        list(range(20, 60)),
+    ):
         part = torch.empty(len(rows), 80)
         kernels.quant_linear(part, x[rows], w, None)
         assert torch.equal(part, batch[rows])
