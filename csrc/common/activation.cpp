@@ -1,3 +1,4 @@
+#include "activation.h"
 #include "dispatch_dtype.h"
 #include "kernels.h"
 #include "parallel.h"
@@ -5,19 +6,6 @@
 
 namespace cpuinfer {
 namespace {
-
-template <Activation A>
-inline vec::vf activate(vec::vf x) {
-    using namespace vec;
-    if constexpr (A == Activation::silu) {
-        return div(x, add(splat(1.0f), exp(mul(x, splat(-1.0f)))));
-    } else if constexpr (A == Activation::gelu) {
-        return mul(mul(x, splat(0.5f)), add(splat(1.0f), erf(mul(x, splat(0.70710678118654752f)))));
-    } else {
-        vf inner = mul(splat(0.79788456080286536f), fma(mul(mul(x, x), x), splat(0.044715f), x));
-        return mul(mul(x, splat(0.5f)), add(splat(1.0f), tanh(inner)));
-    }
-}
 
 template <Activation A, typename T>
 void run(T *out, int64_t out_stride, const T *in, int64_t in_stride, int64_t rows, int64_t d) {
@@ -63,11 +51,7 @@ void act_and_mul(DType dt, Activation act, void *out, int64_t out_stride, const 
         using T = decltype(tag);
         T *o = static_cast<T *>(out);
         const T *x = static_cast<const T *>(in);
-        switch (act) {
-            case Activation::silu: run<Activation::silu>(o, out_stride, x, in_stride, rows, d); break;
-            case Activation::gelu: run<Activation::gelu>(o, out_stride, x, in_stride, rows, d); break;
-            case Activation::gelu_tanh: run<Activation::gelu_tanh>(o, out_stride, x, in_stride, rows, d); break;
-        }
+        with_activation(act, [&](auto a) { run<decltype(a)::value>(o, out_stride, x, in_stride, rows, d); });
     });
 }
 

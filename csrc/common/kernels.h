@@ -95,6 +95,13 @@ void linear(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_st
 int64_t linear_pack_cols();
 int64_t linear_pack_pair(DType dt);
 void linear_pack_weight(DType dt, void *dst, const void *src, int64_t N, int64_t K);
+// A gated MLP's gate and up projections and its activation in one pass:
+// out[m, i] = act(gate[m, i]) * up[m, i] for i < I, where [gate | up] =
+// x @ weight.T (+ bias) and weight [2I, K] is in linear_pack_weight's layout
+// with I % linear_pack_cols() == 0 (each gate panel's up panel I / C panels
+// on). The bits are those of linear() into [M, 2I] and then act_and_mul.
+void linear_glu(DType dt, Activation act, void *out, int64_t out_stride, const void *x, int64_t x_stride,
+                const void *weight, const void *bias, int64_t M, int64_t I, int64_t K);
 // out row i (out_stride elements apart) = row ids[i] of the [N, K] weight
 // that linear_pack_weight packed into `packed` (an embedding table kept
 // packed for its tied lm_head). Every id must be in [0, N).

@@ -28,6 +28,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "activation.h"
 #include "aligned.h"
 #include "dispatch_dtype.h"
 #include "panel_kernel.h"
@@ -40,9 +41,13 @@ namespace {
 constexpr int kMaxLanes = 64;                // f32 lanes of the widest vector (SVE 2048-bit)
 
 // O: the output's type, T or float (unrounded sums, linear()'s out_f32).
-template <typename Kernel, typename T, typename O>
+// Act >= 0 (an Activation; O is T): a gated MLP's gate and up projections at
+// once (linear_glu). `panels` are then the gate's, each with its up panel
+// `up` panels further on in w, and out[m, n] = act(gate) * up for the pair.
+template <typename Kernel, typename T, typename O, int Act = -1>
 void run(O *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, int64_t M, int64_t panels,
-         int64_t K) {
+         int64_t K, int64_t up = 0) {
+    constexpr bool kGlu = Act >= 0;
     using X = typename Kernel::X;
     const int W = vec::width();
     const int64_t C = 2 * int64_t(W), MR = Kernel::kMaxRows;
@@ -62,6 +67,8 @@ void run(O *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, 
     parallel_for(tasks, grain, [&](int64_t b, int64_t e) {
         alignas(64) float acc[32 * 2 * kMaxLanes];  // up to 32 slots of (row, panel), or 128 rows of a 32-column panel (amx)
         alignas(64) float bias_f[4 * 2 * kMaxLanes];
+        alignas(64) float acc_up[kGlu ? 32 * 2 * kMaxLanes : 1];  // the up panels' sums, as acc
+        alignas(64) float bias_up[kGlu ? 4 * 2 * kMaxLanes : 1];
         thread_local LineVector<X> x_copy;  // the row chunk as the tile reads it (see copy_x), aligned for its tiles
         int64_t copied = -1;                 // which chunk x_copy holds
         int64_t copy_stride = xbs;           // its x stride for the kernel (Kernel::pack_x)
@@ -91,21 +98,27 @@ void run(O *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, 
             const int64_t np_max = std::min<int64_t>({Kernel::panels(int(per)), e - t, panels - p});
             const int np = np_max >= 4 ? 4 : np_max >= 2 ? 2 : 1;
             const T *wp = w + p * C * K;
-            if (bias) {
+            // A bias in the tile's lane order: panels [p, p + np) at bf + q * C.
+            auto lanes_of_bias = [&](const T *b, float *bf) {
                 for (int64_t j = 0; j < np * C; j += C) {
                     if constexpr (Kernel::kPairOrder) {
-                        vec::store(bias_f + j, vec::load2a(bias + p * C + j));
-                        vec::store(bias_f + j + W, vec::load2b(bias + p * C + j));
+                        vec::store(bf + j, vec::load2a(b + p * C + j));
+                        vec::store(bf + j + W, vec::load2b(b + p * C + j));
                     } else {
-                        vec::store(bias_f + j, vec::load(bias + p * C + j));
-                        vec::store(bias_f + j + W, vec::load(bias + p * C + j + W));
+                        vec::store(bf + j, vec::load(b + p * C + j));
+                        vec::store(bf + j + W, vec::load(b + p * C + j + W));
                     }
                 }
+            };
+            if (bias) {
+                lanes_of_bias(bias, bias_f);
+                if constexpr (kGlu) lanes_of_bias(bias + up * C, bias_up);
             }
             for (int64_t r0 = 0; r0 < rows; r0 += per) {
                 const int mr = int(std::min(per, rows - r0));
                 const int64_t m0 = m_begin + r0;
                 Kernel::run(mr, np, xc + r0 * xcs, xcs, wp, C * K, K, acc);
+                if constexpr (kGlu) Kernel::run(mr, np, xc + r0 * xcs, xcs, wp + up * C * K, C * K, K, acc_up);
                 for (int r = 0; r < mr; ++r) {
                     for (int q = 0; q < np; ++q) {
                         O *o = out + (m0 + r) * os + (p + q) * C;
@@ -114,6 +127,28 @@ void run(O *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, 
                         if (bias) {
                             va = vec::add(va, vec::load(bias_f + q * C));
                             vb = vec::add(vb, vec::load(bias_f + q * C + W));
+                        }
+                        if constexpr (kGlu) {
+                            // As the unfused path computes it: gate and up rounded to T (that GEMM's output),
+                            // widened, then act_and_mul's arithmetic on them, rounded once more.
+                            const float *au = acc_up + (r * np + q) * C;
+                            vec::vf ua = vec::load(au), ub = vec::load(au + W);
+                            if (bias) {
+                                ua = vec::add(ua, vec::load(bias_up + q * C));
+                                ub = vec::add(ub, vec::load(bias_up + q * C + W));
+                            }
+                            alignas(64) T g[2 * kMaxLanes], u[2 * kMaxLanes];  // natural order
+                            if constexpr (Kernel::kPairOrder) {
+                                vec::store2(g, va, vb);
+                                vec::store2(u, ua, ub);
+                            } else {
+                                vec::store(g, va), vec::store(g + W, vb);
+                                vec::store(u, ua), vec::store(u + W, ub);
+                            }
+                            constexpr Activation kAct = Activation(kGlu ? Act : 0);
+                            for (int h = 0; h < 2 * W; h += W)
+                                vec::store(o + h, vec::mul(activate<kAct>(vec::load(g + h)), vec::load(u + h)));
+                            continue;
                         }
                         if constexpr (Kernel::kPairOrder && std::is_same_v<O, T>) {
                             vec::store2(o, va, vb);
@@ -195,6 +230,22 @@ void linear_packed_rows(DType dt, void *out, int64_t out_stride, const void *pac
             const char *col = w + ((id / C) * C * K + (id % C) * P) * es;
             for (int64_t k = 0; k < K; k += P) std::memcpy(dst + k * es, col + k * C * es, size_t(P * es));
         }
+    });
+}
+
+void linear_glu(DType dt, Activation act, void *out, int64_t out_stride, const void *x, int64_t x_stride,
+                const void *weight, const void *bias, int64_t M, int64_t I, int64_t K) {
+    const int64_t panels = I / linear_pack_cols();
+    if (M <= 0 || panels <= 0) return;
+    with_float_type(dt, [&](auto tag) {
+        using T = decltype(tag);
+        panel::KernelChoice<T>::with([&](auto *kernel) {
+            with_activation(act, [&](auto a) {
+                run<std::remove_pointer_t<decltype(kernel)>, T, T, int(decltype(a)::value)>(
+                    static_cast<T *>(out), out_stride, static_cast<const T *>(x), x_stride,
+                    static_cast<const T *>(weight), static_cast<const T *>(bias), M, panels, K, panels);
+            });
+        });
     });
 }
 
