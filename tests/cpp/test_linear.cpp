@@ -159,3 +159,38 @@ CPUINFER_TEST(linear_packed_gemm_row_chunks) {
         expect_true(label("packed rows independent of the batch, row chunks", dt, M, N, K), same);
     }
 }
+
+// The gated MLP's fused gate/up epilogue gives, bit for bit, the packed GEMM
+// into [M, 2I] followed by act_and_mul, on every variant's tile (the register
+// tiles' pair lane order included): every activation, with and without a
+// bias, across the GEMV / GEMM boundary and several row chunks.
+CPUINFER_TEST(linear_glu_is_linear_then_act_and_mul) {
+    const int64_t C = linear_pack_cols(), I = 3 * C, N = 2 * I;
+    for (DType dt : {DType::bf16, DType::f16}) {
+        for (int64_t M : {1, 2, 3, 7, 17, 40, 131}) {
+            for (int64_t K : {64, 70}) {
+                if (K % linear_pack_pair(dt) != 0) continue;
+                Buffer x(dt, M * K), w(dt, N * K), packed(dt, N * K), bias(dt, N), both(dt, M * N);
+                x.fill_normal(1.f);
+                w.fill_normal(2.f / float(K));
+                bias.fill_normal(0.5f);
+                linear_pack_weight(dt, packed.data(), w.data(), N, K);
+                for (Activation act : {Activation::silu, Activation::gelu, Activation::gelu_tanh}) {
+                    for (bool with_bias : {false, true}) {
+                        const void *b = with_bias ? bias.data() : nullptr;
+                        Buffer want(dt, M * I), got(dt, M * I);
+                        linear(dt, both.data(), N, x.data(), K, packed.data(), b, M, N, K, true);
+                        act_and_mul(dt, act, want.data(), I, both.data(), N, M, I);
+                        linear_glu(dt, act, got.data(), I, x.data(), K, packed.data(), b, M, I, K);
+                        int64_t differ = 0;
+                        for (int64_t i = 0; i < M * I; ++i) differ += got.half[size_t(i)] != want.half[size_t(i)];
+                        expect_true(label("linear_glu = linear + act_and_mul", dt, M, N, K) + " act " +
+                                        std::to_string(int(act)) + (with_bias ? " bias" : "") + " (" +
+                                        std::to_string(differ) + " differ)",
+                                    differ == 0);
+                    }
+                }
+            }
+        }
+    }
+}
