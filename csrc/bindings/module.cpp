@@ -228,11 +228,10 @@ void py_linear_packed_rows(Out out, In weight, In ids) {
         fail_value("out must be [len(ids), " + std::to_string(w.cols) + "], got [" + std::to_string(o.rows) + ", " +
                    std::to_string(o.cols) + "]");
     check_no_overlap(o, "out", w, "weight");
-    int64_t lo = 0, hi = 0;
-    for (int64_t i = 0; i < n; ++i) lo = i ? std::min(lo, id[i]) : id[i], hi = i ? std::max(hi, id[i]) : id[i];
-    if (n > 0 && (lo < 0 || hi >= w.rows))
-        throw nb::index_error(("token ids must be in [0, " + std::to_string(w.rows) + "), got " + std::to_string(lo) +
-                               ".." + std::to_string(hi))
+    const auto [lo, hi] = std::minmax_element(id, id + n);
+    if (n > 0 && (*lo < 0 || *hi >= w.rows))
+        throw nb::index_error(("token ids must be in [0, " + std::to_string(w.rows) + "), got " + std::to_string(*lo) +
+                               ".." + std::to_string(*hi))
                                   .c_str());
     nb::gil_scoped_release nogil;
     linear_packed_rows(dt, out.data(), o.stride, weight.data(), id, n, w.rows, w.cols);

@@ -145,6 +145,8 @@ void run(O *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, 
                                 vec::store(g, va), vec::store(g + W, vb);
                                 vec::store(u, ua), vec::store(u + W, ub);
                             }
+                            // (kGlu ? Act : 0: GCC 12 crashes on Activation(-1) as a template argument, even in
+                            // this discarded branch of the plain instantiation.)
                             constexpr Activation kAct = Activation(kGlu ? Act : 0);
                             for (int h = 0; h < 2 * W; h += W)
                                 vec::store(o + h, vec::mul(activate<kAct>(vec::load(g + h)), vec::load(u + h)));

@@ -332,6 +332,8 @@ inline void pack_qt(const bf16_t *q, int64_t D, uint32_t *qt) {
 // The rows of keys [a, a + 16), D apart, for A tiles: the cache's own when all
 // sixteen are in [lo, hi) and lie D apart, else a copy in tmp ([16][D]) with
 // zero rows outside [lo, hi) (which may not be in the cache at all).
+// (The common case checks its two ends itself: going through run_rows's 16
+// row pointers for it made a decode unit of 192 keys 7-12% slower.)
 template <typename KeyRow>
 inline const bf16_t *key_run(int64_t D, int64_t a, int64_t lo, int64_t hi, KeyRow &&key, bf16_t *tmp) {
     if (a >= lo && a + 16 <= hi) {

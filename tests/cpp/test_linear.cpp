@@ -160,10 +160,22 @@ CPUINFER_TEST(linear_packed_gemm_row_chunks) {
     }
 }
 
+// act(g) * u in double, g and u rounded to dt first (the GEMM's output).
+static double ref_glu(Activation act, DType dt, double g, double u) {
+    g = round_to(dt, g), u = round_to(dt, u);
+    switch (act) {
+        case Activation::silu: return g / (1.0 + std::exp(-g)) * u;
+        case Activation::gelu: return 0.5 * g * (1.0 + std::erf(g / std::sqrt(2.0))) * u;
+        default: return 0.5 * g * (1.0 + std::tanh(0.7978845608028654 * (g + 0.044715 * g * g * g))) * u;
+    }
+}
+
 // The gated MLP's fused gate/up epilogue gives, bit for bit, the packed GEMM
 // into [M, 2I] followed by act_and_mul, on every variant's tile (the register
 // tiles' pair lane order included): every activation, with and without a
-// bias, across the GEMV / GEMM boundary and several row chunks.
+// bias, across the GEMV / GEMM boundary and several row chunks; and both are
+// within the type's tolerance of the activation applied in double to a
+// double-precision GEMM.
 CPUINFER_TEST(linear_glu_is_linear_then_act_and_mul) {
     const int64_t C = linear_pack_cols(), I = 3 * C, N = 2 * I;
     for (DType dt : {DType::bf16, DType::f16}) {
@@ -184,10 +196,19 @@ CPUINFER_TEST(linear_glu_is_linear_then_act_and_mul) {
                         linear_glu(dt, act, got.data(), I, x.data(), K, packed.data(), b, M, I, K);
                         int64_t differ = 0;
                         for (int64_t i = 0; i < M * I; ++i) differ += got.half[size_t(i)] != want.half[size_t(i)];
-                        expect_true(label("linear_glu = linear + act_and_mul", dt, M, N, K) + " act " +
-                                        std::to_string(int(act)) + (with_bias ? " bias" : "") + " (" +
-                                        std::to_string(differ) + " differ)",
+                        const std::string what = label("linear_glu", dt, M, N, K) + " act " +
+                                                 std::to_string(int(act)) + (with_bias ? " bias" : "");
+                        expect_true(what + " = linear + act_and_mul (" + std::to_string(differ) + " differ)",
                                     differ == 0);
+                        const auto lin = ref_linear(x, w, with_bias ? &bias : nullptr, M, N, K);
+                        std::vector<double> want64(size_t(M * I));
+                        for (int64_t m = 0; m < M; ++m)
+                            for (int64_t i = 0; i < I; ++i)
+                                want64[size_t(m * I + i)] =
+                                    ref_glu(act, dt, lin[size_t(m * N + i)], lin[size_t(m * N + I + i)]);
+                        Tol t = tol_for(dt);
+                        expect_close(what + " against double", got.to_floats().data(), want64.data(), M * I,
+                                     2 * t.atol, 2 * t.rtol);
                     }
                 }
             }
