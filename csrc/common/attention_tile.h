@@ -37,6 +37,37 @@ struct Prefetch {
     }
 };
 
+// Prefetches a few byte ranges (up to kMax; the rest are dropped) into L2,
+// `per` bytes per call of next() across them in order, rest() the remainder:
+// the next unit's key and value rows while a thread works on this unit (see
+// paged_attention.cpp's run()).
+struct PrefetchRanges {
+    static constexpr int kMax = 16;
+    const char *p[kMax], *end[kMax];
+    int n = 0, cur = 0;
+    int64_t per = 0;
+    void add(const void *ptr, int64_t bytes) {
+        if (n == kMax || bytes <= 0) return;
+        p[n] = static_cast<const char *>(ptr), end[n] = p[n] + bytes, ++n;
+    }
+    int64_t bytes() const {
+        int64_t b = 0;
+        for (int i = cur; i < n; ++i) b += end[i] - p[i];
+        return b;
+    }
+    void next() { issue(per); }
+    void rest() { issue(INT64_MAX); }
+
+   private:
+    void issue(int64_t budget) {
+        for (; cur < n && budget > 0; ++cur) {
+            for (; p[cur] < end[cur] && budget > 0; p[cur] += tuning::kCacheLine, budget -= tuning::kCacheLine)
+                __builtin_prefetch(p[cur], 0, 2);
+            if (p[cur] < end[cur]) return;
+        }
+    }
+};
+
 // Calls f(std::integral_constant<int, R>) for the runtime row count r.
 template <typename F>
 inline void with_rows(int r, F &&f) {
@@ -300,6 +331,7 @@ struct FlashUnit {
     int64_t window;      // sliding window (0: none)
     float qscale, soft_cap;
     float *m, *l, *acc;  // [rows], [rows], [rows][D]
+    PrefetchRanges *ahead = nullptr;  // another unit's rows to fetch, a step at a time (next()), if any
 };
 
 // A whole unit at once where applies(rows, D); key(j) / value(j) give the

@@ -171,7 +171,27 @@ struct Runner {
         std::stable_sort(units.begin(), units.end(), [](const Unit &x, const Unit &y) { return x.cost > y.cost; });
     }
 
-    void run_unit(const Unit &u, Scratch &sc) {
+    // The cache rows of unit u's keys, K and V, as ranges for a PrefetchRanges: a block's share of a unit's
+    // keys is one run of rows in each cache.
+    void ranges_of(const Unit &u, attn::PrefetchRanges &pf) const {
+        const Group &g = groups[u.group];
+        const int64_t P = part_keys(), k0 = std::max(g.k_lo, u.p0 * P), k1 = std::min(g.k_hi, u.p1 * P);
+        const int32_t *table = a.block_tables + g.seq * a.block_table_stride;
+        const char *kc = static_cast<const char *>(a.key_cache), *vc = static_cast<const char *>(a.value_cache);
+        for (int64_t b = k0 / bs; b * bs < k1; ++b) {
+            const int64_t lo = std::max(k0, b * bs), hi = std::min(k1, (b + 1) * bs);
+            const int64_t off = ((int64_t(table[b]) * a.num_kv_heads + g.kv_head) * bs + lo - b * bs) * D;
+            pf.add(kc + off * int64_t(sizeof(C)), (hi - lo) * D * int64_t(sizeof(C)));
+            pf.add(vc + off * int64_t(sizeof(C)), (hi - lo) * D * int64_t(sizeof(C)));
+        }
+    }
+
+    // `next`: the unit this thread runs after u, if any. A decode unit on the whole-unit path (a single tile:
+    // the AMX path's S^T = K Q^T) reads its keys and values once, from memory in a decode batch, and
+    // computes little on each: with nothing in flight its K tile loads stall on every chunk. So while it
+    // runs, the next unit's rows are fetched into L2 a little per chunk (attn::PrefetchRanges through
+    // FlashUnit::ahead), and the next unit finds them there.
+    void run_unit(const Unit &u, Scratch &sc, const Unit *next = nullptr) {
         const Group &g = groups[u.group];
         const int64_t s = g.seq, h = g.kv_head, L = q_len(s), ctx = a.seq_lens[s], qs = a.query_start_loc[s];
         const int64_t rows = g.rows, P = part_keys();
@@ -203,10 +223,17 @@ struct Runner {
                 results = partials.data() + g.scratch;
             }
         }
+        attn::PrefetchRanges ahead;
+        if (whole && rows <= 16 && next && groups[next->group].rows <= 16) {
+            ranges_of(*next, ahead);
+            // Over this unit's chunks of 32 keys, two steps each (flash_unit_amx: V pack and QK).
+            const int64_t steps = 2 * std::max<int64_t>(1, (std::min(g.k_hi, u.p1 * P) - std::max(g.k_lo, u.p0 * P)) / 32);
+            ahead.per = (ahead.bytes() + steps - 1) / steps;
+        }
         for (int64_t p = u.p0; p < u.p1; ++p) {
             for (int64_t r = 0; r < rows; ++r) m[r] = kNegInf, l[r] = 0.f;
             std::memset(acc, 0, sizeof(float) * rows * D);
-            attend(g, sc, std::max(g.k_lo, p * P), std::min(g.k_hi, (p + 1) * P), whole);
+            attend(g, sc, std::max(g.k_lo, p * P), std::min(g.k_hi, (p + 1) * P), whole, ahead.n ? &ahead : nullptr);
             if (!results) {  // the group's one partition: its rows out
                 write_rows(g, l, acc);
             } else {
@@ -221,7 +248,8 @@ struct Runner {
 
     // The online softmax of the unit's rows over keys [k0, k1) (within one partition) into sc's m, l and acc,
     // which start at -inf, 0 and 0.
-    void attend(const Group &g, Scratch &sc, int64_t k0, int64_t k1, bool whole) {
+    void attend(const Group &g, Scratch &sc, int64_t k0, int64_t k1, bool whole,
+                attn::PrefetchRanges *ahead = nullptr) {
         const int64_t h = g.kv_head, s = g.seq, rows = g.rows, W = a.sliding_window;
         float *qf = sc.q.data(), *acc = sc.acc.data(), *sbuf = sc.s.data();
         const int64_t *pos = sc.pos.data();
@@ -237,7 +265,7 @@ struct Runner {
             const auto *kb = reinterpret_cast<const bf16_t *>(kc), *vb = reinterpret_cast<const bf16_t *>(vc);
             attn::WholeUnit<T, C>::run({.q = sc.qb.data(), .rows = rows, .D = D, .pos = pos, .k0 = k0, .k1 = k1,
                                         .window = W, .qscale = qscale, .soft_cap = a.soft_cap, .m = sc.m.data(),
-                                        .l = sc.l.data(), .acc = acc},
+                                        .l = sc.l.data(), .acc = acc, .ahead = ahead},
                                        [&](int64_t j) { return kb + block(j / bs) + (j % bs) * D; },
                                        [&](int64_t j) { return vb + block(j / bs) + (j % bs) * D; });
             return;
@@ -447,7 +475,14 @@ struct Runner {
         const int64_t n = int64_t(units.size());
         parallel_for(std::min<int64_t>(n, max_threads()), 1, [&](int64_t, int64_t) {
             Scratch &sc = thread_scratch();
-            for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) run_unit(units[i], sc);
+            // Each thread takes its next unit before it runs this one, so that the next unit's keys and
+            // values can come in while this one computes (see run_unit).
+            int64_t i = next.fetch_add(1, std::memory_order_relaxed);
+            while (i < n) {
+                const int64_t j = next.fetch_add(1, std::memory_order_relaxed);
+                run_unit(units[i], sc, j < n ? &units[j] : nullptr);
+                i = j;
+            }
         });
         std::vector<int32_t> split;  // groups whose partitions ran as several units
         for (size_t gi = 0; gi < groups.size(); ++gi)

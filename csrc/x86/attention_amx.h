@@ -401,6 +401,7 @@ inline void flash_qkt(const FlashUnit &u, int R, int64_t a0, int64_t a1, KeyRow 
         const int64_t a = a0 + c * kFlashKeys;
         bf16_t *tmp = f.krun.data() + (c % 2) * 32 * D;
         const bf16_t *k0 = key_run(D, a, u.k0, u.k1, key, tmp), *k1 = key_run(D, a + 16, u.k0, u.k1, key, tmp + 16 * D);
+        if (u.ahead) u.ahead->next();
         if (c % 2 == 0) qkt_chunk<0>(k0, k1, D, keep, qt, f.st);
         else qkt_chunk<2>(k0, k1, D, keep, qt, f.st + 512);
         if (c > 0) st_to_s(f.st + (c - 1) % 2 * 512, R, it.s + (c - 1) * kFlashKeys);
@@ -479,6 +480,7 @@ inline void flash_unit_amx(const FlashUnit &u, KeyRow &&key, ValueRow &&value) {
         for (int64_t a = lo / kFlashKeys * kFlashKeys; a < hi; a += kFlashKeys) {
             const int64_t c = slot(b, a);
             flash_pack(D, a, u.k0, u.k1, key, value, f.kt.data() + c * D * 16, f.vv.data() + c * D * 32, !single);
+            if (u.ahead) u.ahead->next();
         }
     };
     struct Item {
