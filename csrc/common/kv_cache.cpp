@@ -53,7 +53,8 @@ void reshape_and_cache(DType dt, DType cache_dt, const void *key, int64_t key_to
             // The slots' lines are rarely in cache (a decode step's rows land in blocks all over the pool), and
             // each store waits for its line to be read for ownership: one row after another, that was ~20 us
             // a layer for a 32-sequence decode step (192 rows, on one thread). Asking for the lines kAhead
-            // rows early keeps that many rows' reads in flight.
+            // rows early keeps that many rows' reads in flight, and the rows are split over the threads from
+            // 64 on (the other thread would only wait for this one).
             constexpr int64_t kAhead = 16;
             const int64_t row_bytes = head_size * int64_t(sizeof(C));
             auto claim = [&](int64_t r) {
@@ -65,7 +66,7 @@ void reshape_and_cache(DType dt, DType cache_dt, const void *key, int64_t key_to
                     __builtin_prefetch(pv + i, 1);
                 }
             };
-            parallel_for(rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(head_size, 1)), [&](int64_t b, int64_t e) {
+            parallel_for(rows, 32, [&](int64_t b, int64_t e) {
                 for (int64_t r = b; r < std::min(e, b + kAhead); ++r) claim(r);
                 for (int64_t r = b; r < e; ++r) {
                     if (r + kAhead < e) claim(r + kAhead);
