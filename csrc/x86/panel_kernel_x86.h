@@ -218,6 +218,15 @@ struct AmxDot<f16_t> {
 // weight that stays in L2 between calls loses (gate_up at M = 32 hot:
 // 55 -> 67 us, still 2.3x torch's linear), which a forward never sees;
 // from 33 rows on, streaming was slower (M = 64 cold pass 18.8 -> 19.2 ms).
+// With two row tiles (17-32 rows) the stream also runs 16 KB ahead into L2
+// (one prefetch per 256 bytes; the L2's own prefetchers fill in): a tile
+// load that misses holds up the tile loads behind it and, through the
+// tiles they fill, the products, and at M = 32 the A tile loads between the
+// weight's left the weight further behind. Measured on this Sapphire Rapids
+// (2 threads): a bare 273 MB panel stream at M = 32 23.5-24.5 -> 26.8-27.7
+// GB/s (tile loads alone: 35-37); engine decode steps of 32 sequences
+// 27.2-29.1 -> 26.4-27.6 ms. At M = 1 the same prefetch cost batch-1 decode
+// 5-10%, so one row tile keeps the one-step prefetch.
 // The k-steps run in the same order for every row count and C passes
 // through f32 memory exactly, so a row's result does not depend on its
 // batch; K not a multiple of 32 takes the type's register tile
@@ -289,7 +298,13 @@ struct AmxTiles {
                 const T *a0 = x + g * K, *a1 = x + (g + 16) * K;  // one KB per k-step each
                 for (int64_t k = k0; k < k1; k += 32) {
                     const T *wk = w + k * 32;  // 16 k-pairs x 32 columns x 2
-                    if (stream) prefetch_stream(wk, 2048);
+                    if (stream) {
+                        prefetch_stream(wk, 2048);
+                        if (two) {  // 17-32 rows: also 8 k-steps ahead into L2, a line in four (see above)
+                            const char *ahead = reinterpret_cast<const char *>(wk) + 8 * 2048;
+                            for (int o = 0; o < 2048; o += 256) _mm_prefetch(ahead + o, _MM_HINT_T2);
+                        }
+                    }
                     _tile_loadd(4, a0 + k * 16, 64);
                     _tile_loadd(6, wk, 128);
                     Dot::template dp<0, 4, 6>();
