@@ -171,10 +171,11 @@ DType dtype_from_name(const std::string &name) {
     fail_value("dtype must be 'float32', 'bfloat16' or 'float16', got '" + name + "'");
 }
 
-void py_linear(Out out, In input, In weight, std::optional<In> bias, bool packed) {
+void py_linear(Out out, In input, In weight, std::optional<In> bias, bool packed, bool rounded) {
     DType dt = float_dtype(input, "input");
     check_same_dtype(float_dtype(weight, "weight"), dt, "weight", "input");
     const bool out_f32 = out_f32_or_same(float_dtype(out, "out"), dt);
+    if (rounded && !out_f32) fail_value("rounded=True needs a float32 out for a bfloat16/float16 input");
     if (weight.ndim() != 2)
         fail_value("weight must be 2-D [out_features, in_features], got " + std::to_string(weight.ndim()) + " dimensions");
     Rows x = as_rows(input, "input"), o = as_rows(out, "out"), w = as_rows(weight, "weight");
@@ -198,7 +199,8 @@ void py_linear(Out out, In input, In weight, std::optional<In> bias, bool packed
     }
     if (packed) check_packable(w.cols, dt, "weight");
     nb::gil_scoped_release nogil;
-    linear(dt, out.data(), o.stride, input.data(), x.stride, weight.data(), b, x.rows, w.rows, w.cols, packed, out_f32);
+    linear(dt, out.data(), o.stride, input.data(), x.stride, weight.data(), b, x.rows, w.rows, w.cols, packed, out_f32,
+           rounded);
 }
 
 void py_linear_pack_weight(Out out, In weight) {
@@ -275,10 +277,11 @@ NB_MODULE(CPUINFER_MODULE(CPUINFER_VARIANT), m) {
     bind_quant(m);
     bind_comm(m);
     m.def("linear", &py_linear, nb::arg("out"), nb::arg("input"), nb::arg("weight"), nb::arg("bias").none(),
-          nb::arg("packed") = false,
+          nb::arg("packed") = false, nb::arg("rounded") = false,
           "out = input @ weight.T (+ bias), f32 accumulation, rounded once to out's dtype (input's, or float32 "
           "for the unrounded sums). packed: weight is in linear_pack_weight's layout (GEMV for few rows, blocked "
-          "GEMM for many); else a GEMV at every M.");
+          "GEMM for many); else a GEMV at every M. rounded (float32 out): the sums rounded to input's dtype, "
+          "as float32.");
     m.def("linear_pack_weight", &py_linear_pack_weight, nb::arg("out"), nb::arg("weight"),
           "Write weight [N, K] into out in the packed panel layout (K % linear_pack_pair(dtype) == 0).");
     m.def("linear_packed_rows", &py_linear_packed_rows, nb::arg("out"), nb::arg("weight"), nb::arg("ids"),

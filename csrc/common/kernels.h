@@ -79,9 +79,12 @@ void paged_attention(const PagedAttentionArgs &args);
 // (see the dispatch comment in linear.cpp). out_f32: out is float32 whatever
 // dt, the f32 sums (+ bias) unrounded (every linear entry point takes it: a
 // tensor-parallel rank's share of a row-parallel projection is summed over
-// the ranks in f32 and rounded once, as one rank's product is).
+// the ranks in f32 and rounded once, as one rank's product is). rounded
+// (with out_f32): out holds the sums rounded to dt, widened back: dt's output
+// as float32, without writing dt's and converting it (the logits).
 void linear(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_stride, const void *weight,
-            const void *bias, int64_t M, int64_t N, int64_t K, bool packed = false, bool out_f32 = false);
+            const void *bias, int64_t M, int64_t N, int64_t K, bool packed = false, bool out_f32 = false,
+            bool rounded = false);
 
 // The packed weight layout: output features in panels of
 // C = linear_pack_cols() (2 vectors of this build), each panel K x C elements,

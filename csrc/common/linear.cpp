@@ -198,19 +198,35 @@ void linear_row_major(DType dt, void *out, int64_t out_stride, const void *x, in
 // reason (batch invariance): pack the weight (the model loader does) to get
 // the GEMM. Panels need K % linear_pack_pair(dt) == 0 (the binding checks).
 void linear(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_stride, const void *weight,
-            const void *bias, int64_t M, int64_t N, int64_t K, bool packed, bool out_f32) {
+            const void *bias, int64_t M, int64_t N, int64_t K, bool packed, bool out_f32, bool rounded) {
     if (M <= 0 || N <= 0) return;
+    rounded = rounded && out_f32 && dt != DType::f32;
+    // Columns [n0, N) of out, written unrounded, rounded in place (the row-major kernel's output; the panel
+    // kernel rounds in its epilogue).
+    auto round_cols = [&](int64_t n0) {
+        if (!rounded || n0 >= N) return;
+        with_float_type(dt, [&](auto tag) {
+            using T = decltype(tag);
+            for (int64_t m = 0; m < M; ++m) {
+                float *o = static_cast<float *>(out) + m * out_stride;
+                for (int64_t n = n0; n < N; ++n) o[n] = to_f32(from_f32<T>(o[n]));
+            }
+        });
+    };
     if (!packed) {
         linear_row_major(dt, out, out_stride, x, x_stride, weight, bias, M, N, K, out_f32);
+        round_cols(0);
         return;
     }
     const int64_t C = linear_pack_cols(), panels = N / C, es = dtype_size(dt), tail = panels * C;
     const int64_t os = out_f32 ? int64_t(sizeof(float)) : es;
-    linear_panels(dt, out, out_stride, x, x_stride, weight, bias, M, panels, K, out_f32);
-    if (tail < N)  // rows past the last full panel are row-major
+    linear_panels(dt, out, out_stride, x, x_stride, weight, bias, M, panels, K, out_f32, rounded);
+    if (tail < N) {  // rows past the last full panel are row-major
         linear_row_major(dt, static_cast<char *>(out) + tail * os, out_stride, x, x_stride,
                          static_cast<const char *>(weight) + tail * K * es,
                          bias ? static_cast<const char *>(bias) + tail * es : nullptr, M, N - tail, K, out_f32);
+        round_cols(tail);
+    }
 }
 
 // A LinearWeight is dense (the rule above) or quantized parts, each writing its own output columns.

@@ -40,13 +40,14 @@ namespace {
 
 constexpr int kMaxLanes = 64;                // f32 lanes of the widest vector (SVE 2048-bit)
 
-// O: the output's type, T or float (unrounded sums, linear()'s out_f32).
+// O: the output's type, T or float (unrounded sums, linear()'s out_f32; with
+// `rounded`, the sums rounded to T and widened back).
 // Act >= 0 (an Activation; O is T): a gated MLP's gate and up projections at
 // once (linear_glu). `panels` are then the gate's, each with its up panel
 // `up` panels further on in w, and out[m, n] = act(gate) * up for the pair.
 template <typename Kernel, typename T, typename O, int Act = -1>
 void run(O *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, int64_t M, int64_t panels,
-         int64_t K, int64_t up = 0) {
+         int64_t K, int64_t up = 0, bool rounded = false) {
     constexpr bool kGlu = Act >= 0;
     using X = typename Kernel::X;
     const int W = vec::width();
@@ -152,6 +153,13 @@ void run(O *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, 
                                 vec::store(o + h, vec::mul(activate<kAct>(vec::load(g + h)), vec::load(u + h)));
                             continue;
                         }
+                        if constexpr (std::is_same_v<O, float> && !std::is_same_v<T, float>) {
+                            if (rounded) {  // through T and back: T's output, as f32
+                                alignas(64) T t[2 * kMaxLanes];
+                                vec::store(t, va), vec::store(t + W, vb);
+                                va = vec::load(t), vb = vec::load(t + W);
+                            }
+                        }
                         if constexpr (Kernel::kPairOrder && std::is_same_v<O, T>) {
                             vec::store2(o, va, vb);
                         } else {
@@ -252,7 +260,7 @@ void linear_glu(DType dt, Activation act, void *out, int64_t out_stride, const v
 }
 
 void linear_panels(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_stride, const void *weight,
-                   const void *bias, int64_t M, int64_t panels, int64_t K, bool out_f32) {
+                   const void *bias, int64_t M, int64_t panels, int64_t K, bool out_f32, bool rounded) {
     if (M <= 0 || panels <= 0) return;
     with_float_types(dt, out_f32, [&](auto tag, auto out_tag) {
         using T = decltype(tag);
@@ -260,7 +268,7 @@ void linear_panels(DType dt, void *out, int64_t out_stride, const void *x, int64
         panel::KernelChoice<T>::with([&](auto *kernel) {
             run<std::remove_pointer_t<decltype(kernel)>>(static_cast<O *>(out), out_stride, static_cast<const T *>(x),
                                                          x_stride, static_cast<const T *>(weight),
-                                                         static_cast<const T *>(bias), M, panels, K);
+                                                         static_cast<const T *>(bias), M, panels, K, 0, rounded);
         });
     });
 }

@@ -8,9 +8,9 @@
 namespace cpuinfer {
 
 // out[m, n] for n < panels * linear_pack_cols(), from the packed panels of weight.
-// out_f32: see linear() in kernels.h.
+// out_f32, rounded: see linear() in kernels.h.
 void linear_panels(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_stride, const void *weight,
-                   const void *bias, int64_t M, int64_t panels, int64_t K, bool out_f32);
+                   const void *bias, int64_t M, int64_t panels, int64_t K, bool out_f32, bool rounded = false);
 
 // Rows of x per task for the panel GEMMs (this file's and linear_quant.cpp's):
 // chunks of at most budget_bytes of x (row_bytes each), of equal size, and a

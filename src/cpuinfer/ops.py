@@ -130,6 +130,7 @@ def linear(
     bias: torch.Tensor | None = None,
     packed: bool = False,
     out_dtype: torch.dtype | None = None,
+    rounded: bool = False,
 ) -> torch.Tensor:
     """x @ weight.T (+ bias): our kernel for bf16/f16 and quantized weights, torch.nn.functional.linear otherwise.
 
@@ -137,8 +138,16 @@ def linear(
     weight may be a QuantWeight / QuantStack (cpuinfer.quantization): see quant_linear.
     out_dtype: x's dtype (None), or torch.float32 for the f32 sums unrounded (a share that other ranks' shares
     join before the one rounding).
+    rounded: with out_dtype float32, the result in x's dtype as float32 (the same values as
+    linear(...).float(); our kernel writes them at once, without the x-dtype output and its conversion).
     """
     out_dtype = _out_dtype(x, out_dtype)
+    if rounded and out_dtype != torch.float32:
+        raise ValueError(f"rounded=True needs out_dtype=torch.float32, got {out_dtype}")
+    if rounded and x.dtype == torch.float32:
+        rounded = False  # float32 sums are the result already
+    if rounded and not _our_dense(x, weight, bias):
+        return linear(x, weight, bias, packed).float()
     if is_quantized(weight):
         return quant_linear(x, weight, bias, out_dtype)
     # Dispatch (the rule itself is in csrc/common/linear.cpp, so the fused
@@ -158,17 +167,10 @@ def linear(
     # outputs rely on that; tests/kernels/test_linear.py checks it across the
     # GEMV/GEMM boundary). f32 stays on torch (its f32 GEMM is fast and
     # bandwidth is the same).
-    if (
-        x.dtype in (torch.bfloat16, torch.float16)
-        and x.ndim >= 1
-        and weight.dtype == x.dtype
-        and weight.ndim == 2
-        and weight.is_contiguous()
-        and (bias is None or bias.dtype == x.dtype)
-    ):
+    if _our_dense(x, weight, bias):
         x2 = _rows(x)
         out = torch.empty(x2.shape[0], weight.shape[0], dtype=out_dtype)
-        _C.linear(out, x2, weight, bias, packed)
+        _C.linear(out, x2, weight, bias, packed, rounded)
         return out.view(*x.shape[:-1], weight.shape[0])
     if packed:
         raise ValueError(
@@ -179,6 +181,19 @@ def linear(
         x, weight = x.to(out_dtype), weight.to(out_dtype)
         bias = None if bias is None else bias.to(out_dtype)
     return torch.nn.functional.linear(x, weight, bias)
+
+
+def _our_dense(x: torch.Tensor, weight, bias: torch.Tensor | None) -> bool:
+    """Whether linear() takes our dense bf16/f16 kernel for these operands."""
+    return (
+        not is_quantized(weight)
+        and x.dtype in (torch.bfloat16, torch.float16)
+        and x.ndim >= 1
+        and weight.dtype == x.dtype
+        and weight.ndim == 2
+        and weight.is_contiguous()
+        and (bias is None or bias.dtype == x.dtype)
+    )
 
 
 def quant_linear(

@@ -1,5 +1,6 @@
 """linear (decode GEMV, any M) against a float32 torch reference, per variant, and ops.linear's routing."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -297,6 +298,52 @@ def test_float32_out_is_the_unrounded_sum(kernels, dtype, packed, m):
     with pytest.raises(TypeError, match="out must be the input's dtype, or float32"):
         other = torch.float16 if dtype == torch.bfloat16 else torch.bfloat16
         kernels.linear(torch.empty(m, n, dtype=other), x, weight, b, packed=packed)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("m", [1, 3, 32, 70])
+def test_rounded_float32_out_is_the_dtype_output(kernels, dtype, packed, m):
+    """rounded=True (the logits): float32 out holding the dtype output's values, bit for bit (panels, the
+    row-major tail of a packed weight, and a row-major weight), against the unrounded sums rounded by torch."""
+    cols, pair = _layout(kernels, dtype)
+    n, k = 2 * cols + 5, 64 * pair
+    x = torch.randn(m, k, dtype=dtype)
+    w = (torch.randn(n, k) / k**0.5).to(dtype)
+    b = torch.randn(n, dtype=dtype)
+    weight = _pack(kernels, w) if packed else w
+    native, wide, out = torch.empty(m, n, dtype=dtype), torch.empty(m, n), torch.full((m, n), float("nan"))
+    kernels.linear(native, x, weight, b, packed=packed)
+    kernels.linear(wide, x, weight, b, packed=packed)
+    kernels.linear(out, x, weight, b, packed=packed, rounded=True)
+    assert torch.equal(out, native.float())
+    assert torch.equal(out, wide.to(dtype).float())
+    assert not torch.equal(out, wide)  # the rounding happened (k * m sums: some are not dtype values)
+    with pytest.raises(ValueError, match="rounded=True needs a float32 out"):
+        kernels.linear(torch.empty(m, n, dtype=dtype), x, weight, b, packed=packed, rounded=True)
+
+
+def test_ops_linear_rounded():
+    """ops.linear(out_dtype=float32, rounded=True) is linear(...).float() on every path: our dense kernel
+    (row-major, packed), a quantized weight and torch's float32 (where rounding changes nothing)."""
+    from cpuinfer.quantization import QuantWeight
+
+    x = torch.randn(7, 64, dtype=torch.bfloat16)
+    w = (torch.randn(40, 64) / 8).to(torch.bfloat16)
+    for weight, packed in [(w, False), (ops.pack_weight(w), True)]:
+        out = ops.linear(x, weight, None, packed, torch.float32, rounded=True)
+        assert out.dtype == torch.float32 and torch.equal(out, ops.linear(x, weight, None, packed).float())
+    rng = np.random.default_rng(0)
+    u = rng.integers(0, 16, (40, 64), dtype=np.uint8)
+    d = (rng.random((40, 2)) * 0.01 + 1e-3).astype(np.float16)
+    z = rng.integers(0, 16, (40, 2), dtype=np.uint8)
+    q = QuantWeight.pack(u, d, z, bits=4, group=32, kind="test")
+    out = ops.linear(x, q, None, False, torch.float32, rounded=True)
+    assert out.dtype == torch.float32 and torch.equal(out, ops.linear(x, q).float())
+    xf, wf = x.float(), w.float()
+    assert torch.equal(ops.linear(xf, wf, None, False, torch.float32, rounded=True), ops.linear(xf, wf))
+    with pytest.raises(ValueError, match="rounded=True needs out_dtype=torch.float32"):
+        ops.linear(x, w, rounded=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
