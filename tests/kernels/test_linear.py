@@ -342,7 +342,7 @@ def test_ops_linear_rounded():
     assert out.dtype == torch.float32 and torch.equal(out, ops.linear(x, q).float())
     xf, wf = x.float(), w.float()
     assert torch.equal(ops.linear(xf, wf, None, False, torch.float32, rounded=True), ops.linear(xf, wf))
-    with pytest.raises(ValueError, match="rounded=True needs out_dtype=torch.float32"):
+    with pytest.raises(ValueError, match=r"rounded=True needs out_dtype=torch\.float32"):
         ops.linear(x, w, rounded=True)
 
 
