@@ -53,8 +53,8 @@ void reshape_and_cache(DType dt, DType cache_dt, const void *key, int64_t key_to
             // The slots' lines are rarely in cache (a decode step's rows land in blocks all over the pool), and
             // each store waits for its line to be read for ownership: one row after another, that was ~20 us
             // a layer for a 32-sequence decode step (192 rows, on one thread). Asking for the lines kAhead
-            // rows early keeps that many rows' reads in flight, and the rows are split over the threads from
-            // 64 on (the other thread would only wait for this one).
+            // rows early keeps that many rows' reads in flight, and the rows are split over the threads at
+            // 32 or more a thread (the other threads would only wait for this one).
             constexpr int64_t kAhead = 16;
             const int64_t row_bytes = head_size * int64_t(sizeof(C));
             auto claim = [&](int64_t r) {

@@ -131,6 +131,41 @@ CPUINFER_TEST(linear_packed_f16_is_the_fma_chain) {
     }
 }
 
+// rounded (the logits): f32 out holding the element type's output, bit for bit, from the panels' epilogue
+// and from the row-major kernels (a tail past the last panel, and a row-major weight), at decode and GEMM
+// row counts; and each is the unrounded f32 output rounded once.
+CPUINFER_TEST(linear_rounded_f32_out_is_the_typed_output) {
+    const int64_t C = linear_pack_cols();
+    for (DType dt : {DType::bf16, DType::f16}) {
+        const int64_t P = linear_pack_pair(dt), N = 3 * C + 5;
+        for (int64_t M : {1, 3, 32, 70}) {
+            for (int64_t K : {int64_t(64), int64_t(96)}) {
+                if (K % P != 0) continue;
+                Buffer x(dt, M * K), w(dt, N * K), packed(dt, N * K), bias(dt, N), typed(dt, M * N);
+                x.fill_normal(1.f);
+                w.fill_normal(1.f / float(K));
+                bias.fill_normal(0.5f);
+                linear_pack_weight(dt, packed.data(), w.data(), N, K);
+                for (bool pk : {false, true}) {
+                    const void *wt = pk ? packed.data() : w.data();
+                    std::vector<float> wide(size_t(M * N)), out(size_t(M * N), NAN);
+                    linear(dt, typed.data(), N, x.data(), K, wt, bias.data(), M, N, K, pk);
+                    linear(dt, wide.data(), N, x.data(), K, wt, bias.data(), M, N, K, pk, true);
+                    linear(dt, out.data(), N, x.data(), K, wt, bias.data(), M, N, K, pk, true, true);
+                    int64_t differ = 0, unrounded = 0;
+                    for (int64_t i = 0; i < M * N; ++i) {
+                        differ += out[size_t(i)] != typed.get(i) || out[size_t(i)] != round_to(dt, wide[size_t(i)]);
+                        unrounded += out[size_t(i)] != wide[size_t(i)];
+                    }
+                    const std::string what = label(pk ? "rounded f32 packed" : "rounded f32", dt, M, N, K);
+                    expect_true(what + " (" + std::to_string(differ) + " differ)", differ == 0);
+                    expect_true(what + " rounds", unrounded > 0);
+                }
+            }
+        }
+    }
+}
+
 // Many rows and a long K: several row chunks (each a bounded number of bytes
 // of x), split over threads when there are any, with a tail past the last
 // panel; each row alone gives the bits it had in the batch. K = 2048 puts
