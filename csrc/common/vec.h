@@ -30,6 +30,12 @@
 //                           SVE vectors are sizeless and cannot be members.
 //                           Defaults below: load(p), load(p + width()).
 //   pair_order / natural_order   f32 rows to and from that lane order (below)
+//   stream(float*, vf), stream_fence()   a store that bypasses the caches (p
+//                           aligned to the vector), for output written once
+//                           and far larger than the caches, and the fence that
+//                           orders such stores before the thread's next ones
+//                           (defaults below: store(), nothing; layers with
+//                           such stores define CPUINFER_VEC_STREAM and their own)
 // Transcendentals (exp, erf, tanh) are built once below from these.
 #pragma once
 #include "dtype.h"
@@ -62,6 +68,11 @@ inline void store2(T *p, vf a, vf b) { store(p, a); store(p + width(), b); }
 
 #if !defined(CPUINFER_VEC_IN_REGISTER)
 inline vf in_register(vf v) { return v; }
+#endif
+
+#if !defined(CPUINFER_VEC_STREAM)
+inline void stream(float *p, vf a) { store(p, a); }
+inline void stream_fence() {}
 #endif
 
 #if !defined(CPUINFER_VEC_REDUCE_ADD4)

@@ -323,6 +323,26 @@ def test_rounded_float32_out_is_the_dtype_output(kernels, dtype, packed, m):
         kernels.linear(torch.empty(m, n, dtype=dtype), x, weight, b, packed=packed, rounded=True)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_rounded_float32_out_past_the_caches(kernels, dtype):
+    """A rounded float32 out larger than the L2 (logits of a decode batch) takes streaming stores on x86:
+    still the dtype output's values, in whole panels and the tail, and when out's rows are not aligned."""
+    cols, pair = _layout(kernels, dtype)
+    m, n, k = 24, 1024 * cols + 5, 32 * pair  # 3 MB of out
+    x = torch.randn(m, k, dtype=dtype)
+    w = (torch.randn(n, k) / k**0.5).to(dtype)
+    packed = _pack(kernels, w)
+    native = torch.empty(m, n, dtype=dtype)
+    kernels.linear(native, x, packed, None, packed=True)
+    width = (n + 1 + 63) // 64 * 64  # rows 256 bytes apart: aligned for any vector
+    for pad in (0, 1):  # rows starting at a vector multiple, and one float off it
+        buf = torch.full((m, width), float("nan"))
+        out = buf[:, pad : pad + n]
+        assert (out.data_ptr() % 64 == 0) == (pad == 0)
+        kernels.linear(out, x, packed, None, packed=True, rounded=True)
+        assert torch.equal(out, native.float())
+
+
 def test_ops_linear_rounded():
     """ops.linear(out_dtype=float32, rounded=True) is linear(...).float() on every path: our dense kernel
     (row-major, packed), a quantized weight and torch's float32 (where rounding changes nothing)."""
