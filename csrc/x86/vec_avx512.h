@@ -32,9 +32,11 @@ inline vf splat(float x) { return {_mm512_set1_ps(x)}; }
 
 inline vf load(const float *p) { return {_mm512_loadu_ps(p)}; }
 inline void store(float *p, vf a) { _mm512_storeu_ps(p, a.v); }
+#if !defined(CPUINFER_SIMDE_EMULATION)  // (SIMDe has no streaming stores: the defaults' plain ones)
 #define CPUINFER_VEC_STREAM 1
 inline void stream(float *p, vf a) { _mm512_stream_ps(p, a.v); }
 inline void stream_fence() { _mm_sfence(); }
+#endif
 
 inline vf load(const bf16_t *p) {
     __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)));
