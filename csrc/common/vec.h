@@ -35,7 +35,7 @@
 //                           and far larger than the caches, and the fence that
 //                           orders such stores before the thread's next ones
 //                           (defaults below: store(), nothing; layers with
-//                           such stores define CPUINFER_VEC_STREAM and their own)
+//                           such stores define CPUINFER_VEC_STREAM_STORE and their own)
 // Transcendentals (exp, erf, tanh) are built once below from these.
 #pragma once
 #include "dtype.h"
@@ -70,7 +70,7 @@ inline void store2(T *p, vf a, vf b) { store(p, a); store(p + width(), b); }
 inline vf in_register(vf v) { return v; }
 #endif
 
-#if !defined(CPUINFER_VEC_STREAM)
+#if !defined(CPUINFER_VEC_STREAM_STORE)
 inline void stream(float *p, vf a) { store(p, a); }
 inline void stream_fence() {}
 #endif

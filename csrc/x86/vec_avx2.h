@@ -20,7 +20,7 @@ inline vf splat(float x) { return {_mm256_set1_ps(x)}; }
 
 inline vf load(const float *p) { return {_mm256_loadu_ps(p)}; }
 inline void store(float *p, vf a) { _mm256_storeu_ps(p, a.v); }
-#define CPUINFER_VEC_STREAM 1
+#define CPUINFER_VEC_STREAM_STORE 1
 inline void stream(float *p, vf a) { _mm256_stream_ps(p, a.v); }
 inline void stream_fence() { _mm_sfence(); }
 

@@ -33,7 +33,7 @@ inline vf splat(float x) { return {_mm512_set1_ps(x)}; }
 inline vf load(const float *p) { return {_mm512_loadu_ps(p)}; }
 inline void store(float *p, vf a) { _mm512_storeu_ps(p, a.v); }
 #if !defined(CPUINFER_SIMDE_EMULATION)  // (SIMDe has no streaming stores: the defaults' plain ones)
-#define CPUINFER_VEC_STREAM 1
+#define CPUINFER_VEC_STREAM_STORE 1
 inline void stream(float *p, vf a) { _mm512_stream_ps(p, a.v); }
 inline void stream_fence() { _mm_sfence(); }
 #endif
