@@ -21,6 +21,7 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "aligned.h"
@@ -128,6 +129,12 @@ struct Runner {
 
     int64_t part_keys() const { return (kPartKeys + bs - 1) / bs * bs; }
 
+    // The keys [k0, k1) of group g's partitions [p0, p1).
+    std::pair<int64_t, int64_t> keys_of(const Group &g, int64_t p0, int64_t p1) const {
+        const int64_t P = part_keys();
+        return {std::max(g.k_lo, p0 * P), std::min(g.k_hi, p1 * P)};
+    }
+
     void plan() {
         const int64_t W = a.sliding_window, P = part_keys();
         int64_t total = 0;
@@ -162,7 +169,7 @@ struct Runner {
             }
             for (int64_t i = 0; i < g.units; ++i) {
                 const int64_t p0 = g.first + g.parts * i / g.units, p1 = g.first + g.parts * (i + 1) / g.units;
-                const int64_t k0 = std::max(g.k_lo, p0 * P), k1 = std::min(g.k_hi, p1 * P);
+                const auto [k0, k1] = keys_of(g, p0, p1);
                 units.push_back({int32_t(gi), p0, p1, (k1 - k0) * (g.rows + 4)});
             }
         }
@@ -175,7 +182,7 @@ struct Runner {
     // keys is one run of rows in each cache.
     void ranges_of(const Unit &u, attn::PrefetchRanges &pf) const {
         const Group &g = groups[u.group];
-        const int64_t P = part_keys(), k0 = std::max(g.k_lo, u.p0 * P), k1 = std::min(g.k_hi, u.p1 * P);
+        const auto [k0, k1] = keys_of(g, u.p0, u.p1);
         const int32_t *table = a.block_tables + g.seq * a.block_table_stride;
         const char *kc = static_cast<const char *>(a.key_cache), *vc = static_cast<const char *>(a.value_cache);
         for (int64_t b = k0 / bs; b * bs < k1; ++b) {
@@ -197,7 +204,7 @@ struct Runner {
     void run_unit(const Unit &u, Scratch &sc, const Unit *next = nullptr) {
         const Group &g = groups[u.group];
         const int64_t s = g.seq, h = g.kv_head, L = q_len(s), ctx = a.seq_lens[s], qs = a.query_start_loc[s];
-        const int64_t rows = g.rows, P = part_keys();
+        const int64_t rows = g.rows;
         sc.reserve(rows, D, bs);
         float *qf = sc.q.data(), *acc = sc.acc.data(), *m = sc.m.data(), *l = sc.l.data();
         int64_t *pos = sc.pos.data();
@@ -230,13 +237,15 @@ struct Runner {
         if (whole && rows <= 16 && next && groups[next->group].rows <= 16) {
             ranges_of(*next, ahead);
             // Over this unit's chunks of 32 keys, two steps each (flash_unit_amx: V pack and QK).
-            const int64_t steps = 2 * std::max<int64_t>(1, (std::min(g.k_hi, u.p1 * P) - std::max(g.k_lo, u.p0 * P)) / 32);
+            const auto [k0, k1] = keys_of(g, u.p0, u.p1);
+            const int64_t steps = 2 * std::max<int64_t>(1, (k1 - k0) / 32);
             ahead.per = (ahead.bytes() + steps - 1) / steps;
         }
         for (int64_t p = u.p0; p < u.p1; ++p) {
             for (int64_t r = 0; r < rows; ++r) m[r] = kNegInf, l[r] = 0.f;
             std::memset(acc, 0, sizeof(float) * rows * D);
-            attend(g, sc, std::max(g.k_lo, p * P), std::min(g.k_hi, (p + 1) * P), whole, ahead.n ? &ahead : nullptr);
+            const auto [k0, k1] = keys_of(g, p, p + 1);
+            attend(g, sc, k0, k1, whole, ahead.n ? &ahead : nullptr);
             if (!results) {  // the group's one partition: its rows out
                 write_rows(g, l, acc);
             } else {

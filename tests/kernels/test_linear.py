@@ -279,68 +279,52 @@ def test_packed_rows_read_embeddings_back():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("packed", [False, True])
-@pytest.mark.parametrize("m", [1, 3, 13, 70])
-def test_float32_out_is_the_unrounded_sum(kernels, dtype, packed, m):
+@pytest.mark.parametrize("m", [1, 3, 13, 32, 70])
+def test_float32_out_unrounded_and_rounded(kernels, dtype, packed, m):
     """out float32 (a tensor-parallel rank's share of a row-parallel projection): the f32 sums (+ bias) before
     the one rounding, so rounding them to dtype gives the dtype output's bits, and they are the float64
-    product to f32 accuracy. Row-major and packed weights, panels and the row-major tail of a packed one."""
+    product to f32 accuracy. With rounded=True (the logits): those sums rounded to dtype by torch, as float32,
+    bit for bit. Row-major and packed weights, panels and the row-major tail of a packed one."""
     cols, pair = _layout(kernels, dtype)
     n, k = 2 * cols + 5, 64 * pair
     x = torch.randn(m, k, dtype=dtype)
     w = (torch.randn(n, k) / k**0.5).to(dtype)
     b = torch.randn(n, dtype=dtype)
     weight = _pack(kernels, w) if packed else w
-    rounded, wide = torch.empty(m, n, dtype=dtype), torch.empty(m, n, dtype=torch.float32)
-    kernels.linear(rounded, x, weight, b, packed=packed)
+    native, wide, rounded = torch.empty(m, n, dtype=dtype), torch.empty(m, n), torch.full((m, n), float("nan"))
+    kernels.linear(native, x, weight, b, packed=packed)
     kernels.linear(wide, x, weight, b, packed=packed)
-    assert torch.equal(wide.to(dtype), rounded)
+    kernels.linear(rounded, x, weight, b, packed=packed, rounded=True)
+    assert torch.equal(wide.to(dtype), native)
     torch.testing.assert_close(wide.double(), _reference64(x, w, b), atol=1e-5, rtol=1e-5)
+    assert torch.equal(rounded, wide.to(dtype).float())
+    assert not torch.equal(rounded, wide)  # the rounding happened (some of the m * n sums are not dtype values)
     with pytest.raises(TypeError, match="out must be the input's dtype, or float32"):
         other = torch.float16 if dtype == torch.bfloat16 else torch.bfloat16
         kernels.linear(torch.empty(m, n, dtype=other), x, weight, b, packed=packed)
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("packed", [False, True])
-@pytest.mark.parametrize("m", [1, 3, 32, 70])
-def test_rounded_float32_out_is_the_dtype_output(kernels, dtype, packed, m):
-    """rounded=True (the logits): float32 out holding the dtype output's values, bit for bit (panels, the
-    row-major tail of a packed weight, and a row-major weight), against the unrounded sums rounded by torch."""
-    cols, pair = _layout(kernels, dtype)
-    n, k = 2 * cols + 5, 64 * pair
-    x = torch.randn(m, k, dtype=dtype)
-    w = (torch.randn(n, k) / k**0.5).to(dtype)
-    b = torch.randn(n, dtype=dtype)
-    weight = _pack(kernels, w) if packed else w
-    native, wide, out = torch.empty(m, n, dtype=dtype), torch.empty(m, n), torch.full((m, n), float("nan"))
-    kernels.linear(native, x, weight, b, packed=packed)
-    kernels.linear(wide, x, weight, b, packed=packed)
-    kernels.linear(out, x, weight, b, packed=packed, rounded=True)
-    assert torch.equal(out, native.float())
-    assert torch.equal(out, wide.to(dtype).float())
-    assert not torch.equal(out, wide)  # the rounding happened (k * m sums: some are not dtype values)
     with pytest.raises(ValueError, match="rounded=True needs a float32 out"):
-        kernels.linear(torch.empty(m, n, dtype=dtype), x, weight, b, packed=packed, rounded=True)
+        kernels.linear(native, x, weight, b, packed=packed, rounded=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_rounded_float32_out_past_the_caches(kernels, dtype):
     """A rounded float32 out larger than the L2 (logits of a decode batch) takes streaming stores on x86:
-    still the dtype output's values, in whole panels and the tail, and when out's rows are not aligned."""
+    still the unrounded sums rounded to dtype by torch, in whole panels and the tail, and when out's rows are
+    not aligned (plain stores)."""
     cols, pair = _layout(kernels, dtype)
     m, n, k = 24, 1024 * cols + 5, 32 * pair  # 3 MB of out
     x = torch.randn(m, k, dtype=dtype)
     w = (torch.randn(n, k) / k**0.5).to(dtype)
     packed = _pack(kernels, w)
-    native = torch.empty(m, n, dtype=dtype)
-    kernels.linear(native, x, packed, None, packed=True)
+    wide = torch.empty(m, n)
+    kernels.linear(wide, x, packed, None, packed=True)
     width = (n + 1 + 63) // 64 * 64  # rows 256 bytes apart: aligned for any vector
     for pad in (0, 1):  # rows starting at a vector multiple, and one float off it
         buf = torch.full((m, width), float("nan"))
         out = buf[:, pad : pad + n]
         assert (out.data_ptr() % 64 == 0) == (pad == 0)
         kernels.linear(out, x, packed, None, packed=True, rounded=True)
-        assert torch.equal(out, native.float())
+        assert torch.equal(out, wide.to(dtype).float())
 
 
 def test_ops_linear_rounded():
