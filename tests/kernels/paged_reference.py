@@ -74,27 +74,30 @@ def make_batch(
     return PagedBatch(query, key_cache, value_cache, qsl, lens, tables, head_size**-0.5)
 
 
-def gather(cache: torch.Tensor, table: torch.Tensor, ctx: int) -> torch.Tensor:
-    """Dense [ctx, kv_heads, D] float32 view of one sequence's cache blocks."""
+def gather(cache: torch.Tensor, table: torch.Tensor, ctx: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Dense [ctx, kv_heads, D] view of one sequence's cache blocks, in dtype (float32 by default)."""
     bs = cache.shape[2]
     n = math.ceil(ctx / bs)
-    blocks = cache[table[:n].long()].float()  # [n, Hkv, bs, D]
+    blocks = cache[table[:n].long()].to(dtype)  # [n, Hkv, bs, D]
     return blocks.permute(0, 2, 1, 3).reshape(n * bs, cache.shape[1], cache.shape[3])[:ctx]
 
 
-def ref_paged_attention(b: PagedBatch, sliding_window: int = 0, soft_cap: float = 0.0) -> torch.Tensor:
-    """Float32 output [T, Hq, D] of causal GQA attention with optional window and soft-cap."""
+def ref_paged_attention(
+    b: PagedBatch, sliding_window: int = 0, soft_cap: float = 0.0, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Output [T, Hq, D] of causal GQA attention with optional window and soft-cap, computed in dtype
+    (float32 by default; float64 for an exact reference)."""
     T, Hq, D = b.query.shape
     Hkv = b.key_cache.shape[1]
-    out = torch.zeros(T, Hq, D)
+    out = torch.zeros(T, Hq, D, dtype=dtype)
     for s in range(b.seq_lens.numel()):
         q0, q1 = int(b.query_start_loc[s]), int(b.query_start_loc[s + 1])
         L, ctx = q1 - q0, int(b.seq_lens[s])
         if L == 0:
             continue
-        k = gather(b.key_cache, b.block_tables[s], ctx).repeat_interleave(Hq // Hkv, dim=1)  # [ctx, Hq, D]
-        v = gather(b.value_cache, b.block_tables[s], ctx).repeat_interleave(Hq // Hkv, dim=1)
-        q = b.query[q0:q1].float()
+        k = gather(b.key_cache, b.block_tables[s], ctx, dtype).repeat_interleave(Hq // Hkv, dim=1)  # [ctx, Hq, D]
+        v = gather(b.value_cache, b.block_tables[s], ctx, dtype).repeat_interleave(Hq // Hkv, dim=1)
+        q = b.query[q0:q1].to(dtype)
         logits = torch.einsum("lhd,khd->hlk", q, k) * b.scale
         if soft_cap > 0:
             logits = soft_cap * torch.tanh(logits / soft_cap)

@@ -1,5 +1,6 @@
 """paged_attention against a gather-then-softmax float32 torch reference, per variant."""
 
+import dataclasses
 import itertools
 import random
 
@@ -57,6 +58,22 @@ def test_mixed_batch_matrix(kernels, head_size, cache_dtype):
             **TOL[dtype],
             msg=lambda m, w=window, c=cap, t=dtype: f"window={w} cap={c} {t}: {m}",
         )
+
+
+@pytest.mark.parametrize("spread", [1.0, 4.0])
+def test_bf16_output_is_the_exact_result_rounded(kernels, spread):
+    """Precision beyond the tolerance above: a bf16 causal prefill (512 tokens, SmolLM2's heads) against
+    float64 attention, rounded to bf16. The f32 FMA paths miss the rounded result in ~0.03% of the outputs,
+    amx's tiles (P as two bf16 terms, hi + lo to 2^-16; exp2 by a polynomial to 1.9e-7) in ~0.4%. Weights
+    to 2^-13 (a cruder exp) would miss ~3%, P as one bf16 term (as flash-attention kernels on GPUs take
+    it) 20-40%: the 1% bound tells them apart. Two spreads of the scores (the query scaled by 1 and 4:
+    flat and peaked weights)."""
+    torch.manual_seed(int(spread))
+    b = make_batch([(512, 512)], 9, 3, 64, 16, torch.bfloat16, torch.bfloat16)
+    b = dataclasses.replace(b, query=(b.query.float() * spread).bfloat16())
+    out = run_kernel(kernels, b)
+    missed = (out != ref_paged_attention(b, dtype=torch.float64).bfloat16()).double().mean().item()
+    assert missed < 0.01, f"{missed:.2%} of the outputs are not the exact result rounded"
 
 
 @pytest.mark.parametrize("dtype", MODEL_DTYPES)
