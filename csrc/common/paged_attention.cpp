@@ -55,6 +55,11 @@ struct Group {
     int64_t scratch;       // float offset of its partitions' results in `partials` when units > 1
 };
 
+// Where a partition's online softmax keeps its rows' running max, sum and unnormalised output.
+struct Acc {
+    float *m, *l, *acc;  // [rows], [rows], [rows][D]
+};
+
 struct Unit {
     int32_t group;
     int64_t p0, p1;  // partitions [p0, p1) of the group
@@ -213,12 +218,22 @@ struct Runner {
         const bool whole = attn::WholeUnit<T, C>::applies(rows, D);
         const int64_t padded = (rows + 15) / 16 * 16;
         if (kBf16 && int64_t(sc.qb.size()) < padded * D) sc.qb.resize(size_t(padded * D));
-        for (int64_t r = 0; r < rows; ++r) {
-            const int64_t t = (g.row0 + r) / G, qh = h * G + (g.row0 + r) % G;
-            pos[r] = ctx - L + t;
-            const T *src = query + (qs + t) * a.q_token_stride + qh * a.q_head_stride;
-            if (!whole && !kPackedQk) load_row(qf + r * D, src);  // the bf16 paths read the raw rows only
-            if constexpr (kBf16) std::memcpy(sc.qb.data() + r * D, src, sizeof(T) * D);
+        // Rows run over a token's G heads, then the next token's: a token's rows are one copy where its
+        // heads lie D apart (a 2048-token prefill made one memcpy call per row, ~1.5% of it).
+        const bool heads_packed = a.q_head_stride == D;
+        for (int64_t r = 0; r < rows;) {
+            const int64_t t = (g.row0 + r) / G, j = (g.row0 + r) % G, n = std::min(G - j, rows - r);
+            const T *src = query + (qs + t) * a.q_token_stride + (h * G + j) * a.q_head_stride;
+            for (int64_t i = 0; i < n; ++i) {
+                pos[r + i] = ctx - L + t;
+                // (the bf16 paths read the raw rows only)
+                if (!whole && !kPackedQk) load_row(qf + (r + i) * D, src + i * a.q_head_stride);
+                if constexpr (kBf16)
+                    if (!heads_packed) std::memcpy(sc.qb.data() + (r + i) * D, src + i * a.q_head_stride, sizeof(T) * D);
+            }
+            if constexpr (kBf16)
+                if (heads_packed) std::memcpy(sc.qb.data() + r * D, src, sizeof(T) * D * n);
+            r += n;
         }
         if (whole) std::memset(sc.qb.data() + rows * D, 0, sizeof(bf16_t) * size_t((padded - rows) * D));
         // Where the group's partition results go: this thread's scratch when this unit is the group's only one
@@ -242,28 +257,25 @@ struct Runner {
             ahead.per = (ahead.bytes() + steps - 1) / steps;
         }
         for (int64_t p = u.p0; p < u.p1; ++p) {
-            for (int64_t r = 0; r < rows; ++r) m[r] = kNegInf, l[r] = 0.f;
-            std::memset(acc, 0, sizeof(float) * rows * D);
+            // A partition's m, l and acc: in its slot of the results when there are several (a 2048-token
+            // prefill's copies from the scratch were ~2% of it), else in the scratch.
+            float *dst = results ? results + (p - g.first) * stride : nullptr;
+            const Acc o = dst ? Acc{dst, dst + rows, dst + 2 * rows} : Acc{m, l, acc};
+            for (int64_t r = 0; r < rows; ++r) o.m[r] = kNegInf, o.l[r] = 0.f;
+            std::memset(o.acc, 0, sizeof(float) * rows * D);
             const auto [k0, k1] = keys_of(g, p, p + 1);
-            attend(g, sc, k0, k1, whole, ahead.n ? &ahead : nullptr);
-            if (!results) {  // the group's one partition: its rows out
-                write_rows(g, l, acc);
-            } else {
-                float *dst = results + (p - g.first) * stride;
-                std::memcpy(dst, m, sizeof(float) * rows);
-                std::memcpy(dst + rows, l, sizeof(float) * rows);
-                std::memcpy(dst + 2 * rows, acc, sizeof(float) * rows * D);
-            }
+            attend(g, sc, o, k0, k1, whole, ahead.n ? &ahead : nullptr);
+            if (!results) write_rows(g, l, acc);  // the group's one partition: its rows out
         }
         if (results && g.units == 1) merge(g, results, acc);  // acc is free again: the partitions are in results
     }
 
-    // The online softmax of the unit's rows over keys [k0, k1) (within one partition) into sc's m, l and acc,
+    // The online softmax of the unit's rows over keys [k0, k1) (within one partition) into o's m, l and acc,
     // which start at -inf, 0 and 0.
-    void attend(const Group &g, Scratch &sc, int64_t k0, int64_t k1, bool whole,
+    void attend(const Group &g, Scratch &sc, const Acc &o, int64_t k0, int64_t k1, bool whole,
                 attn::PrefetchRanges *ahead = nullptr) {
         const int64_t h = g.kv_head, s = g.seq, rows = g.rows, W = a.sliding_window;
-        float *qf = sc.q.data(), *acc = sc.acc.data(), *sbuf = sc.s.data();
+        float *qf = sc.q.data(), *acc = o.acc, *sbuf = sc.s.data();
         const int64_t *pos = sc.pos.data();
         const C *kc = static_cast<const C *>(a.key_cache), *vc = static_cast<const C *>(a.value_cache);
         const int32_t *table = a.block_tables + s * a.block_table_stride;
@@ -276,8 +288,8 @@ struct Runner {
         if (whole) {
             const auto *kb = reinterpret_cast<const bf16_t *>(kc), *vb = reinterpret_cast<const bf16_t *>(vc);
             attn::WholeUnit<T, C>::run({.q = sc.qb.data(), .rows = rows, .D = D, .pos = pos, .k0 = k0, .k1 = k1,
-                                        .window = W, .qscale = qscale, .soft_cap = a.soft_cap, .m = sc.m.data(),
-                                        .l = sc.l.data(), .acc = acc, .ahead = ahead},
+                                        .window = W, .qscale = qscale, .soft_cap = a.soft_cap, .m = o.m,
+                                        .l = o.l, .acc = acc, .ahead = ahead},
                                        [&](int64_t j) { return kb + block(j / bs) + (j % bs) * D; },
                                        [&](int64_t j) { return vb + block(j / bs) + (j % bs) * D; });
             return;
@@ -338,7 +350,7 @@ struct Runner {
                     qk<RR>(sc, r0, kb, j0, j1, sbuf, v_pf);
                 });
                 v_pf.rest();
-                softmax_tile(R, r0, base, j0, j1, sc);
+                softmax_tile(R, r0, base, j0, j1, sc, o);
                 attn::with_rows(R, [&](auto rc) {
                     constexpr int RR = decltype(rc)::value;
                     // V in passes of kPvKeys keys: each pass walks a few KB
@@ -379,10 +391,10 @@ struct Runner {
     // Scales, caps and masks the tile's scores (rows r0..r0+R, keys [j0, j1)
     // of the block starting at key `base`), updates each row's running max and
     // sum, and leaves softmax weights in s and the rescale factors in alpha.
-    void softmax_tile(int R, int64_t r0, int64_t base, int64_t j0, int64_t j1, Scratch &sc) {
+    void softmax_tile(int R, int64_t r0, int64_t base, int64_t j0, int64_t j1, Scratch &sc, const Acc &o) {
         const int64_t W = a.sliding_window;
         const bool cap = a.soft_cap > 0.f;
-        float *m = sc.m.data() + r0, *l = sc.l.data() + r0, *dm = sc.dm.data(), *alpha = sc.alpha.data();
+        float *m = o.m + r0, *l = o.l + r0, *dm = sc.dm.data(), *alpha = sc.alpha.data();
         int64_t ra[attn::kTileRows], rb[attn::kTileRows];
         float mn[attn::kTileRows];
         for (int r = 0; r < R; ++r) {
