@@ -7,10 +7,12 @@
 // as the individual kernel bindings, and runs the layer with the GIL released.
 #pragma once
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -196,7 +198,7 @@ class DecoderLayer {
 
     // h, residual: [tokens, hidden] in place (see kernels.h: decoder_layer).
     void forward(Out h, Out residual, bool first, In positions, In slot_mapping, In query_start_loc, In seq_lens,
-                 In block_tables, Out key_cache, Out value_cache) const {
+                 In block_tables, Out key_cache, Out value_cache, std::optional<In> keep) const {
         const DType dt = w_.dt;
         check_same_dtype(float_dtype(h, "h"), dt, "h", "the layer's weights");
         check_same_dtype(float_dtype(residual, "residual"), dt, "residual", "the layer's weights");
@@ -232,6 +234,18 @@ class DecoderLayer {
         b.key_cache = key_cache.data();
         b.value_cache = value_cache.data();
         b.block_size = c.block_size;
+        if (keep) {
+            // Each kept row the last query row of its sequence, in order (what the model runner samples).
+            b.keep = static_cast<const int64_t *>(int_tensor(*keep, "keep", 64, 1));
+            b.kept = int64_t(keep->shape(0));
+            for (int64_t i = 0, s = 0; i < b.kept; ++i, ++s) {
+                while (s < m.num_seqs && (int64_t(m.qsl[s + 1]) - 1 != b.keep[i] || m.qsl[s + 1] == m.qsl[s])) ++s;
+                if (s == m.num_seqs)
+                    fail_value("keep[" + str(i) + "] = " + str(b.keep[i]) +
+                               " is not the last query row of a sequence after keep[" + str(i - 1) +
+                               "]: keep lists sequences' last rows, in order");
+            }
+        }
         void *scratch = scratch_for(size_t(decoder_layer_scratch_bytes(w_, T)));
         nb::gil_scoped_release nogil;
         decoder_layer(w_, b, h.data(), residual.data(), first, scratch);
@@ -295,8 +309,10 @@ inline void bind_decoder(nb::module_ &m) {
              nb::arg("scale"), nb::arg("sliding_window") = 0, nb::arg("soft_cap") = 0.0f, nb::arg("packed") = false)
         .def("forward", &DecoderLayer::forward, nb::arg("h"), nb::arg("residual"), nb::arg("first"),
              nb::arg("positions"), nb::arg("slot_mapping"), nb::arg("query_start_loc"), nb::arg("seq_lens"),
-             nb::arg("block_tables"), nb::arg("key_cache"), nb::arg("value_cache"),
-             "Run the layer on h [tokens, hidden] in place; residual carries the stream between layers.")
+             nb::arg("block_tables"), nb::arg("key_cache"), nb::arg("value_cache"), nb::arg("keep").none() = nb::none(),
+             "Run the layer on h [tokens, hidden] in place; residual carries the stream between layers. keep: the "
+             "rows whose outputs are read, each the last query row of its sequence, in order (None: all); every "
+             "row still writes the cache, and h and residual return the kept rows' in their first rows.")
         .def("set_all_reduce", &DecoderLayer::set_all_reduce, nb::arg("comm").none(),
              "Tensor parallelism: sum o_proj's and down_proj's outputs over the ranks with this ShmComm.");
 }

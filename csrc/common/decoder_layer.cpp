@@ -4,6 +4,7 @@
 // the composed paths give identical results.
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "dispatch_dtype.h"
 #include "kernels.h"
@@ -84,7 +85,8 @@ int64_t decoder_layer_scratch_bytes(const DecoderLayerWeights &w, int64_t tokens
 void decoder_layer(const DecoderLayerWeights &w, const DecoderBatch &b, void *h, void *residual, bool first,
                    void *scratch) {
     const DType dt = w.dt;
-    const int64_t T = b.tokens, H = w.hidden, hs = w.head_size, es = dtype_size(dt);
+    int64_t T = b.tokens;
+    const int64_t H = w.hidden, hs = w.head_size, es = dtype_size(dt);
     const int64_t q_size = w.num_heads * hs, kv_size = w.num_kv_heads * hs, qkv_n = q_size + 2 * kv_size;
     const int64_t I = w.intermediate;
     if (T <= 0) return;
@@ -117,6 +119,34 @@ void decoder_layer(const DecoderLayerWeights &w, const DecoderBatch &b, void *h,
                          w.cos_sin_dt, w.rot_dim, w.neox);
     reshape_and_cache(dt, b.cache_dt, kp, qkv_n, hs, vp, qkv_n, hs, b.key_cache, b.value_cache, b.slot_mapping, T,
                       w.num_kv_heads, hs, b.block_size);
+
+    // Only the kept rows go on (a step's last layer, where only the sampled rows' outputs are read, as
+    // llama.cpp's inp_out_ids but from before attention): their queries and residuals move to the front, in
+    // order (a row never moves back), and each sequence keeps its last query row or none. The bits of a kept
+    // row are those of the whole batch's: attention gives a row the same result in any batch, and every
+    // other kernel here works row by row. Measured, SmolLM2 bf16 (30 layers) on Sapphire Rapids, a
+    // 2048-token prefill alternating with and without in one process: 1-2.5% faster (the last layer's
+    // attention, o_proj and MLP for one row instead of 2048).
+    std::vector<int32_t> kept_qsl;
+    const int32_t *qsl = b.query_start_loc;
+    if (b.keep) {
+        kept_qsl.assign(size_t(b.num_seqs + 1), 0);
+        for (int64_t s = 0, i = 0; s < b.num_seqs; ++s) {
+            if (i < b.kept && b.keep[i] == int64_t(qsl[s + 1]) - 1 && qsl[s + 1] > qsl[s]) {
+                const int64_t r = b.keep[i];
+                if (r != i) {
+                    std::memcpy(qp + i * qkv_n * es, qp + r * qkv_n * es, size_t(q_size * es));
+                    std::memcpy(static_cast<char *>(residual) + i * H * es, static_cast<char *>(residual) + r * H * es,
+                                size_t(H * es));
+                }
+                ++i;
+            }
+            kept_qsl[size_t(s + 1)] = int32_t(i);
+        }
+        qsl = kept_qsl.data();
+        T = b.kept;
+        if (T == 0) return;
+    }
     PagedAttentionArgs a{};
     a.dt = dt;
     a.cache_dt = b.cache_dt;
@@ -132,7 +162,7 @@ void decoder_layer(const DecoderLayerWeights &w, const DecoderBatch &b, void *h,
     a.num_kv_heads = w.num_kv_heads;
     a.head_size = hs;
     a.block_size = b.block_size;
-    a.query_start_loc = b.query_start_loc;
+    a.query_start_loc = qsl;
     a.seq_lens = b.seq_lens;
     a.block_tables = b.block_tables;
     a.num_seqs = b.num_seqs;

@@ -222,6 +222,10 @@ struct DecoderBatch {  // filled field by field, never by position
     DType cache_dt;
     void *key_cache, *value_cache;  // [num_blocks, num_kv_heads, block_size, head_size]
     int64_t block_size;
+    // The rows whose outputs are read (nullptr: all): `kept` rows, each the last query row of its sequence,
+    // in order. Every row's keys and values still go into the cache; past that, only these rows go on.
+    const int64_t *keep = nullptr;
+    int64_t kept = 0;
 };
 
 // Bytes of scratch decoder_layer needs for `tokens` tokens.
@@ -230,7 +234,8 @@ int64_t decoder_layer_scratch_bytes(const DecoderLayerWeights &w, int64_t tokens
 // h and residual are contiguous [tokens, hidden]. first: h holds the
 // embeddings (residual is set from it); otherwise h holds the previous layer's
 // output and residual the stream so far. On return h holds this layer's
-// output and residual the stream before it (the next layer adds them).
+// output and residual the stream before it (the next layer adds them); with
+// b.keep, those of the kept rows, in their first b.kept rows.
 void decoder_layer(const DecoderLayerWeights &w, const DecoderBatch &b, void *h, void *residual, bool first,
                    void *scratch);
 

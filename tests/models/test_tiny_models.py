@@ -200,6 +200,42 @@ def test_fused_layer_over_512_tokens_equals_the_per_op_path(tmp_path_factory, mo
         assert (logits - ref).abs().max() <= 0.05 * ref.abs().max()  # bf16, as the other tests here
 
 
+def test_fused_layer_keeps_only_the_sampled_rows(tmp_path_factory):
+    """keep: past the cache write, the fused layer carries only the sampled rows (each sequence's last query
+    row), as a step's last layer does. Three sequences (a prefill, a decode, a prefill chunk), kept in
+    subsets down to none: the kept rows' h and residual are the full batch's bit for bit, in the first rows,
+    and every row's keys and values still reach the cache; keep that names other rows is refused."""
+    path, _ = _checkpoint(tmp_path_factory, "llama")
+    spec = load_model_spec(str(path), "bfloat16")
+    runner = ModelRunner(spec, block_size=16, num_blocks=4, cache_dtype=torch.bfloat16)
+    layer = runner.model.layers[0].fused
+    k0, v0 = (torch.randn_like(c, dtype=torch.float32).to(c.dtype) for c in runner.kv_caches[0])
+    g = torch.Generator().manual_seed(0)
+    h0 = torch.randn(10, 128, generator=g).bfloat16()
+    res0 = torch.randn(10, 128, generator=g).bfloat16()
+    pos = torch.tensor([0, 1, 2, 3, 4, 3, 0, 1, 2, 3])
+    slots = torch.tensor([0, 1, 2, 3, 4, 19, 32, 33, 34, 35])
+    qsl = torch.tensor([0, 5, 6, 10], dtype=torch.int32)
+    lens = torch.tensor([5, 4, 4], dtype=torch.int32)
+    table = torch.tensor([[0], [1], [2]], dtype=torch.int32)
+
+    def run(keep):
+        h, res, k, v = h0.clone(), res0.clone(), k0.clone(), v0.clone()
+        layer.forward(h, res, False, pos, slots, qsl, lens, table, k, v, keep)
+        return h, res, k, v
+
+    h, res, k, v = run(None)
+    for keep in ([4, 5], [5], [4], [5, 9], []):
+        hk, rk, kk, vk = run(torch.tensor(keep, dtype=torch.int64))
+        assert torch.equal(kk, k) and torch.equal(vk, v), f"keep={keep}: the cache differs"
+        assert torch.equal(hk[: len(keep)], h[keep]) and torch.equal(rk[: len(keep)], res[keep]), f"keep={keep}"
+    for bad in ([3], [5, 4], [4, 4], [8], [4, 5, 10]):
+        with pytest.raises(ValueError, match="last query row"):
+            run(torch.tensor(bad, dtype=torch.int64))
+    with pytest.raises(TypeError, match="int64"):
+        run(torch.tensor([4], dtype=torch.int32))
+
+
 def test_fused_layer_rejects_bad_calls(tmp_path_factory):
     """The fused layer validates what changes per call: shapes, the cache geometry and every index."""
     path, _ = _checkpoint(tmp_path_factory, "llama")

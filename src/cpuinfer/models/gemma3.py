@@ -102,10 +102,11 @@ class Gemma3ForCausalLM:
             h = layer.mlp(h)
             return ops.rms_norm(h, layer.post_ff_norm, self.eps, out=h), residual
 
-        h, residual = stage_stack(self.layers, h, residual, positions, meta, kv_caches, per_op)
+        keep = sample_idx if self.stage.last else None  # a stage before the last hands on every row
+        h, residual, rows = stage_stack(self.layers, h, residual, positions, meta, kv_caches, per_op, keep)
         if not self.stage.last:
             return h, residual
-        logits = self.head.logits(final_rows(h, residual, sample_idx, self.norm, self.eps))
+        logits = self.head.logits(final_rows(h, residual, rows, self.norm, self.eps))
         if self.final_soft_cap > 0.0:
             logits = torch.tanh(logits / self.final_soft_cap) * self.final_soft_cap
         return logits

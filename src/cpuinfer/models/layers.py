@@ -351,13 +351,18 @@ def stage_stack(
     meta: AttentionMetadata,
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
     per_op,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run a pre-norm model's layers (this stage's): (h, residual) of every row after them.
+    sample_idx: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Run a pre-norm model's layers (this stage's): (h, residual) after them, and the rows of those to read.
 
     Each layer runs as its fused kernel when the step allows it (bf16/f16 layers, a kernel block size);
     otherwise per_op(layer, h, residual, kv) -> (h, residual) runs it op by op from Python. residual: None
     at the model's first layer (h starts the residual stream), else the stream the previous pipeline stage
     handed over with h.
+
+    sample_idx: the rows whose outputs are read (None: all), each the last of its sequence's query rows, in
+    order (the model runner's). The fused last layer then carries only those rows past its cache write:
+    (h, residual) come back as theirs, and the rows to read as None; otherwise as given.
     """
     if layers and layers[0].fused is not None and uses_kernels(block_size=meta.block_size):
         first = residual is None
@@ -370,14 +375,19 @@ def stage_stack(
             meta.seq_lens,
             meta.block_tables,
         )
+        last = len(layers) - 1
         for i, (layer, (k, v)) in enumerate(zip(layers, kv_caches, strict=True)):
+            keep = sample_idx if i == last else None
             layer.fused.forward(
-                h, residual, first and i == 0, pos, slots, qsl, lens, tables, ops.cache_view(k), ops.cache_view(v)
+                h, residual, first and i == 0, pos, slots, qsl, lens, tables, ops.cache_view(k), ops.cache_view(v), keep
             )
+        if sample_idx is not None:
+            n = sample_idx.numel()
+            return h[:n], residual[:n], None
     else:
         for layer, kv in zip(layers, kv_caches, strict=True):
             h, residual = per_op(layer, h, residual, kv)
-    return h, residual
+    return h, residual, sample_idx
 
 
 def final_rows(

@@ -94,10 +94,11 @@ class LlamaForCausalLM:
             ops.fused_add_rms_norm(h, residual, layer.post_norm, self.eps)
             return layer.mlp(h), residual
 
-        h, residual = stage_stack(self.layers, h, residual, positions, meta, kv_caches, per_op)
+        keep = sample_idx if self.stage.last else None  # a stage before the last hands on every row
+        h, residual, rows = stage_stack(self.layers, h, residual, positions, meta, kv_caches, per_op, keep)
         if not self.stage.last:
             return h, residual
-        return self.head.logits(final_rows(h, residual, sample_idx, self.norm, self.eps))
+        return self.head.logits(final_rows(h, residual, rows, self.norm, self.eps))
 
 
 class _Layer:
