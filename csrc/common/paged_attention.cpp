@@ -141,12 +141,22 @@ struct Runner {
     }
 
     void plan() {
-        const int64_t W = a.sliding_window, P = part_keys();
+        const int64_t W = a.sliding_window, P = part_keys(), threads = max_threads();
+        using Whole = attn::WholeUnit<T, C>;  // a whole-unit path sets its own group size
+        // Its groups of at most Whole::kChunkRows rows, halved (down to 256) while the batch would make fewer
+        // than 4 a thread. (Only the grouping: a row's result does not depend on the rows grouped with it.)
+        int64_t whole_chunk = Whole::kChunkRows;
+        auto whole_groups = [&](int64_t chunk) {
+            int64_t n = 0;
+            for (int64_t s = 0; s < a.num_seqs; ++s)
+                if (Whole::applies(q_len(s) * G, D)) n += (q_len(s) * G + chunk - 1) / chunk * a.num_kv_heads;
+            return n;
+        };
+        while (whole_chunk > 256 && whole_groups(whole_chunk) < 4 * threads) whole_chunk /= 2;
         int64_t total = 0;
         for (int64_t s = 0; s < a.num_seqs; ++s) {
             const int64_t L = q_len(s), ctx = a.seq_lens[s];
-            using Whole = attn::WholeUnit<T, C>;  // a whole-unit path sets its own group size
-            const int64_t chunk = Whole::applies(L * G, D) ? Whole::kChunkRows : kChunkRows;
+            const int64_t chunk = Whole::applies(L * G, D) ? whole_chunk : kChunkRows;
             for (int64_t r0 = 0; r0 < L * G; r0 += chunk) {
                 const int64_t rows = std::min(chunk, L * G - r0);
                 const int64_t first_pos = ctx - L + r0 / G, last_pos = ctx - L + (r0 + rows - 1) / G;
@@ -161,7 +171,6 @@ struct Runner {
         // Spread long key ranges over several units so that there are about 8 units per thread: dynamic
         // hand-out then evens out ragged lengths and busy cores. (Only the schedule: a row's partitions and
         // their merge are the same either way.)
-        const int64_t threads = max_threads();
         const int64_t target = threads > 1 ? std::max<int64_t>(1, total / (threads * 8)) : 0;
         int64_t scratch = 0;
         for (size_t gi = 0; gi < groups.size(); ++gi) {

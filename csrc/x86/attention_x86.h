@@ -179,9 +179,11 @@ struct WholeUnit<bf16_t, bf16_t> {
     // Every row count, decode included, so that a row's result does not depend
     // on its batch (the engine's greedy outputs rely on it, as on the GEMM's).
     static bool applies(int64_t, int64_t D) { return D % 32 == 0; }
-    // Units of 256 rows: a unit packs the keys it sees once for all its tiles, and packing was 13% of a
-    // 2048-token prefill layer at 64 rows (SmolLM2's heads, 2 threads: 10.0 -> 8.5 ms).
-    static constexpr int64_t kChunkRows = 256;
+    // Units of up to 512 rows: a unit packs the keys it sees once for all its tiles, and packing was 13% of
+    // a 2048-token prefill layer at 64 rows (SmolLM2's heads, 2 threads: 10.0 -> 8.5 ms; 256 -> 512 rows
+    // 7.4-7.6 -> 7.1-7.2 ms, 1024 no better). The plan halves it, down to 256, for a batch with fewer
+    // units than 4 a thread (a 128-token prompt's 3 units of 384 rows ran 15% slower than 6 smaller ones).
+    static constexpr int64_t kChunkRows = 512;
     template <typename KeyRow, typename ValueRow>
     static void run(const FlashUnit &u, KeyRow &&key, ValueRow &&value) {
         flash_unit_amx(u, key, value);
