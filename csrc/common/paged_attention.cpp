@@ -228,7 +228,7 @@ struct Runner {
         const int64_t padded = (rows + 15) / 16 * 16;
         if (kBf16 && int64_t(sc.qb.size()) < padded * D) sc.qb.resize(size_t(padded * D));
         // Rows run over a token's G heads, then the next token's: a token's rows are one copy where its
-        // heads lie D apart (a 2048-token prefill made one memcpy call per row, ~1.5% of it).
+        // heads lie D apart (one memcpy call a row before: 18432 a layer of a 2048-token prefill).
         const bool heads_packed = a.q_head_stride == D;
         for (int64_t r = 0; r < rows;) {
             const int64_t t = (g.row0 + r) / G, j = (g.row0 + r) % G, n = std::min(G - j, rows - r);
