@@ -241,9 +241,9 @@ class DecoderLayer {
             for (int64_t i = 0, s = 0; i < b.kept; ++i, ++s) {
                 while (s < m.num_seqs && (int64_t(m.qsl[s + 1]) - 1 != b.keep[i] || m.qsl[s + 1] == m.qsl[s])) ++s;
                 if (s == m.num_seqs)
-                    fail_value("keep[" + str(i) + "] = " + str(b.keep[i]) +
-                               " is not the last query row of a sequence after keep[" + str(i - 1) +
-                               "]: keep lists sequences' last rows, in order");
+                    fail_value("keep[" + str(i) + "] = " + str(b.keep[i]) + " is not the last query row of a sequence" +
+                               (i > 0 ? " after keep[" + str(i - 1) + "]'s" : std::string()) +
+                               ": keep lists sequences' last rows, in order");
             }
         }
         void *scratch = scratch_for(size_t(decoder_layer_scratch_bytes(w_, T)));
