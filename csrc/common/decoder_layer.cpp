@@ -133,17 +133,17 @@ void decoder_layer(const DecoderLayerWeights &w, const DecoderBatch &b, void *h,
     std::vector<int32_t> kept_qsl;
     const int32_t *qsl = b.query_start_loc;
     if (b.keep) {
+        char *res = static_cast<char *>(residual);
+        for (int64_t i = 0; i < b.kept; ++i) {
+            const int64_t r = b.keep[i];
+            if (r == i) continue;
+            std::memcpy(qp + i * qkv_n * es, qp + r * qkv_n * es, size_t(q_size * es));
+            std::memcpy(res + i * H * es, res + r * H * es, size_t(H * es));
+        }
+        // A sequence's kept rows start after those of the sequences before it (kept rows are in order).
         kept_qsl.assign(size_t(b.num_seqs + 1), 0);
         for (int64_t s = 0, i = 0; s < b.num_seqs; ++s) {
-            if (i < b.kept && b.keep[i] == int64_t(qsl[s + 1]) - 1 && qsl[s + 1] > qsl[s]) {
-                const int64_t r = b.keep[i];
-                if (r != i) {
-                    std::memcpy(qp + i * qkv_n * es, qp + r * qkv_n * es, size_t(q_size * es));
-                    std::memcpy(static_cast<char *>(residual) + i * H * es, static_cast<char *>(residual) + r * H * es,
-                                size_t(H * es));
-                }
-                ++i;
-            }
+            while (i < b.kept && b.keep[i] < qsl[s + 1]) ++i;
             kept_qsl[size_t(s + 1)] = int32_t(i);
         }
         qsl = kept_qsl.data();

@@ -227,22 +227,12 @@ struct Runner {
         const bool whole = attn::WholeUnit<T, C>::applies(rows, D);
         const int64_t padded = (rows + 15) / 16 * 16;
         if (kBf16 && int64_t(sc.qb.size()) < padded * D) sc.qb.resize(size_t(padded * D));
-        // Rows run over a token's G heads, then the next token's: a token's rows are one copy where its
-        // heads lie D apart (one memcpy call a row before: 18432 a layer of a 2048-token prefill).
-        const bool heads_packed = a.q_head_stride == D;
-        for (int64_t r = 0; r < rows;) {
-            const int64_t t = (g.row0 + r) / G, j = (g.row0 + r) % G, n = std::min(G - j, rows - r);
-            const T *src = query + (qs + t) * a.q_token_stride + (h * G + j) * a.q_head_stride;
-            for (int64_t i = 0; i < n; ++i) {
-                pos[r + i] = ctx - L + t;
-                // (the bf16 paths read the raw rows only)
-                if (!whole && !kPackedQk) load_row(qf + (r + i) * D, src + i * a.q_head_stride);
-                if constexpr (kBf16)
-                    if (!heads_packed) std::memcpy(sc.qb.data() + (r + i) * D, src + i * a.q_head_stride, sizeof(T) * D);
-            }
-            if constexpr (kBf16)
-                if (heads_packed) std::memcpy(sc.qb.data() + r * D, src, sizeof(T) * D * n);
-            r += n;
+        for (int64_t r = 0; r < rows; ++r) {
+            const int64_t t = (g.row0 + r) / G, qh = h * G + (g.row0 + r) % G;
+            pos[r] = ctx - L + t;
+            const T *src = query + (qs + t) * a.q_token_stride + qh * a.q_head_stride;
+            if (!whole && !kPackedQk) load_row(qf + r * D, src);  // the bf16 paths read the raw rows only
+            if constexpr (kBf16) std::memcpy(sc.qb.data() + r * D, src, sizeof(T) * D);
         }
         if (whole) std::memset(sc.qb.data() + rows * D, 0, sizeof(bf16_t) * size_t((padded - rows) * D));
         // Where the group's partition results go: this thread's scratch when this unit is the group's only one

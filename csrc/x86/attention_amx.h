@@ -89,35 +89,16 @@ struct FlashScratch {
 inline void amx_begin() { x86::load_tile_config(x86::full_tiles()); }
 inline void amx_end() { x86::release_tiles(); }
 
-// e^x for the softmax's x <= 0 (x - the row's max) in the lanes of `keep`, 0 in the others (whatever
-// they hold, -inf included): n = round(x log2(e)), r = x - n ln(2) in two steps (Cody-Waite, as vec::exp),
-// a degree-5 polynomial of e^r fitted to the relative error over |r| <= ln(2) / 2 (< 1.6e-7 in f32; the
-// degree-6 Taylor polynomial before it, one FMA more, gave < 2.1e-7), times 2^n by VSCALEFPS (which
-// underflows to 0 by itself; vec::exp builds 2^n from bits and must clamp). 11 instructions.
-inline __m512 exp_nonpos(__m512 x, __mmask16 keep = 0xffff) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));  // keeps r small for any finite x
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
-    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(0.008292494341731071f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.04189792275428772f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.16667599976062775f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.4999915063381195f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.9999997019767761f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-    return _mm512_maskz_scalef_ps(keep, p, n);
-}
-
 // 2^x for the softmax's weights, x <= 0 (in log2 units: the score's scale times log2(e) folded into the
 // FMA that subtracts the max) in the lanes of `keep`, 0 in the others (whatever they hold, -inf included):
 // n = round(x), r = x - n exactly (|r| <= 1/2), a degree-5 polynomial of 2^r fitted to the relative error
 // over it (< 1.9e-7 in f32), times 2^n by VSCALEFPS (which underflows to 0 by itself: no clamp). 8
-// instructions against exp_nonpos's 11, whose Cody-Waite steps are the price of natural units; log2(e)
-// costs nothing in the FMA before it. Measured, 1024-token causal prefill at SmolLM2's heads: as many
-// outputs off the rounded float64 result as with exp_nonpos (0.41% and 0.17% of them, at two score
-// spreads); a degree-4 polynomial (2.9e-6) was ~2% faster but moved 5% more of them. A 2048-token layer,
-// 2 threads, alternating builds: 7.7-8.2 -> 7.1-7.7 ms.
+// instructions against the 11 of the natural-units e^x it replaced, whose Cody-Waite steps (r = x - n ln 2
+// in two FMAs) and clamp are the price of natural units; log2(e) costs nothing in the FMA before it.
+// Measured, 1024-token causal prefill at SmolLM2's heads: as many outputs off the rounded float64 result
+// as with e^x (0.41% and 0.17% of them, at two score spreads); a degree-4 polynomial (2.9e-6) was ~2%
+// faster but moved 5% more of them. A 2048-token layer, 2 threads, alternating builds: 7.7-8.2 -> 7.1-7.7
+// ms. The accumulators' factors take it too, their exponent formed in double (one rounding).
 inline __m512 exp2_nonpos(__m512 x, __mmask16 keep) {
     const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 r = _mm512_sub_ps(x, n);
@@ -222,11 +203,12 @@ inline void flash_softmax(const FlashUnit &u, int64_t r0, int R, int64_t a0, int
     // Two passes over the rows, each row's work independent of the other rows' in a pass, so that the
     // out-of-order core overlaps rows (a row's exps wait for its max, through a chain of maxima and a
     // reduction).
-    alignas(64) float mold[16], mnew[16];
+    alignas(64) float mnew[16], to_alpha[16];  // the rows' new max; log2 of their factor, where `live`
     __mmask16 mk[16][kFlashBlock / 16];
     uint32_t sees = 0;  // rows that see a key here
+    __mmask16 live = 0;  // rows that see a key here, with keys seen before (a finite max)
     for (int r = 0; r < 16; ++r) {
-        mold[r] = mnew[r] = 0.f;
+        mnew[r] = to_alpha[r] = 0.f;
         int64_t lo = a0, hi = a0;  // keys of the chunks row r sees (none past R)
         if (r < R) {
             const int64_t p = u.pos[r0 + r];
@@ -249,12 +231,16 @@ inline void flash_softmax(const FlashUnit &u, int64_t r0, int R, int64_t a0, int
             }
             vmax = _mm512_mask_max_ps(vmax, mk[r][v], vmax, x);
         }
-        const float bmax = _mm512_reduce_max_ps(vmax);
-        mold[r] = u.m[r0 + r];
-        mnew[r] = std::max(mold[r], fold ? bmax * u.qscale : bmax);
+        const float bmax = _mm512_reduce_max_ps(vmax), mold = u.m[r0 + r];
+        mnew[r] = std::max(mold, fold ? bmax * u.qscale : bmax);
+        if (mold > -std::numeric_limits<float>::infinity()) {
+            to_alpha[r] = float((double(mold) - double(mnew[r])) * kLog2e);
+            live |= __mmask16(1u << r);
+        }
     }
-    // The rows' factors at once: 1 where the max holds (e^0 is exactly 1), ~0 where it was -inf.
-    _mm512_store_ps(f.alpha, exp_nonpos(_mm512_sub_ps(_mm512_load_ps(mold), _mm512_load_ps(mnew))));
+    // The rows' factors at once: 1 where the max holds (2^0 is exactly 1), 0 where it was -inf (the row's
+    // first keys: its accumulator holds nothing yet).
+    _mm512_store_ps(f.alpha, exp2_nonpos(_mm512_load_ps(to_alpha), live));
     for (int r = 0; r < 16; ++r) {
         bf16_t *ph = f.p_hi + r * 32, *pl = f.p_lo + r * 32;  // chunk c's row at + c * 512
         if (!(sees >> r & 1)) {  // nothing to add: zero weights
