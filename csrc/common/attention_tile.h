@@ -328,7 +328,7 @@ struct FlashUnit {
     int64_t k0, k1;      // the unit's keys
     int64_t window;      // sliding window (0: none)
     float qscale, soft_cap;
-    float *m, *l, *acc;  // [rows], [rows], [rows][D]
+    float *m, *l, *acc;  // [rows], [rows], [rows][D]: the rows' softmax over [k0, k1), all set by the unit
     PrefetchRanges *ahead = nullptr;  // another unit's rows to fetch, a step at a time (next()), if any
 };
 

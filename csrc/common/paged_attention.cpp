@@ -260,8 +260,10 @@ struct Runner {
             // prefill's copies from the scratch were ~2% of it), else in the scratch.
             float *dst = results ? results + (p - g.first) * stride : nullptr;
             const Acc o = dst ? Acc{dst, dst + rows, dst + 2 * rows} : Acc{m, l, acc};
-            for (int64_t r = 0; r < rows; ++r) o.m[r] = kNegInf, o.l[r] = 0.f;
-            std::memset(o.acc, 0, sizeof(float) * rows * D);
+            if (!whole) {  // a whole-unit path sets them itself (its first product per row is the acc)
+                for (int64_t r = 0; r < rows; ++r) o.m[r] = kNegInf, o.l[r] = 0.f;
+                std::memset(o.acc, 0, sizeof(float) * rows * D);
+            }
             const auto [k0, k1] = keys_of(g, p, p + 1);
             attend(g, sc, o, k0, k1, whole, ahead.n ? &ahead : nullptr);
             if (!results) write_rows(g, l, acc);  // the group's one partition: its rows out
@@ -270,7 +272,7 @@ struct Runner {
     }
 
     // The online softmax of the unit's rows over keys [k0, k1) (within one partition) into o's m, l and acc,
-    // which start at -inf, 0 and 0.
+    // which start at -inf, 0 and 0 (set by the caller, or by a whole-unit path itself).
     void attend(const Group &g, Scratch &sc, const Acc &o, int64_t k0, int64_t k1, bool whole,
                 attn::PrefetchRanges *ahead = nullptr) {
         const int64_t h = g.kv_head, s = g.seq, rows = g.rows, W = a.sliding_window;

@@ -42,6 +42,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <utility>
@@ -70,6 +71,7 @@ struct FlashScratch {
     LineVector<float> o;      // an item's products, [16 rows][D], two items apart by 16 * D
     LineVector<uint32_t> qt;  // a single-tile unit's Q^T: [D/32][16 d-pairs][16 rows] (flash_qkt)
     LineVector<bf16_t> krun;  // key rows copied for flash_qkt's A tiles: [2 chunks][2 runs][16 keys][D]
+    std::vector<uint8_t> started;  // a unit's 16-row tiles that have had an item (flash_unit_amx)
     alignas(64) float st[2 * 2 * 256];  // flash_qkt's S^T tiles: [2 chunks][2 runs][16 keys][16 rows]
     struct Item {
         alignas(64) float s[16 * kFlashBlock];            // scores over a block, rows kFlashBlock apart
@@ -496,12 +498,20 @@ inline void flash_unit_amx(const FlashUnit &u, KeyRow &&key, ValueRow &&value) {
     struct Item {
         int64_t b, r0, a0, a1;  // its block, its tile's first row, its chunks [a0, a1)
         int R;                  // its tile's rows
+        bool first;             // its tile's first item: o is the rows' accumulator as it stands
     } item[3];                  // items i, i - 1, i - 2 at i % 3
+    // A tile's first item writes its rows' acc (its factors are 0, or 1 with zero weights, for rows that see
+    // nothing yet): a whole tile's PV products go straight there, so neither a zeroed acc nor the add pass
+    // is needed for it. In a prefill every item is its tile's first: a unit is one partition, and
+    // partitions are kFlashBlock keys wherever the block size divides it.
+    f.started.assign(size_t((u.rows + 15) / 16), 0);
+    for (int64_t r = 0; r < u.rows; ++r) u.m[r] = -std::numeric_limits<float>::infinity(), u.l[r] = 0.f;
     int64_t i = 0, pv_next = 0, add_next = 0;  // items issued; PV and add done for items before these
+    auto direct = [&](const Item &it) { return it.first && it.R == 16; };
     auto pv_until = [&](int64_t end) {  // o = P V for the items before end
         for (; pv_next < end; ++pv_next) {
             const Item &it = item[pv_next % 3];
-            float *o = f.o.data() + (pv_next % 2) * 16 * D;
+            float *o = direct(it) ? u.acc + it.r0 * D : f.o.data() + (pv_next % 2) * 16 * D;
             const uint16_t *vv = f.vv.data() + slot(it.b, it.a0) * D * 32;
             for (int64_t d0 = 0; d0 < D; d0 += 64) {  // 64 d (4 tiles) at a time
                 with_slices(int(std::min<int64_t>(4, (D - d0) / 16)), [&](auto n) {
@@ -511,12 +521,17 @@ inline void flash_unit_amx(const FlashUnit &u, KeyRow &&key, ValueRow &&value) {
             }
         }
     };
-    auto add_until = [&](int64_t end) {  // acc = acc * alpha + o for the rows of the items before end
+    auto add_until = [&](int64_t end) {  // acc = acc * alpha + o (a first item: acc = o) for the items before end
         for (; add_next < end; ++add_next) {
             const Item &it = item[add_next % 3];
+            if (direct(it)) continue;
             const float *o = f.o.data() + (add_next % 2) * 16 * D, *alpha = f.item[add_next % 2].alpha;
             for (int r = 0; r < it.R; ++r) {
                 float *a = u.acc + (it.r0 + r) * D;
+                if (it.first) {
+                    std::memcpy(a, o + r * D, sizeof(float) * size_t(D));
+                    continue;
+                }
                 const __m512 al = _mm512_set1_ps(alpha[r]);
                 for (int64_t d = 0; d < D; d += 16)
                     _mm512_storeu_ps(a + d, _mm512_fmadd_ps(_mm512_loadu_ps(a + d), al, _mm512_loadu_ps(o + r * D + d)));
@@ -535,6 +550,8 @@ inline void flash_unit_amx(const FlashUnit &u, KeyRow &&key, ValueRow &&value) {
             int64_t lo, hi;
             if (!seen(b, r0, r0 + it.R, lo, hi)) continue;
             it.a0 = lo / kFlashKeys * kFlashKeys, it.a1 = (hi + kFlashKeys - 1) / kFlashKeys * kFlashKeys;
+            it.first = !f.started[size_t(r0 / 16)];
+            f.started[size_t(r0 / 16)] = 1;
             if (single) flash_qkt(u, it.R, it.a0, it.a1, key, f, f.item[i % 2]);
             else flash_qk(u, r0, it.a0, it.a1, f.kt.data() + slot(b, it.a0) * D * 16, f.item[i % 2]);
             pv_until(i);  // the last item that reads the next block's set (two blocks back) is done
@@ -551,6 +568,9 @@ inline void flash_unit_amx(const FlashUnit &u, KeyRow &&key, ValueRow &&value) {
     pv_until(i);
     add_until(i);
     amx_end();
+    for (int64_t t = 0; t < int64_t(f.started.size()); ++t)  // tiles that saw no key: nothing added
+        if (!f.started[size_t(t)])
+            std::memset(u.acc + t * 16 * D, 0, sizeof(float) * size_t((std::min(u.rows, t * 16 + 16) - t * 16) * D));
 }
 
 }  // namespace cpuinfer::attn
