@@ -12,7 +12,7 @@
 // tile work; packing reads key rows in runs of 16 (one block's, or row by
 // row where a run's rows are not D apart), so chunks may straddle KV blocks
 // of any size. A unit of a single tile (a decode step) computes S^T = K Q^T
-// instead, K straight from the cache, and packs only V (flash_qkt).
+// instead, K straight from the cache, and packs only V (qkt_chunk).
 //
 // The softmax runs over blocks of up to kFlashBlock keys (512), not chunk by
 // chunk: each step of it is a round trip between the tile unit and the
@@ -62,26 +62,34 @@ constexpr int64_t kFlashKeys = 32;    // keys per packed chunk: one k-step of th
 constexpr int64_t kFlashBlock = 512;
 constexpr int kFlashChunks = int(kFlashBlock / kFlashKeys);
 
-// Per-thread buffers of the AMX path: two blocks' packed chunks (slot c at
+// Per-thread buffers of the AMX path: three blocks' packed chunks (slot c at
 // c * D * 16 of kt, c * D * 32 of vv), and two of each per-item buffer, the
 // pipeline's stages working on consecutive items (see flash_unit_amx).
 struct FlashScratch {
     LineVector<uint32_t> kt;  // K^T chunk: [D/32][2 key halves][16 d-pairs][16 keys]
     LineVector<uint16_t> vv;  // V chunk: [D/16][16 key-pairs][16 d][2]
     LineVector<float> o;      // an item's products, [16 rows][D], two items apart by 16 * D
-    LineVector<uint32_t> qt;  // a single-tile unit's Q^T: [D/32][16 d-pairs][16 rows] (flash_qkt)
-    LineVector<bf16_t> krun;  // key rows copied for flash_qkt's A tiles: [2 chunks][2 runs][16 keys][D]
+    LineVector<uint32_t> qt;  // a single-tile unit's Q^T: [D/32][16 d-pairs][16 rows] (qkt_chunk)
+    LineVector<bf16_t> krun;  // key rows copied for qkt_chunk's A tiles: [2 chunks][2 runs][16 keys][D]
     std::vector<uint8_t> started;  // a unit's 16-row tiles that have had an item (flash_unit_amx)
-    alignas(64) float st[2 * 2 * 256];  // flash_qkt's S^T tiles: [2 chunks][2 runs][16 keys][16 rows]
+    alignas(64) float st[2 * 2 * 256];  // qkt_chunk's S^T tiles: [2 chunks][2 runs][16 keys][16 rows]
     struct Item {
         alignas(64) float s[16 * kFlashBlock];            // scores over a block, rows kFlashBlock apart
         alignas(64) bf16_t p_hi[kFlashChunks * 16 * 32];  // weights, chunk c's 16 x 32 A tile at c * 512
         alignas(64) bf16_t p_lo[kFlashChunks * 16 * 32];
         alignas(64) float alpha[16];  // the rows' accumulator factors
     } item[2];
+    struct ItemPlan {
+        int64_t b, r0, a0, a1;  // its block, its tile's first row, its chunks [a0, a1)
+        int R;                  // its tile's rows
+        bool first;             // its tile's first item
+        int set;                // which of the three sets holds its block's packed chunks
+        int64_t pk0, pk1;       // a block's first item: the block's chunks to pack, [pk0, pk1) (else empty)
+    };
+    std::vector<ItemPlan> items;  // a unit's items in order (flash_unit_amx)
     void reserve(int64_t D) {
-        if (int64_t(kt.size()) < 2 * kFlashChunks * D * 16) {
-            kt.resize(size_t(2 * kFlashChunks * D * 16)), vv.resize(size_t(2 * kFlashChunks * D * 32));
+        if (int64_t(kt.size()) < 3 * kFlashChunks * D * 16) {
+            kt.resize(size_t(3 * kFlashChunks * D * 16)), vv.resize(size_t(3 * kFlashChunks * D * 32));
             o.resize(size_t(2 * 16 * D));
             qt.resize(size_t(D / 32 * 256)), krun.resize(size_t(4 * 16 * D));
         }
@@ -189,8 +197,11 @@ inline __mmask16 lanes(int64_t lo, int64_t hi) {
 // One 16-row tile's softmax step over the chunks [a0, a1) of a block (S in
 // f.s from the QK products) -> the weights as bf16 hi + lo parts in f.p_hi /
 // f.p_lo, the rows' m and l updated, and f.alpha[r] the factor of row r's
-// accumulator.
-inline void flash_softmax(const FlashUnit &u, int64_t r0, int R, int64_t a0, int64_t a1, FlashScratch::Item &f) {
+// accumulator. tick(r) after each row r of the second pass (the pipeline
+// issues tile work there).
+template <typename Tick>
+inline void flash_softmax(const FlashUnit &u, int64_t r0, int R, int64_t a0, int64_t a1, FlashScratch::Item &f,
+                          Tick &&tick) {
     const int64_t W = u.window;
     const int nv = int((a1 - a0) / 16);
     const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
@@ -251,6 +262,7 @@ inline void flash_softmax(const FlashUnit &u, int64_t r0, int R, int64_t a0, int
                 _mm512_store_si512(ph + v * 256, _mm512_setzero_si512());
                 _mm512_store_si512(pl + v * 256, _mm512_setzero_si512());
             }
+            tick(r);
             continue;
         }
         const float *sr = f.s + r * kFlashBlock;
@@ -265,11 +277,12 @@ inline void flash_softmax(const FlashUnit &u, int64_t r0, int R, int64_t a0, int
         }
         u.l[r0 + r] = u.l[r0 + r] * f.alpha[r] + _mm512_reduce_add_ps(sum);
         u.m[r0 + r] = mnew[r];
+        tick(r);
     }
 }
 
-// S of rows [r0, r0 + 16) against the packed chunks of [a0, a1) (kt: chunk
-// a0's), into f.s: a chunk's 16 x 32 scores in C tiles 0-1 or 2-3, the pair
+// S of 16 rows (q) against one packed chunk (kt), into s (rows kFlashBlock
+// apart): the chunk's 16 x 32 scores in C tiles 0-1 or 2-3, the pair
 // alternating with the chunk, so that a chunk's products start while the
 // previous chunk's stores drain (zeroing a tile waits for its store, which
 // waits for its last product: one set of four C tiles for two chunks ran at
@@ -298,29 +311,16 @@ inline void qk_chunk(const bf16_t *q, int64_t D, bool keep, const uint32_t *kt, 
     x86::tile_store<C0>(s, kFlashBlock * 4);
     x86::tile_store<C0 + 1>(s + 16, kFlashBlock * 4);
 }
-inline void flash_qk(const FlashUnit &u, int64_t r0, int64_t a0, int64_t a1, const uint32_t *kt, FlashScratch::Item &f) {
-    const int64_t D = u.D, nc = (a1 - a0) / kFlashKeys;
-    const bf16_t *q = u.q + r0 * D;
-    const bool keep = D <= 64;  // Q stays in tiles 4-5 for every chunk
-    if (keep) {
-        _tile_loadd(4, q, D * 2);
-        if (D > 32) _tile_loadd(5, q + 32, D * 2);
-    }
-    for (int64_t c = 0; c < nc; ++c, kt += D * 16) {
-        if (c % 2 == 0) qk_chunk<0>(q, D, keep, kt, f.s + c * kFlashKeys);
-        else qk_chunk<2>(q, D, keep, kt, f.s + c * kFlashKeys);
-    }
-}
 
 // A unit of one tile (up to 16 rows: a decode step's) takes S^T = K Q^T
-// instead of flash_qk's S = Q K^T: A = 16 keys' rows (32 d) as they lie in
+// instead of qk_chunk's S = Q K^T: A = 16 keys' rows (32 d) as they lie in
 // the cache, B = Q^T in VNNI form (packed once per unit), C = S^T (16 keys x
-// 16 rows), put back as S by one vector transpose per 16 keys. flash_qk's
+// 16 rows), put back as S by one vector transpose per 16 keys. qk_chunk's
 // operand is K^T, packed by two 16 x 16 transposes per 16 keys at D = 64
 // (four at 128), which a prefill unit shares among up to 16 tiles but a
 // decode unit spends on one; and the packed copy spilled to L2 next to a
 // block's V. Each score is the same chain over d in order either way (the
-// bf16 products are exact in f32), so the bits are flash_qk's, and a row's
+// bf16 products are exact in f32), so the bits are qk_chunk's, and a row's
 // result still does not depend on its batch. Measured on Sapphire Rapids,
 // SmolLM2's heads (9q/3kv, D = 64): a decode unit of 192 keys in L2, one
 // thread, 3.05 -> 2.28 us; 32 x 192 decode over 30 cold caches, 2 threads,
@@ -396,46 +396,20 @@ inline void st_to_s(const float *st, int R, float *s) {
     }
 }
 
-// S of a one-tile unit's R rows against the chunks [a0, a1), into it.s as flash_qk leaves it (rows past R
-// unset: the softmax reads none of them). A chunk's transpose runs after the next chunk's products are
-// issued, so that it reads tile stores that have landed.
-template <typename KeyRow>
-inline void flash_qkt(const FlashUnit &u, int R, int64_t a0, int64_t a1, KeyRow &&key, FlashScratch &f,
-                      FlashScratch::Item &it) {
-    const int64_t D = u.D, nc = (a1 - a0) / kFlashKeys;
-    const uint32_t *qt = f.qt.data();
-    const bool keep = D <= 64;
-    if (keep) {
-        _tile_loadd(6, qt, 64);
-        if (D > 32) _tile_loadd(7, qt + 256, 64);
-    }
-    for (int64_t c = 0; c < nc; ++c) {
-        const int64_t a = a0 + c * kFlashKeys;
-        bf16_t *tmp = f.krun.data() + (c % 2) * 32 * D;
-        const bf16_t *k0 = key_run(D, a, u.k0, u.k1, key, tmp), *k1 = key_run(D, a + 16, u.k0, u.k1, key, tmp + 16 * D);
-        if (u.ahead) u.ahead->next();
-        if (c % 2 == 0) qkt_chunk<0>(k0, k1, D, keep, qt, f.st);
-        else qkt_chunk<2>(k0, k1, D, keep, qt, f.st + 512);
-        if (c > 0) st_to_s(f.st + (c - 1) % 2 * 512, R, it.s + (c - 1) * kFlashKeys);
-    }
-    if (nc > 0) st_to_s(f.st + (nc - 1) % 2 * 512, R, it.s + (nc - 1) * kFlashKeys);
-}
-
-// One item's o[:, 16 I] for the I of its d slices (16 wide, from v: the first chunk's slice) = P V over its
-// nc chunks, P's hi and lo terms each: slice I accumulates in tile 4 + I, its V tile alternating between
-// tiles 2 and 3; P's terms in tiles 0 and 1.
+// Chunk c (of an item's nc) of o[:, 16 I] = P V for the I of a pass's d slices (16 wide; v: the first
+// chunk's slice), P's hi and lo terms each: slice I accumulates in tile 4 + I (zeroed at the first chunk,
+// stored at the last), its V tile alternating between tiles 2 and 3; P's terms in tiles 0 and 1.
 template <int... I>
-inline void flash_pv(std::integer_sequence<int, I...>, int64_t D, int64_t nc, const uint16_t *v,
+inline void pv_chunk(std::integer_sequence<int, I...>, int64_t D, int64_t c, int64_t nc, const uint16_t *v,
                      const FlashScratch::Item &f, float *o) {
-    (x86::tile_zero<4 + I>(), ...);
-    for (int64_t c = 0; c < nc; ++c, v += D * 32) {
-        _tile_loadd(0, f.p_hi + c * 512, 64);
-        _tile_loadd(1, f.p_lo + c * 512, 64);
-        ((x86::tile_load<2 + I % 2>(v + I * 16 * 32, 64), x86::tdpbf16ps<4 + I, 0, 2 + I % 2>(),
-          x86::tdpbf16ps<4 + I, 1, 2 + I % 2>()),
-         ...);
-    }
-    (x86::tile_store<4 + I>(o + 16 * I, D * 4), ...);
+    if (c == 0) (x86::tile_zero<4 + I>(), ...);
+    v += c * D * 32;
+    _tile_loadd(0, f.p_hi + c * 512, 64);
+    _tile_loadd(1, f.p_lo + c * 512, 64);
+    ((x86::tile_load<2 + I % 2>(v + I * 16 * 32, 64), x86::tdpbf16ps<4 + I, 0, 2 + I % 2>(),
+      x86::tdpbf16ps<4 + I, 1, 2 + I % 2>()),
+     ...);
+    if (c == nc - 1) (x86::tile_store<4 + I>(o + 16 * I, D * 4), ...);
 }
 
 template <typename F>
@@ -454,18 +428,38 @@ inline void with_slices(int n, F &&f) {
 // decrease with the row, and the keys a tile sees are [its first row's window
 // start, its last row's position]; an item takes just the chunks of its block
 // that its tile sees. Each item goes through
-//   pack   its block's chunks, once for every tile (vector stores)
-//   QK     S = Q K^T into its score buffer (tile stores)
+//   pack   its block's chunks, once for every tile, before the block's first
+//          item's QK (vector stores)
+//   QK     S = Q K^T into its score buffer (tile stores); a single-tile unit
+//          (a decode step) S^T = K Q^T, put back as S (see key_run)
 //   soft   S -> P, the rows' m, l and alpha (vector loads and stores)
-//   PV     o = P V, into tiles 4-7 64 d at a time, out to o (tile loads, stores)
-//   add    acc = acc * alpha + o for its rows (vector)
-// and item i's QK runs before item i - 1's PV and item i - 2's add, its
-// softmax after them: each stage reads what was stored one stage earlier,
-// with other work between, instead of waiting for the stores (a tile load
-// cannot take data from the store buffer, and a vector load of what a tile
-// just stored waits for the tile product) -- the round trip that bounded the
-// kernel. A row's accumulator sees its blocks' products in block order, each
-// after its factor, whatever the tile or the batch.
+//   PV     o = P V, 64 d at a time (tile loads, stores); a whole tile's first
+//          item (every item of a prefill: a unit is one partition, and
+//          partitions are one block wherever the block size divides 512)
+//          stores its products straight into the rows' acc
+//   add    acc = acc * alpha + o for its rows (vector), unless PV wrote acc
+// Item i's softmax runs with its neighbours' tile work issued a chunk at a
+// time between its rows: the packing of item i + 1's block (when i + 1 is the
+// block's first item), item i + 1's QK and item i - 1's PV; item i - 2's add
+// comes just before it. So each stage reads what was stored at least a
+// stage earlier, with other work between (a tile load cannot take data from
+// the store buffer, and a vector load of what a tile just stored waits for
+// the tile product), and the tile unit has work queued while the vector unit
+// runs the softmax. Measured, 2048-token prefill layer at SmolLM2's heads, 2
+// threads, alternating builds: issuing the neighbours' tile work between the
+// softmax's rows instead of all before it, 6.93 -> 6.52 ms (one chunk between
+// every few pairs of score vectors: no better). Tile work and vector work
+// overlap less than that would suggest: without the softmax the layer took
+// 3.5 ms, without the tile products 3.6 ms. The tile work is bound by its tile
+// loads (~3.4 ns a KB from L1, ~6 from L2 on this CPU, against 4.4 ns a
+// product), each waiting for the product before it on the same register.
+// Buffers: items alternate between two sets of S, P, alpha and o (item i - 1's
+// P is read by its PV while item i's softmax writes its own; item i + 1's QK
+// writes the S that item i - 1's softmax read), and the blocks between three
+// sets of packed chunks (a block is packed while items of the two blocks
+// before it may still run PV).
+// A row's accumulator sees its blocks' products in block order, each after its
+// factor, whatever the tile or the batch.
 // key(j) / value(j): the rows of absolute key j, with keys i < j whose rows
 // are (j - i) * D apart having their keys between them in the rows between
 // (as in a paged cache: rows D apart within a block, and blocks, of at least
@@ -477,96 +471,146 @@ inline void flash_unit_amx(const FlashUnit &u, KeyRow &&key, ValueRow &&value) {
     thread_local FlashScratch tls;
     FlashScratch &f = tls;  // one TLS lookup: each access to a thread_local in a shared library calls
     f.reserve(D);           // __tls_get_addr (it was in the PV loop, with a vzeroupper)
+    const bool single = u.rows <= 16;  // one tile: S^T = K Q^T, V packed alone
+    const bool keep = D <= 64;         // Q (Q^T) stays in its tiles across an item's chunks
     // Keys [lo, hi) of block b that the rows from r0 to r1 - 1 see (none if lo >= hi).
     auto seen = [&](int64_t b, int64_t r0, int64_t r1, int64_t &lo, int64_t &hi) {
         lo = std::max({u.k0, b, W > 0 ? u.pos[r0] - W + 1 : int64_t(0)});
         hi = std::min({u.k1, b + kFlashBlock, u.pos[r1 - 1] + 1});
         return lo < hi;
     };
-    // Chunk a of block b packed at slot: blocks alternate between two sets of kFlashChunks.
-    auto slot = [&](int64_t b, int64_t a) { return (b / kFlashBlock % 2) * kFlashChunks + (a - b) / kFlashKeys; };
-    const bool single = u.rows <= 16;  // one tile: S^T = K Q^T (flash_qkt), V packed alone
-    auto pack = [&](int64_t b) {  // the chunks of block b that any tile sees
-        int64_t lo, hi;
-        if (b >= u.k1 || !seen(b, 0, u.rows, lo, hi)) return;
-        for (int64_t a = lo / kFlashKeys * kFlashKeys; a < hi; a += kFlashKeys) {
-            const int64_t c = slot(b, a);
-            flash_pack(D, a, u.k0, u.k1, key, value, f.kt.data() + c * D * 16, f.vv.data() + c * D * 32, !single);
-            if (u.ahead) u.ahead->next();
-        }
-    };
-    struct Item {
-        int64_t b, r0, a0, a1;  // its block, its tile's first row, its chunks [a0, a1)
-        int R;                  // its tile's rows
-        bool first;             // its tile's first item: o is the rows' accumulator as it stands
-    } item[3];                  // items i, i - 1, i - 2 at i % 3
-    // A tile's first item writes its rows' acc (its factors are 0, or 1 with zero weights, for rows that see
-    // nothing yet): a whole tile's PV products go straight there, so neither a zeroed acc nor the add pass
-    // is needed for it. In a prefill every item is its tile's first: a unit is one partition, and
-    // partitions are kFlashBlock keys wherever the block size divides it.
+    // The items, and every row's state from scratch (the tiles that get no item are zeroed at the end).
+    auto &items = f.items;
+    items.clear();
     f.started.assign(size_t((u.rows + 15) / 16), 0);
     for (int64_t r = 0; r < u.rows; ++r) u.m[r] = -std::numeric_limits<float>::infinity(), u.l[r] = 0.f;
-    int64_t i = 0, pv_next = 0, add_next = 0;  // items issued; PV and add done for items before these
-    auto direct = [&](const Item &it) { return it.first && it.R == 16; };
-    auto pv_until = [&](int64_t end) {  // o = P V for the items before end
-        for (; pv_next < end; ++pv_next) {
-            const Item &it = item[pv_next % 3];
-            float *o = direct(it) ? u.acc + it.r0 * D : f.o.data() + (pv_next % 2) * 16 * D;
-            const uint16_t *vv = f.vv.data() + slot(it.b, it.a0) * D * 32;
-            for (int64_t d0 = 0; d0 < D; d0 += 64) {  // 64 d (4 tiles) at a time
-                with_slices(int(std::min<int64_t>(4, (D - d0) / 16)), [&](auto n) {
-                    flash_pv(std::make_integer_sequence<int, decltype(n)::value>(), D, (it.a1 - it.a0) / kFlashKeys,
-                             vv + d0 * 32, f.item[pv_next % 2], o + d0);
-                });
-            }
-        }
-    };
-    auto add_until = [&](int64_t end) {  // acc = acc * alpha + o (a first item: acc = o) for the items before end
-        for (; add_next < end; ++add_next) {
-            const Item &it = item[add_next % 3];
-            if (direct(it)) continue;
-            const float *o = f.o.data() + (add_next % 2) * 16 * D, *alpha = f.item[add_next % 2].alpha;
-            for (int r = 0; r < it.R; ++r) {
-                float *a = u.acc + (it.r0 + r) * D;
-                if (it.first) {
-                    std::memcpy(a, o + r * D, sizeof(float) * size_t(D));
-                    continue;
-                }
-                const __m512 al = _mm512_set1_ps(alpha[r]);
-                for (int64_t d = 0; d < D; d += 16)
-                    _mm512_storeu_ps(a + d, _mm512_fmadd_ps(_mm512_loadu_ps(a + d), al, _mm512_loadu_ps(o + r * D + d)));
-            }
-        }
-    };
-    if (single) pack_qt(u.q, D, f.qt.data());
-    amx_begin();
-    const int64_t b_first = u.k0 / kFlashBlock * kFlashBlock;
-    pack(b_first);
-    for (int64_t b = b_first; b < u.k1; b += kFlashBlock) {
-        bool packed_next = false;  // the next block's chunks go in while this block's items run
+    int packed = 0;  // blocks with items so far
+    for (int64_t b = u.k0 / kFlashBlock * kFlashBlock; b < u.k1; b += kFlashBlock) {
+        int64_t blo, bhi;
+        if (!seen(b, 0, u.rows, blo, bhi)) continue;
+        const size_t first_of_block = items.size();
         for (int64_t r0 = 0; r0 < u.rows; r0 += 16) {
-            Item &it = item[i % 3];
-            it.b = b, it.r0 = r0, it.R = int(std::min<int64_t>(16, u.rows - r0));
+            const int R = int(std::min<int64_t>(16, u.rows - r0));
             int64_t lo, hi;
-            if (!seen(b, r0, r0 + it.R, lo, hi)) continue;
-            it.a0 = lo / kFlashKeys * kFlashKeys, it.a1 = (hi + kFlashKeys - 1) / kFlashKeys * kFlashKeys;
-            it.first = !f.started[size_t(r0 / 16)];
+            if (!seen(b, r0, r0 + R, lo, hi)) continue;
+            items.push_back({b, r0, lo / kFlashKeys * kFlashKeys, (hi + kFlashKeys - 1) / kFlashKeys * kFlashKeys, R,
+                             !f.started[size_t(r0 / 16)], packed % 3, 0, 0});
             f.started[size_t(r0 / 16)] = 1;
-            if (single) flash_qkt(u, it.R, it.a0, it.a1, key, f, f.item[i % 2]);
-            else flash_qk(u, r0, it.a0, it.a1, f.kt.data() + slot(b, it.a0) * D * 16, f.item[i % 2]);
-            pv_until(i);  // the last item that reads the next block's set (two blocks back) is done
-            if (!packed_next) pack(b + kFlashBlock), packed_next = true;
-            add_until(i - 1);
-            flash_softmax(u, r0, it.R, it.a0, it.a1, f.item[i % 2]);
-            ++i;
         }
-        if (!packed_next) {
-            pv_until(i);
-            pack(b + kFlashBlock);
+        if (items.size() > first_of_block) {
+            items[first_of_block].pk0 = blo / kFlashKeys * kFlashKeys, items[first_of_block].pk1 = bhi;
+            ++packed;
         }
     }
-    pv_until(i);
-    add_until(i);
+    const int64_t n = int64_t(items.size());
+    using ItemPlan = FlashScratch::ItemPlan;
+    // Chunk a of an item's block in the packed sets.
+    auto slot = [&](const ItemPlan &it, int64_t a) { return it.set * kFlashChunks + (a - it.b) / kFlashKeys; };
+    auto direct = [&](const ItemPlan &it) { return it.first && it.R == 16; };
+    auto o_of = [&](int64_t j) { return direct(items[j]) ? u.acc + items[j].r0 * D : f.o.data() + (j % 2) * 16 * D; };
+
+    // A step's tile work, in groups of a chunk: [packing of qk's block] [QK of qk] [PV of pv, pass by pass].
+    int64_t w_pv = -1, w_qk = -1, g_pk = 0, g_qk = 0, nc_pv = 0, g_total = 0, g_done = 0;
+    auto plan_step = [&](int64_t pv, int64_t qk) {
+        w_pv = pv, w_qk = qk, g_done = 0;
+        g_pk = qk >= 0 ? (items[qk].pk1 - items[qk].pk0 + kFlashKeys - 1) / kFlashKeys : 0;
+        g_qk = qk >= 0 ? (items[qk].a1 - items[qk].a0) / kFlashKeys : 0;
+        nc_pv = pv >= 0 ? (items[pv].a1 - items[pv].a0) / kFlashKeys : 0;
+        g_total = g_pk + g_qk + nc_pv * ((D + 63) / 64);
+    };
+    auto pack_chunk = [&](const ItemPlan &it, int64_t g) {
+        const int64_t a = it.pk0 + g * kFlashKeys, c = slot(it, a);
+        flash_pack(D, a, u.k0, u.k1, key, value, f.kt.data() + c * D * 16, f.vv.data() + c * D * 32, !single);
+        if (u.ahead) u.ahead->next();
+    };
+    auto qk_group = [&](const ItemPlan &it, int64_t c, float *s) {
+        const int64_t nc = (it.a1 - it.a0) / kFlashKeys;
+        if (!single) {
+            const bf16_t *q = u.q + it.r0 * D;
+            if (c == 0 && keep) {
+                _tile_loadd(4, q, D * 2);
+                if (D > 32) _tile_loadd(5, q + 32, D * 2);
+            }
+            const uint32_t *kt = f.kt.data() + slot(it, it.a0 + c * kFlashKeys) * D * 16;
+            if (c % 2 == 0) qk_chunk<0>(q, D, keep, kt, s + c * kFlashKeys);
+            else qk_chunk<2>(q, D, keep, kt, s + c * kFlashKeys);
+            return;
+        }
+        // S^T of the chunk's two 16-key runs; the chunk before it goes back to S after this one's products
+        // are issued, so that it reads tile stores that have landed.
+        const uint32_t *qt = f.qt.data();
+        if (c == 0 && keep) {
+            _tile_loadd(6, qt, 64);
+            if (D > 32) _tile_loadd(7, qt + 256, 64);
+        }
+        const int64_t a = it.a0 + c * kFlashKeys;
+        bf16_t *tmp = f.krun.data() + (c % 2) * 32 * D;
+        const bf16_t *k0 = key_run(D, a, u.k0, u.k1, key, tmp), *k1 = key_run(D, a + 16, u.k0, u.k1, key, tmp + 16 * D);
+        if (u.ahead) u.ahead->next();
+        if (c % 2 == 0) qkt_chunk<0>(k0, k1, D, keep, qt, f.st);
+        else qkt_chunk<2>(k0, k1, D, keep, qt, f.st + 512);
+        if (c > 0) st_to_s(f.st + (c - 1) % 2 * 512, it.R, s + (c - 1) * kFlashKeys);
+        if (c == nc - 1) st_to_s(f.st + c % 2 * 512, it.R, s + c * kFlashKeys);
+    };
+    auto pv_groups = [&](int64_t j, int64_t g0, int64_t g1) {  // PV groups [g0, g1) of item j
+        const ItemPlan &it = items[j];
+        const FlashScratch::Item &fi = f.item[j % 2];
+        float *o = o_of(j);
+        while (g0 < g1) {  // a pass's chunks at a time
+            const int64_t d0 = g0 / nc_pv * 64, end = std::min(g1, (g0 / nc_pv + 1) * nc_pv);
+            const uint16_t *vv = f.vv.data() + slot(it, it.a0) * D * 32 + d0 * 32;
+            with_slices(int(std::min<int64_t>(4, (D - d0) / 16)), [&](auto ns) {
+                for (int64_t g = g0; g < end; ++g)
+                    pv_chunk(std::make_integer_sequence<int, decltype(ns)::value>(), D, g % nc_pv, nc_pv, vv, fi, o + d0);
+            });
+            g0 = end;
+        }
+    };
+    auto issue = [&](int64_t k) {  // the step's next k groups
+        const int64_t end = std::min(g_total, g_done + k);
+        for (; g_done < end && g_done < g_pk; ++g_done) pack_chunk(items[w_qk], g_done);
+        for (; g_done < end && g_done < g_pk + g_qk; ++g_done) qk_group(items[w_qk], g_done - g_pk, f.item[w_qk % 2].s);
+        if (g_done < end) pv_groups(w_pv, g_done - g_pk - g_qk, end - g_pk - g_qk), g_done = end;
+    };
+    auto add = [&](int64_t j) {  // item j's products into its rows' acc, unless its PV stored them there
+        const ItemPlan &it = items[j];
+        if (direct(it)) return;
+        const float *o = o_of(j), *alpha = f.item[j % 2].alpha;
+        for (int r = 0; r < it.R; ++r) {
+            float *a = u.acc + (it.r0 + r) * D;
+            if (it.first) {  // the row's first products: its factor is 0, or 1 with no weights
+                std::memcpy(a, o + r * D, sizeof(float) * size_t(D));
+                continue;
+            }
+            const __m512 al = _mm512_set1_ps(alpha[r]);
+            for (int64_t d = 0; d < D; d += 16)
+                _mm512_storeu_ps(a + d, _mm512_fmadd_ps(_mm512_loadu_ps(a + d), al, _mm512_loadu_ps(o + r * D + d)));
+        }
+    };
+
+    if (single) pack_qt(u.q, D, f.qt.data());
+    amx_begin();
+    if (n > 0) {
+        plan_step(-1, 0);
+        issue(g_total);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+        if (i >= 2) add(i - 2);
+        plan_step(i - 1, i + 1 < n ? i + 1 : -1);
+        const ItemPlan &it = items[i];
+        // After each of the softmax's 16 rows, an even share of what is left.
+        flash_softmax(u, it.r0, it.R, it.a0, it.a1, f.item[i % 2],
+                      [&](int r) {
+                          if (g_done < g_total) issue((g_total - g_done + 15 - r) / (16 - r));
+                      });
+        issue(g_total);
+    }
+    if (n >= 2) add(n - 2);
+    if (n >= 1) {
+        plan_step(n - 1, -1);
+        issue(g_total);
+        add(n - 1);
+    }
     amx_end();
     for (int64_t t = 0; t < int64_t(f.started.size()); ++t)  // tiles that saw no key: nothing added
         if (!f.started[size_t(t)])
