@@ -95,6 +95,22 @@ def test_engine_block_size(kernels, cache_dtype):
     )
 
 
+def test_partitions_over_several_flash_blocks(kernels):
+    """Block size 1040: partitions of 1040 keys, so one unit's keys cross two or three of the AMX path's
+    512-key blocks (its packed blocks rotate over three sets; a single-tile decode unit has one item per
+    block, so a block is packed while the previous block's PV is still to run) and a tile's later items add
+    to what its first one wrote. A 2100-token prefill, a prefill chunk after a cached prefix and a decode,
+    with and without a window."""
+    b = make_batch([(2100, 2100), (1, 2500), (300, 1700)], 6, 2, 64, 1040, torch.bfloat16, torch.bfloat16)
+    for window in (0, 700):
+        torch.testing.assert_close(
+            run_kernel(kernels, b, sliding_window=window).float(),
+            ref_paged_attention(b, window),
+            **TOL[torch.bfloat16],
+            msg=lambda m, w=window: f"window={w}: {m}",
+        )
+
+
 def test_single_thread_matches_threaded(kernels):
     """The same bits on one thread as on several (a long decode's partitions are spread over the threads or
     run by one; where they sit does not depend on that)."""
