@@ -260,10 +260,6 @@ struct Runner {
             // prefill's copies from the scratch were ~2% of it), else in the scratch.
             float *dst = results ? results + (p - g.first) * stride : nullptr;
             const Acc o = dst ? Acc{dst, dst + rows, dst + 2 * rows} : Acc{m, l, acc};
-            if (!whole) {  // a whole-unit path sets them itself (its first product per row is the acc)
-                for (int64_t r = 0; r < rows; ++r) o.m[r] = kNegInf, o.l[r] = 0.f;
-                std::memset(o.acc, 0, sizeof(float) * rows * D);
-            }
             const auto [k0, k1] = keys_of(g, p, p + 1);
             attend(g, sc, o, k0, k1, whole, ahead.n ? &ahead : nullptr);
             if (!results) write_rows(g, l, acc);  // the group's one partition: its rows out
@@ -272,7 +268,7 @@ struct Runner {
     }
 
     // The online softmax of the unit's rows over keys [k0, k1) (within one partition) into o's m, l and acc,
-    // which start at -inf, 0 and 0 (set by the caller, or by a whole-unit path itself).
+    // from scratch (a whole-unit path sets them itself: its first products per row are the acc).
     void attend(const Group &g, Scratch &sc, const Acc &o, int64_t k0, int64_t k1, bool whole,
                 attn::PrefetchRanges *ahead = nullptr) {
         const int64_t h = g.kv_head, s = g.seq, rows = g.rows, W = a.sliding_window;
@@ -295,6 +291,8 @@ struct Runner {
                                        [&](int64_t j) { return vb + block(j / bs) + (j % bs) * D; });
             return;
         }
+        for (int64_t r = 0; r < rows; ++r) o.m[r] = kNegInf, o.l[r] = 0.f;
+        std::memset(acc, 0, sizeof(float) * rows * D);
         // Where this unit's keys of block nb sit in a cache, and how many bytes (0 past the end).
         auto span = [&](const C *cache, int64_t nb, int64_t &bytes) {
             const int64_t lo = std::max(k0, nb * bs), hi = std::min(k1, (nb + 1) * bs);

@@ -86,7 +86,7 @@ struct FlashScratch {
         int set;                // which of the three sets holds its block's packed chunks
         int64_t pk0, pk1;       // a block's first item: the block's chunks to pack, [pk0, pk1) (else empty)
     };
-    std::vector<ItemPlan> items;  // a unit's items in order (flash_unit_amx)
+    std::vector<ItemPlan> plan;  // a unit's items in order (flash_unit_amx; item[] holds two items' buffers)
     void reserve(int64_t D) {
         if (int64_t(kt.size()) < 3 * kFlashChunks * D * 16) {
             kt.resize(size_t(3 * kFlashChunks * D * 16)), vv.resize(size_t(3 * kFlashChunks * D * 32));
@@ -481,43 +481,46 @@ inline void flash_unit_amx(const FlashUnit &u, KeyRow &&key, ValueRow &&value) {
         hi = std::min({u.k1, b + kFlashBlock, u.pos[r1 - 1] + 1});
         return lo < hi;
     };
-    // The items, and every row's state from scratch (the tiles that get no item are zeroed at the end).
-    auto &items = f.items;
-    items.clear();
+    // The items, and every row's state from scratch (acc: written by its tile's first item, else zero).
+    auto &plan = f.plan;
+    plan.clear();
     f.started.assign(size_t((u.rows + 15) / 16), 0);
     for (int64_t r = 0; r < u.rows; ++r) u.m[r] = -std::numeric_limits<float>::infinity(), u.l[r] = 0.f;
     int packed = 0;  // blocks with items so far
     for (int64_t b = u.k0 / kFlashBlock * kFlashBlock; b < u.k1; b += kFlashBlock) {
         int64_t blo, bhi;
         if (!seen(b, 0, u.rows, blo, bhi)) continue;
-        const size_t first_of_block = items.size();
+        const size_t first_of_block = plan.size();
         for (int64_t r0 = 0; r0 < u.rows; r0 += 16) {
             const int R = int(std::min<int64_t>(16, u.rows - r0));
             int64_t lo, hi;
             if (!seen(b, r0, r0 + R, lo, hi)) continue;
-            items.push_back({b, r0, lo / kFlashKeys * kFlashKeys, (hi + kFlashKeys - 1) / kFlashKeys * kFlashKeys, R,
-                             !f.started[size_t(r0 / 16)], packed % 3, 0, 0});
+            plan.push_back({b, r0, lo / kFlashKeys * kFlashKeys, (hi + kFlashKeys - 1) / kFlashKeys * kFlashKeys, R,
+                            !f.started[size_t(r0 / 16)], packed % 3, 0, 0});
             f.started[size_t(r0 / 16)] = 1;
         }
-        if (items.size() > first_of_block) {
-            items[first_of_block].pk0 = blo / kFlashKeys * kFlashKeys, items[first_of_block].pk1 = bhi;
+        if (plan.size() > first_of_block) {
+            plan[first_of_block].pk0 = blo / kFlashKeys * kFlashKeys, plan[first_of_block].pk1 = bhi;
             ++packed;
         }
     }
-    const int64_t n = int64_t(items.size());
+    for (int64_t t = 0; t < int64_t(f.started.size()); ++t)  // tiles that see no key: nothing to add
+        if (!f.started[size_t(t)])
+            std::memset(u.acc + t * 16 * D, 0, sizeof(float) * size_t((std::min(u.rows, t * 16 + 16) - t * 16) * D));
+    const int64_t n = int64_t(plan.size());
     using ItemPlan = FlashScratch::ItemPlan;
     // Chunk a of an item's block in the packed sets.
     auto slot = [&](const ItemPlan &it, int64_t a) { return it.set * kFlashChunks + (a - it.b) / kFlashKeys; };
     auto direct = [&](const ItemPlan &it) { return it.first && it.R == 16; };
-    auto o_of = [&](int64_t j) { return direct(items[j]) ? u.acc + items[j].r0 * D : f.o.data() + (j % 2) * 16 * D; };
+    auto o_of = [&](int64_t j) { return direct(plan[j]) ? u.acc + plan[j].r0 * D : f.o.data() + (j % 2) * 16 * D; };
 
     // A step's tile work, in groups of a chunk: [packing of qk's block] [QK of qk] [PV of pv, pass by pass].
     int64_t w_pv = -1, w_qk = -1, g_pk = 0, g_qk = 0, nc_pv = 0, g_total = 0, g_done = 0;
     auto plan_step = [&](int64_t pv, int64_t qk) {
         w_pv = pv, w_qk = qk, g_done = 0;
-        g_pk = qk >= 0 ? (items[qk].pk1 - items[qk].pk0 + kFlashKeys - 1) / kFlashKeys : 0;
-        g_qk = qk >= 0 ? (items[qk].a1 - items[qk].a0) / kFlashKeys : 0;
-        nc_pv = pv >= 0 ? (items[pv].a1 - items[pv].a0) / kFlashKeys : 0;
+        g_pk = qk >= 0 ? (plan[qk].pk1 - plan[qk].pk0 + kFlashKeys - 1) / kFlashKeys : 0;
+        g_qk = qk >= 0 ? (plan[qk].a1 - plan[qk].a0) / kFlashKeys : 0;
+        nc_pv = pv >= 0 ? (plan[pv].a1 - plan[pv].a0) / kFlashKeys : 0;
         g_total = g_pk + g_qk + nc_pv * ((D + 63) / 64);
     };
     auto pack_chunk = [&](const ItemPlan &it, int64_t g) {
@@ -555,7 +558,7 @@ inline void flash_unit_amx(const FlashUnit &u, KeyRow &&key, ValueRow &&value) {
         if (c == nc - 1) st_to_s(f.st + c % 2 * 512, it.R, s + c * kFlashKeys);
     };
     auto pv_groups = [&](int64_t j, int64_t g0, int64_t g1) {  // PV groups [g0, g1) of item j
-        const ItemPlan &it = items[j];
+        const ItemPlan &it = plan[j];
         const FlashScratch::Item &fi = f.item[j % 2];
         float *o = o_of(j);
         while (g0 < g1) {  // a pass's chunks at a time
@@ -570,12 +573,12 @@ inline void flash_unit_amx(const FlashUnit &u, KeyRow &&key, ValueRow &&value) {
     };
     auto issue = [&](int64_t k) {  // the step's next k groups
         const int64_t end = std::min(g_total, g_done + k);
-        for (; g_done < end && g_done < g_pk; ++g_done) pack_chunk(items[w_qk], g_done);
-        for (; g_done < end && g_done < g_pk + g_qk; ++g_done) qk_group(items[w_qk], g_done - g_pk, f.item[w_qk % 2].s);
+        for (; g_done < end && g_done < g_pk; ++g_done) pack_chunk(plan[w_qk], g_done);
+        for (; g_done < end && g_done < g_pk + g_qk; ++g_done) qk_group(plan[w_qk], g_done - g_pk, f.item[w_qk % 2].s);
         if (g_done < end) pv_groups(w_pv, g_done - g_pk - g_qk, end - g_pk - g_qk), g_done = end;
     };
     auto add = [&](int64_t j) {  // item j's products into its rows' acc, unless its PV stored them there
-        const ItemPlan &it = items[j];
+        const ItemPlan &it = plan[j];
         if (direct(it)) return;
         const float *o = o_of(j), *alpha = f.item[j % 2].alpha;
         for (int r = 0; r < it.R; ++r) {
@@ -599,7 +602,7 @@ inline void flash_unit_amx(const FlashUnit &u, KeyRow &&key, ValueRow &&value) {
     for (int64_t i = 0; i < n; ++i) {
         if (i >= 2) add(i - 2);
         plan_step(i - 1, i + 1 < n ? i + 1 : -1);
-        const ItemPlan &it = items[i];
+        const ItemPlan &it = plan[i];
         // After each of the softmax's 16 rows, an even share of what is left.
         flash_softmax(u, it.r0, it.R, it.a0, it.a1, f.item[i % 2],
                       [&](int r) {
@@ -614,9 +617,6 @@ inline void flash_unit_amx(const FlashUnit &u, KeyRow &&key, ValueRow &&value) {
         add(n - 1);
     }
     amx_end();
-    for (int64_t t = 0; t < int64_t(f.started.size()); ++t)  // tiles that saw no key: nothing added
-        if (!f.started[size_t(t)])
-            std::memset(u.acc + t * 16 * D, 0, sizeof(float) * size_t((std::min(u.rows, t * 16 + 16) - t * 16) * D));
 }
 
 }  // namespace cpuinfer::attn
