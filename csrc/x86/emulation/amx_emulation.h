@@ -110,6 +110,7 @@ inline void dpbs_d(int c, int a, int b) {
 
 #define _tile_zero(t) ::cpuinfer::amx_emu::zero(t)
 #define _tile_loadd(t, base, stride) ::cpuinfer::amx_emu::load(t, base, stride)
+#define _tile_stream_loadd(t, base, stride) ::cpuinfer::amx_emu::load(t, base, stride)  // a cache hint only
 #define _tile_stored(t, base, stride) ::cpuinfer::amx_emu::store(t, base, stride)
 #define _tile_dpbf16ps(c, a, b) ::cpuinfer::amx_emu::dpbf16ps(c, a, b)
 #define _tile_dpfp16ps(c, a, b) ::cpuinfer::amx_emu::dpfp16ps(c, a, b)
