@@ -214,10 +214,15 @@ struct AmxDot<f16_t> {
 // loaded with the streaming hint (TILELOADDT1), which keeps them from
 // evicting the panel: measured, SmolLM2's projections, 2 threads,
 // alternating builds: 1.05-1.1x at M = 64-128, 1.1-1.2x at 512-2048 (M =
-// 2048: 5.80 -> 5.27 ms for the four). With the output stores left out (a
-// timing hack), the same loop ran 4.92 -> 4.41 ms: the rest of the time at
-// 2048 rows is the epilogue's stores, each output line a miss to L3
-// (the hint on the weight's tiles in the streaming case below: no gain).
+// 2048: 5.80 -> 5.27 ms for the four; the hint on the weight's tiles in the
+// streaming case below: no gain). With the output's stores left out (a
+// timing hack) the four took 4.41 ms (4.92 without the hint): at 2048 rows
+// the stores, each output line a miss to L3, cost ~15%, and prefetching
+// those lines (into L1 or L2, or PREFETCHW), writing them between the next
+// call's k-steps, or past the caches, gained nothing. Measured alone with
+// random data (a C++ micro-benchmark, one core), this 2x2 loop runs at
+// 64-73% of the in-register rate with both operands in L1 and ~60% with A
+// from L2; the order of its loads and products (five tried) does not matter.
 // Tried and dropped: double-buffered 16 x 32 tiles (the loads of one step
 // overlapping the products of the other: 1.7x in a loop with everything in
 // L1, no better inside the GEMM) and software prefetch of the A tiles (0.9x).
