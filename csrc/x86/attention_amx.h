@@ -539,7 +539,6 @@ inline void flash_unit_amx(const FlashUnit &u, KeyRow &&key, ValueRow &&value) {
         if (u.ahead) u.ahead->next();
     };
     auto qk_group = [&](const ItemPlan &it, int64_t c, float *s) {
-        const int64_t nc = (it.a1 - it.a0) / kFlashKeys;
         if (!single) {
             const bf16_t *q = u.q + it.r0 * D;
             if (c == 0 && keep) {
@@ -565,7 +564,7 @@ inline void flash_unit_amx(const FlashUnit &u, KeyRow &&key, ValueRow &&value) {
         if (c % 2 == 0) qkt_chunk<0>(k0, k1, D, keep, qt, f.st);
         else qkt_chunk<2>(k0, k1, D, keep, qt, f.st + 512);
         if (c > 0) st_to_s(f.st + (c - 1) % 2 * 512, it.R, s + (c - 1) * kFlashKeys);
-        if (c == nc - 1) st_to_s(f.st + c % 2 * 512, it.R, s + c * kFlashKeys);
+        if (c == (it.a1 - it.a0) / kFlashKeys - 1) st_to_s(f.st + c % 2 * 512, it.R, s + c * kFlashKeys);
     };
     auto pv_groups = [&](int64_t j, int64_t g0, int64_t g1) {  // PV groups [g0, g1) of item j
         const ItemPlan &it = plan[j];
@@ -587,6 +586,7 @@ inline void flash_unit_amx(const FlashUnit &u, KeyRow &&key, ValueRow &&value) {
         for (; g_done < end && g_done < g_pk + g_qk; ++g_done) qk_group(plan[w_qk], g_done - g_pk, f.item[w_qk % 2].s);
         if (g_done < end) pv_groups(w_pv, g_done - g_pk - g_qk, end - g_pk - g_qk), g_done = end;
     };
+    auto issue_rest = [&] { issue(g_total - g_done); };
     auto add = [&](int64_t j) {  // item j's products into its rows' acc, unless its PV stored them there
         const ItemPlan &it = plan[j];
         if (direct(it)) return;
@@ -605,26 +605,21 @@ inline void flash_unit_amx(const FlashUnit &u, KeyRow &&key, ValueRow &&value) {
 
     if (single) pack_qt(u.q, D, f.qt.data());
     amx_begin();
-    if (n > 0) {
-        plan_step(-1, 0);
-        issue(g_total);
-    }
-    for (int64_t i = 0; i < n; ++i) {
-        if (i >= 2) add(i - 2);
-        plan_step(i - 1, i + 1 < n ? i + 1 : -1);
-        const ItemPlan &it = plan[i];
-        // After each of the softmax's 16 rows, an even share of what is left.
-        flash_softmax(u, it.r0, it.R, it.a0, it.a1, f.item[i % 2],
-                      [&](int r) {
-                          if (g_done < g_total) issue((g_total - g_done + 15 - r) / (16 - r));
-                      });
-        issue(g_total);
-    }
-    if (n >= 2) add(n - 2);
-    if (n >= 1) {
-        plan_step(n - 1, -1);
-        issue(g_total);
-        add(n - 1);
+    // Step i: item i - 2's add, then item i's softmax with item i + 1's packing and QK and item i - 1's PV
+    // issued between its rows; steps -1 (item 0's QK alone) to n + 1 (item n - 1's add alone).
+    auto item_or_none = [&](int64_t j) { return j >= 0 && j < n ? j : int64_t(-1); };
+    for (int64_t i = -1; i <= n + 1; ++i) {
+        if (item_or_none(i - 2) >= 0) add(i - 2);
+        plan_step(item_or_none(i - 1), item_or_none(i + 1));
+        if (item_or_none(i) >= 0) {
+            const ItemPlan &it = plan[i];
+            // After each of the softmax's 16 rows, an even share of what is left.
+            flash_softmax(u, it.r0, it.R, it.a0, it.a1, f.item[i % 2],
+                          [&](int r) {
+                              if (g_done < g_total) issue((g_total - g_done + 15 - r) / (16 - r));
+                          });
+        }
+        issue_rest();
     }
     amx_end();
 }
