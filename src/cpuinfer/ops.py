@@ -252,6 +252,12 @@ def packed_rows(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def DecoderLayer(**weights_and_config):  # named for the kernel class it constructs
-    """One pre-norm decoder layer as a single kernel call; see cpuinfer.models.layers.fused_layer."""
-    return _C.DecoderLayer(**weights_and_config)
+def DecoderLayer(plan):  # named for the kernel class it constructs
+    """One pre-norm decoder layer (a models.plan.LayerPlan, read by field name) as a single kernel call; see
+    cpuinfer.models.executor.fused_layer."""
+    return _C.DecoderLayer(plan)
+
+
+def MoE(mlp, packed: bool = False):  # named for the kernel class it constructs
+    """A mixture-of-experts MLP (a models.plan.MoEMLP, read by field name) as one kernel call: .forward(out, x)."""
+    return _C.MoE(mlp, packed)

@@ -271,41 +271,29 @@ def test_fused_layer_rejects_bad_calls(tmp_path_factory):
         )
     with pytest.raises(ValueError, match="overlap"):
         layer.forward(h, h, True, pos, slots, qsl, lens, table, k, v)
-    # Construction checks the weights against the configuration once, naming the tensor.
-    attn, mlp = runner.model.layers[0].attn, runner.model.layers[0].mlp
+    # Construction checks the plan's weights against each other once, naming the field.
+    import dataclasses
+
     from cpuinfer import ops
 
-    good = dict(
-        in_norm=runner.model.layers[0].in_norm,
-        post_attn_norm=runner.model.layers[0].post_norm,
-        pre_ff_norm=None,
-        post_ff_norm=None,
-        qkv_w=attn.qkv_w,
-        qkv_b=None,
-        o_w=attn.o_w,
-        o_b=None,
-        q_norm=None,
-        k_norm=None,
-        gate_up_w=mlp.gate_up_w,
-        gate_up_b=None,
-        down_w=mlp.down_w,
-        down_b=None,
-        cos_sin=attn.cos_sin,
-        num_heads=2,
-        num_kv_heads=1,
-        head_size=64,
-        act="silu",
-        eps=1e-6,
-        scale=0.125,
-    )
-    ops.DecoderLayer(**good)
+    plan = runner.model.layers[0].plan
+    ops.DecoderLayer(plan)
+
+    def changed(**fields):
+        attn = dataclasses.replace(plan.attn, **fields.pop("attn", {}))
+        mlp = dataclasses.replace(plan.mlp, **fields.pop("mlp", {}))
+        return dataclasses.replace(plan, attn=attn, mlp=mlp, **fields)
+
     for change, error, match in [
-        (dict(o_w=attn.o_w[:, :64].contiguous()), ValueError, "o_w must be"),
-        (dict(num_heads=3, num_kv_heads=2), ValueError, "multiple of num_kv_heads"),
-        (dict(act="relu"), ValueError, "act must be"),
-        (dict(head_size=32, num_heads=4, num_kv_heads=2), ValueError, "head_size 32"),
-        (dict(down_w=mlp.down_w.half()), TypeError, "down_w has dtype float16"),
-        (dict(pre_ff_norm=good["in_norm"]), ValueError, "come together"),
+        (dict(attn=dict(o_w=plan.attn.o_w[:, :64].contiguous())), ValueError, "attn.o_w must be"),
+        (dict(attn=dict(num_heads=3, num_kv_heads=2)), ValueError, "multiple of attn.num_kv_heads"),
+        (dict(mlp=dict(act="relu")), ValueError, "mlp.act must be"),
+        (dict(attn=dict(head_size=32, num_heads=4, num_kv_heads=2)), ValueError, "head_size 32"),
+        (dict(mlp=dict(down_w=plan.mlp.down_w.half())), TypeError, "mlp.down_w has dtype float16"),
+        (dict(pre_ff_norm=plan.in_norm), ValueError, "come together"),
+        (dict(mlp=dict(kind="sparse")), ValueError, "mlp.kind must be"),
     ]:
         with pytest.raises(error, match=match):
-            ops.DecoderLayer(**{**good, **change})
+            ops.DecoderLayer(changed(**change))
+    with pytest.raises(ValueError, match="attn has no field 'q_norm'"):
+        ops.DecoderLayer(dataclasses.replace(plan, attn=object()))

@@ -16,6 +16,10 @@ ARCHITECTURES = {
     "Qwen2ForCausalLM": ("llama", "Qwen2ForCausalLM"),
     "Qwen3ForCausalLM": ("llama", "Qwen3ForCausalLM"),
     "Gemma3ForCausalLM": ("gemma3", "Gemma3ForCausalLM"),
+    "Gemma2ForCausalLM": ("gemma3", "Gemma2ForCausalLM"),
+    "Phi3ForCausalLM": ("phi3", "Phi3ForCausalLM"),
+    "Qwen3MoeForCausalLM": ("moe", "Qwen3MoeForCausalLM"),
+    "MixtralForCausalLM": ("moe", "MixtralForCausalLM"),
     "OPTForCausalLM": ("opt", "OPTForCausalLM"),
 }
 
