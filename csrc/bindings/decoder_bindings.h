@@ -184,14 +184,12 @@ class MoE {
     // out[rows, hidden] = the MoE MLP of x[rows, hidden] (out in x's dtype, or float32 sums with out_f32).
     void forward(Out out, In x) const {
         check_same_dtype(float_dtype(x, "x"), dt_, "x", "the experts'");
-        const DType odt = float_dtype(out, "out");
-        if (!out_f32_or_same(odt, dt_)) fail_type("out must be float32 or the experts' dtype");
+        const bool out_f32 = out_f32_or_same(float_dtype(out, "out"), dt_);
         Rows xr = as_rows(x, "x"), orow = as_rows(out, "out");
         if (xr.cols != hidden_) fail_value("x has " + str(xr.cols) + " features, the experts " + str(hidden_));
         if (orow.cols != hidden_ || orow.rows != xr.rows) fail_value("out must have x's shape");
         nb::gil_scoped_release nogil;
-        moe_mlp(dt_, m_->w, out.data(), orow.stride, x.data(), xr.stride, xr.rows, hidden_,
-                odt == DType::f32 && dt_ != DType::f32);
+        moe_mlp(dt_, m_->w, out.data(), orow.stride, x.data(), xr.stride, xr.rows, hidden_, out_f32);
     }
 
   private:

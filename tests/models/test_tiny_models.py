@@ -66,6 +66,34 @@ CASES = {
             final_logit_softcapping=20.0,
         ),
     ),
+    # Mixture of experts: 8 experts, top 2; Qwen3-MoE with one dense layer (mlp_only_layers) and unnormalized
+    # top-k weights, Mixtral renormalized.
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        dict(
+            COMMON,
+            head_dim=64,
+            moe_intermediate_size=64,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=False,
+            decoder_sparse_step=1,
+            mlp_only_layers=[1],
+        ),
+    ),
+    "mixtral": ("MixtralConfig", dict(COMMON, intermediate_size=64, num_local_experts=8, num_experts_per_tok=2)),
+    "phi3": ("Phi3Config", dict(COMMON, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    "gemma2": (
+        "Gemma2Config",
+        dict(
+            COMMON,
+            head_dim=64,
+            sliding_window=16,
+            query_pre_attn_scalar=24,
+            attn_logit_softcapping=20.0,
+            final_logit_softcapping=20.0,
+        ),
+    ),
     "opt": (
         "OPTConfig",
         dict(
@@ -147,7 +175,9 @@ def test_low_precision_runs_stay_close(tmp_path_factory, cache_dtype):
         assert (logits - ref).abs().max() <= tol * ref.abs().max()
 
 
-@pytest.mark.parametrize("name", ["llama_bias_linear_rope", "mistral", "qwen3", "gemma3"])
+@pytest.mark.parametrize(
+    "name", ["llama_bias_linear_rope", "mistral", "qwen3", "gemma3", "gemma2", "phi3", "qwen3_moe", "mixtral"]
+)
 @pytest.mark.parametrize("dtype,cache_dtype", [("bfloat16", torch.bfloat16), ("float16", torch.float8_e5m2)])
 def test_fused_layers_equal_the_per_op_path(tmp_path_factory, monkeypatch, name, dtype, cache_dtype):
     """bf16/f16 runs go through one fused kernel call per layer; it must equal the per-op path bit for bit.

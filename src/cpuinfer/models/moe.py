@@ -7,6 +7,12 @@ from .llama import MistralForCausalLM, Qwen3ForCausalLM
 from .plan import DenseMLP, MoEMLP
 
 
+def num_experts(config: dict) -> int:
+    """The expert count, under either spelling (Qwen's num_experts; Mixtral's, and transformers 5's for both,
+    num_local_experts); 0 for none."""
+    return int(config.get("num_experts") or config.get("num_local_experts") or 0)
+
+
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
     """Qwen3-MoE (Qwen3-30B-A3B, -235B-A22B): Qwen3's attention; MoE MLPs on every decoder_sparse_step-th layer
     not listed in mlp_only_layers, softmax top-k routing renormalized when norm_topk_prob."""
@@ -15,7 +21,7 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
         """Layer i's MLP: sparse (the config's rule) or dense."""
         c = self.config
         step = int(c.get("decoder_sparse_step") or 1)
-        experts = int(c.get("num_experts") or 0)
+        experts = num_experts(c)
         if experts == 0 or i in (c.get("mlp_only_layers") or []) or (i + 1) % step != 0:
             return dense_mlp_plan(bag, f"{p}.mlp", c.get("hidden_act", "silu"))
         return moe_plan(
@@ -38,7 +44,7 @@ class MixtralForCausalLM(MistralForCausalLM):
         return moe_plan(
             bag,
             f"{p}.block_sparse_moe",
-            num_experts=int(c["num_local_experts"]),
+            num_experts=num_experts(c),
             top_k=int(c["num_experts_per_tok"]),
             act=c.get("hidden_act", "silu"),
             names=("w1", "w3", "w2"),
