@@ -206,7 +206,13 @@ def test_model_runner_packs_its_weights_in_huge_pages(monkeypatch):
     runner = ModelRunner(load_model_spec(default_model_path(), "bfloat16"), 16, 8, torch.bfloat16)
     layer = runner.model.layers[0]
     assert layer.plan.packed and runner.model.head.packed
-    for w in (layer.plan.attn.qkv_w, layer.plan.attn.o_w, layer.plan.mlp.gate_up_w, layer.plan.mlp.down_w, runner.model.head.lm_head):
+    for w in (
+        layer.plan.attn.qkv_w,
+        layer.plan.attn.o_w,
+        layer.plan.mlp.gate_up_w,
+        layer.plan.mlp.down_w,
+        runner.model.head.lm_head,
+    ):
         assert w.dtype == torch.bfloat16
         flags = mapping_of(w.data_ptr())["VmFlags"].split()
         assert "hg" in flags, f"a packed weight {tuple(w.shape)} is not in huge-page memory: {flags}"

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from cpuinfer.models.plan import MoEMLP
 
-H, I, E = 128, 64, 8
+H, INTER, E = 128, 64, 8
 
 
 def _plan(kernels, dtype, top_k=2, scoring="softmax", renormalize=True, packed=False, router_bias=False):
@@ -23,8 +23,8 @@ def _plan(kernels, dtype, top_k=2, scoring="softmax", renormalize=True, packed=F
 
     plan = MoEMLP(
         router_w=w(E, H) * 4,  # spread the router's logits so that the top-k has clear margins
-        gate_up_w=[w(2 * I, H) for _ in range(E)],
-        down_w=[w(H, I) for _ in range(E)],
+        gate_up_w=[w(2 * INTER, H) for _ in range(E)],
+        down_w=[w(H, INTER) for _ in range(E)],
         top_k=top_k,
         act="silu",
         scoring=scoring,
@@ -76,7 +76,7 @@ def _reference(plan: MoEMLP, x: torch.Tensor):
         for j in range(plan.top_k):
             e = int(ids[r, j])
             gu = x[r].float() @ plan.gate_up_w[e].float().T
-            a = (F.silu(gu[:I]) * gu[I:]).to(x.dtype).float()  # the kernel rounds the activation to dt
+            a = (F.silu(gu[:INTER]) * gu[INTER:]).to(x.dtype).float()  # the kernel rounds the activation to dt
             out[r] += weights[r, j] * (a @ plan.down_w[e].float().T)
     return out, margin
 
@@ -85,7 +85,12 @@ def _reference(plan: MoEMLP, x: torch.Tensor):
 @pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize(
     "top_k,scoring,renormalize,router_bias",
-    [(2, "softmax", True, False), (3, "softmax", False, False), (2, "topk_softmax", True, True), (8, "softmax", True, False)],
+    [
+        (2, "softmax", True, False),
+        (3, "softmax", False, False),
+        (2, "topk_softmax", True, True),
+        (8, "softmax", True, False),
+    ],
 )
 def test_moe_matches_torch(kernels, dtype, packed, top_k, scoring, renormalize, router_bias):
     plan, run = _plan(kernels, dtype, top_k, scoring, renormalize, packed, router_bias)

@@ -122,7 +122,9 @@ def attention_plan(
     else:
         rows = None
     if fused_qkv is not None:  # split into q, k and v first, so tensor parallelism takes each one's share
-        bag.split(f"{prefix}.{fused_qkv}.weight", [f"{q}.weight", f"{k}.weight", f"{v}.weight"], [q_rows, kv_rows, kv_rows])
+        bag.split(
+            f"{prefix}.{fused_qkv}.weight", [f"{q}.weight", f"{k}.weight", f"{v}.weight"], [q_rows, kv_rows, kv_rows]
+        )
         if bias:
             bag.split(f"{prefix}.{fused_qkv}.bias", [f"{q}.bias", f"{k}.bias", f"{v}.bias"], [q_rows, kv_rows, kv_rows])
     plan = AttentionPlan(
