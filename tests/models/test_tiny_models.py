@@ -327,3 +327,16 @@ def test_fused_layer_rejects_bad_calls(tmp_path_factory):
             ops.DecoderLayer(changed(**change))
     with pytest.raises(ValueError, match="attn has no field 'q_norm'"):
         ops.DecoderLayer(dataclasses.replace(plan, attn=object()))
+
+
+def test_info_lists_each_layers_plan(tmp_path_factory):
+    """`cpuinfer info --model M --layers`: each layer's kind, format and executor (Qwen3-MoE: a MoE layer and
+    a dense one, as its mlp_only_layers say)."""
+    from cpuinfer.cli.info import layer_plans
+
+    path, _ = _checkpoint(tmp_path_factory, "qwen3_moe")
+    lines = layer_plans(str(path))
+    assert len(lines) == 2
+    assert lines[0].startswith("layer 0: attention 2q/1kv x 64, full, q/k norm; silu MoE 8 experts top-2 (softmax)")
+    assert lines[0].endswith("bfloat16 packed; pre-norm; fused C++ layer")
+    assert lines[1].startswith("layer 1: ") and "silu dense bfloat16 packed" in lines[1]

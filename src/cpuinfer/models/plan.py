@@ -117,3 +117,27 @@ class LayerPlan:
     post_ff_norm: torch.Tensor | None = None
     packed: bool = False  # every projection is in ops.pack_weight's layout (see executor.pack)
     notes: dict = field(default_factory=dict)  # what `cpuinfer info --model` prints beside the fields (formats)
+
+
+def describe(plan: LayerPlan, kernels: str) -> str:
+    """One line saying what the layer is and how it runs, for `cpuinfer info --model M --layers`."""
+    a, m = plan.attn, plan.mlp
+    attn = f"attention {a.num_heads}q/{a.num_kv_heads}kv x {a.head_size}"
+    attn += f", sliding {a.sliding_window}" if a.sliding_window else ", full"
+    attn += f", soft-cap {a.soft_cap:g}" if a.soft_cap else ""
+    attn += ", q/k norm" if a.q_norm is not None else ""
+    attn += ", bias" if a.qkv_b is not None else ""
+    if isinstance(m, MoEMLP):
+        rule = f"{m.scoring}{' renormalized' if m.scoring == 'softmax' and m.renormalize else ''}"
+        mlp = f"MoE {m.num_experts} experts top-{m.top_k} ({rule}) x {_format(m.gate_up_w[0], plan.packed)}"
+    else:
+        mlp = f"dense {_format(m.gate_up_w, plan.packed)}"
+    norms = "sandwich norms" if plan.pre_ff_norm is not None else "pre-norm"
+    return f"{attn}; {m.act} {mlp}; {norms}; {kernels}"
+
+
+def _format(w, packed: bool) -> str:
+    """A weight's storage: its quantized kind, or its dtype and layout."""
+    if isinstance(w, torch.Tensor):
+        return f"{str(w.dtype).removeprefix('torch.')}{' packed' if packed else ''}"
+    return getattr(w, "kind", None) or type(w).__name__
