@@ -340,3 +340,25 @@ def test_info_lists_each_layers_plan(tmp_path_factory):
     assert lines[0].startswith("layer 0: attention 2q/1kv x 64, full, q/k norm; silu MoE 8 experts top-2 (softmax)")
     assert lines[0].endswith("bfloat16 packed; pre-norm; fused C++ layer")
     assert lines[1].startswith("layer 1: ") and "silu dense bfloat16 packed" in lines[1]
+
+
+@pytest.mark.parametrize("name", ["qwen3_moe", "mixtral"])
+def test_moe_engine_preemption_and_prefix_caching(tmp_path_factory, name):
+    """A bf16 MoE model through the engine: preempted (a 4-block pool) and prefix-cached runs give each
+    prompt's tokens run alone, and a mixed batch does too (a token's experts' sums do not depend on its step)."""
+    from tests.engine.test_engine_e2e import engine_on, run
+
+    path, _ = _checkpoint(tmp_path_factory, name)
+    spec = load_model_spec(str(path), "bfloat16")
+    runner = ModelRunner(spec, block_size=16, num_blocks=32, cache_dtype=torch.bfloat16)
+    prompts = [[7 + i, 30 + 3 * i, 99, 5, 250 - i, 41, 7, 8, 120 + i, 33, 2, 64, 91, 11] for i in range(4)]
+    alone = [run(engine_on(runner, spec, caching=False), [p])[0] for p in prompts]
+    for caching in (False, True):
+        eng = engine_on(runner, spec, num_blocks=4, caching=caching)
+        assert run(eng, prompts) == alone
+        assert eng.get_stats().num_preemptions > 0
+    eng = engine_on(runner, spec, batched=16)  # a mixed batch, in chunks of 16 tokens
+    long = [p * 3 for p in prompts[:2]]  # 42 tokens: two full blocks to share
+    first = run(eng, long)
+    assert run(eng, prompts + long) == alone + first
+    assert eng.get_stats().prefix_cache_hits >= 2 * 32
