@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+from ..model_loader.errors import ModelLoadError
 from .layers import WeightBag, dense_mlp_plan, moe_plan
 from .llama import MistralForCausalLM, Qwen3ForCausalLM
 from .plan import DenseMLP, MoEMLP
+
+
+def check_router(config: dict, source: str) -> None:
+    """Refuse router kinds these families do not have (DeepSeek-style sigmoid or grouped routing)."""
+    scoring = config.get("scoring_func", "softmax")
+    if scoring != "softmax":
+        raise ModelLoadError(f"{source}: scoring_func = {scoring!r}: only softmax routing is supported here")
+    for key in ("n_group", "topk_group", "n_shared_experts", "shared_expert_intermediate_size"):
+        if config.get(key):
+            raise ModelLoadError(f"{source}: {key} = {config[key]!r}: grouped and shared experts are not supported")
 
 
 def num_experts(config: dict) -> int:
@@ -20,6 +31,7 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
     def mlp(self, bag: WeightBag, p: str, i: int) -> DenseMLP | MoEMLP:
         """Layer i's MLP: sparse (the config's rule) or dense."""
         c = self.config
+        check_router(c, bag.source)
         step = int(c.get("decoder_sparse_step") or 1)
         experts = num_experts(c)
         if experts == 0 or i in (c.get("mlp_only_layers") or []) or (i + 1) % step != 0:
@@ -41,6 +53,7 @@ class MixtralForCausalLM(MistralForCausalLM):
     def mlp(self, bag: WeightBag, p: str, i: int) -> MoEMLP:  # noqa: ARG002 - every layer is sparse
         """Layer i's MoE MLP."""
         c = self.config
+        check_router(c, bag.source)
         return moe_plan(
             bag,
             f"{p}.block_sparse_moe",
