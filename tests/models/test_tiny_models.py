@@ -83,6 +83,25 @@ CASES = {
     ),
     "mixtral": ("MixtralConfig", dict(COMMON, intermediate_size=64, num_local_experts=8, num_experts_per_tok=2)),
     "phi3": ("Phi3Config", dict(COMMON, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # LongRoPE's short factors (the whole 512-token context is the original one) and a partial rotary dimension
+    # (Phi-4-mini's 3/4 of each head); the long factors and their attention factor: test_longrope_long_context.
+    "phi3_longrope": (
+        "Phi3Config",
+        dict(
+            COMMON,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+            original_max_position_embeddings=512,
+            rope_parameters={
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.75,
+                "short_factor": [1.0 + 0.05 * i for i in range(24)],
+                "long_factor": [1.0 + 0.5 * i for i in range(24)],
+            },
+        ),
+    ),
     "gemma2": (
         "Gemma2Config",
         dict(
@@ -362,3 +381,22 @@ def test_moe_engine_preemption_and_prefix_caching(tmp_path_factory, name):
     first = run(eng, long)
     assert run(eng, prompts + long) == alone + first
     assert eng.get_stats().prefix_cache_hits >= 2 * 32
+
+
+def test_longrope_long_context(tmp_path_factory):
+    """A context past LongRoPE's original one runs on the long factors at every position (as llama.cpp): the
+    first token of a prompt longer than the original context equals transformers' (which switches to them
+    for the whole sequence then)."""
+    cls, kwargs = CASES["phi3_longrope"]
+    config = getattr(transformers, cls)(
+        **dict(kwargs, max_position_embeddings=512, original_max_position_embeddings=32)
+    )
+    torch.manual_seed(1234)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().eval()
+    path = tmp_path_factory.mktemp("longrope")
+    model.save_pretrained(path)
+    runner = ModelRunner(load_model_spec(str(path), "float32"), block_size=16, num_blocks=16, cache_dtype=torch.float32)
+    prompt = PROMPTS[1] + PROMPTS[0]  # 57 tokens
+    _, (first,) = greedy(runner, [prompt], 1)
+    _, ref = hf_greedy(model, prompt, 1)
+    torch.testing.assert_close(first, ref, atol=1e-4, rtol=1e-4)

@@ -8,7 +8,7 @@ from .config_utils import head_dim, sliding_windows
 from .decoder import DecoderModel
 from .layers import WeightBag, attention_plan, dense_mlp_plan, norm_weight
 from .plan import AttentionPlan, DenseMLP, LayerPlan, MoEMLP
-from .rotary import cos_sin_cache, rope_parameters
+from .rotary import cos_sin_cache, rope_parameters, rotary_dim
 
 
 class LlamaForCausalLM(DecoderModel):
@@ -22,7 +22,9 @@ class LlamaForCausalLM(DecoderModel):
         self.heads = config["num_attention_heads"]
         self.kv_heads = config.get("num_key_value_heads") or self.heads
         self.head_size = head_dim(config)
-        self.cos_sin = cos_sin_cache(rope_parameters(config), self.head_size, max_positions, rope_freq_factors)
+        self.cos_sin = cos_sin_cache(
+            rope_parameters(config), rotary_dim(config, self.head_size), max_positions, rope_freq_factors
+        )
         self.windows = sliding_windows(config, n_layers)
         super().__init__(config, bag, float(config.get("rms_norm_eps", 1e-6)))
 
