@@ -15,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -93,7 +94,8 @@ inline Activation parse_act(const std::string &act, const std::string &name) {
     if (act == "silu") return Activation::silu;
     if (act == "gelu") return Activation::gelu;
     if (act == "gelu_tanh") return Activation::gelu_tanh;
-    fail_value(name + " must be 'silu', 'gelu' or 'gelu_tanh', got '" + act + "'");
+    if (act == "swiglu_oai") return Activation::swiglu_oai;
+    fail_value(name + " must be 'silu', 'gelu', 'gelu_tanh' or 'swiglu_oai', got '" + act + "'");
     return Activation::silu;
 }
 
@@ -105,6 +107,8 @@ struct HeldMoe {
     Held router_b;
     std::vector<HeldLinear> gate_up, down;
     std::vector<LinearWeight> gate_up_w, down_w;
+    std::vector<Held> gate_up_bias, down_bias;
+    std::vector<const void *> gate_up_b, down_b;
     MoeWeights w;
 };
 
@@ -147,6 +151,21 @@ inline std::unique_ptr<HeldMoe> hold_moe(nb::handle mlp, bool packed, DType dt, 
         m->gate_up_w.push_back(g.w);
         m->down_w.push_back(d.w);
     }
+    // Per-expert biases (gpt-oss): a list of E vectors, or None.
+    for (auto [list, held, ptrs, n, what] :
+         {std::tuple{field(mlp, "gate_up_b", at), &m->gate_up_bias, &m->gate_up_b, 2 * I, "mlp.gate_up_b"},
+          std::tuple{field(mlp, "down_b", at), &m->down_bias, &m->down_b, H, "mlp.down_b"}}) {
+        if (list.is_none()) continue;
+        if (int64_t(nb::len(list)) != E) fail_value(std::string(what) + " must hold one bias per expert (" + str(E) + ")");
+        for (int64_t e = 0; e < E; ++e) {
+            const std::string name = std::string(what) + "[" + str(e) + "]";
+            held->push_back(hold(list.attr("__getitem__")(e), name.c_str()));
+            const Held &b = held->back();
+            if (!b.data || b.ndim != 1 || b.cols != n) fail_value(name + " must be 1-D with " + str(n) + " elements");
+            check_same_dtype(b.dt, dt, name.c_str(), "the layer's run dtype");
+            ptrs->push_back(b.data);
+        }
+    }
     const std::string scoring = nb::cast<std::string>(field(mlp, "scoring", at));
     if (scoring == "softmax") m->w.scoring = MoeScoring::softmax;
     else if (scoring == "topk_softmax") m->w.scoring = MoeScoring::topk_softmax;
@@ -158,6 +177,8 @@ inline std::unique_ptr<HeldMoe> hold_moe(nb::handle mlp, bool packed, DType dt, 
     m->w.router_b = m->router_b.data;
     m->w.gate_up = m->gate_up_w.data();
     m->w.down = m->down_w.data();
+    m->w.gate_up_b = m->gate_up_b.empty() ? nullptr : m->gate_up_b.data();
+    m->w.down_b = m->down_b.empty() ? nullptr : m->down_b.data();
     m->w.renormalize = nb::cast<bool>(field(mlp, "renormalize", at));
     m->w.act = parse_act(nb::cast<std::string>(field(mlp, "act", at)), "mlp.act");
     return m;
@@ -218,6 +239,7 @@ class DecoderLayer {
         qkv_b_ = hold(field(attn, "qkv_b", "attn"), "attn.qkv_b");
         o_b_ = hold(field(attn, "o_b", "attn"), "attn.o_b");
         cos_sin_ = hold(field(attn, "cos_sin", "attn"), "attn.cos_sin");
+        sinks_ = hold(field(attn, "sinks", "attn"), "attn.sinks");
         qkv_ = hold_linear(field(attn, "qkv_w", "attn"), "attn.qkv_w", packed);
         o_ = hold_linear(field(attn, "o_w", "attn"), "attn.o_w", packed);
         if (!moe) {
@@ -284,6 +306,8 @@ class DecoderLayer {
         shape1(qkv_b_, "attn.qkv_b", q + 2 * kv);
         shape1(q_norm_, "attn.q_norm", head_size);
         shape1(k_norm_, "attn.k_norm", head_size);
+        shape1(sinks_, "attn.sinks", num_heads);
+        if (sinks_.data && sinks_.dt != DType::f32) fail_type("attn.sinks must be float32");
         const Activation a = moe ? moe_->w.act : parse_act(nb::cast<std::string>(field(mlp, "act", "mlp")), "mlp.act");
         if (!(eps >= 0.0f)) fail_value("eps must be a non-negative number");
         int64_t rot_dim = 0;
@@ -326,6 +350,7 @@ class DecoderLayer {
         w_.scale = scale;
         w_.soft_cap = soft_cap;
         w_.sliding_window = sliding_window;
+        w_.sinks = static_cast<const float *>(sinks_.data);
         // The attention settings against a cache of this layer's geometry.
         CacheShape c{dt, 1, num_kv_heads, 16, head_size};
         check_attention_settings(c, num_heads, head_size, scale, sliding_window, soft_cap);
@@ -424,7 +449,7 @@ class DecoderLayer {
     }
 
     Held in_norm_, post_attn_norm_, pre_ff_norm_, post_ff_norm_, q_norm_, k_norm_;
-    Held qkv_b_, o_b_, gate_up_b_, down_b_, cos_sin_;
+    Held qkv_b_, o_b_, gate_up_b_, down_b_, cos_sin_, sinks_;
     HeldLinear qkv_, o_, gate_up_, down_;
     std::unique_ptr<HeldMoe> moe_;  // a MoE layer's router and experts (null: a dense MLP)
     nb::object comm_;  // the ShmComm the all-reduce hook calls, kept alive

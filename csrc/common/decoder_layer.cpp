@@ -173,6 +173,7 @@ void decoder_layer(const DecoderLayerWeights &w, const DecoderBatch &b, void *h,
     a.scale = w.scale;
     a.sliding_window = w.sliding_window;
     a.soft_cap = w.soft_cap;
+    a.sinks = w.sinks;
     paged_attention(a);
     row_parallel(w, h, attn, q_size, w.o, w.o_b, T, q_size, partial);
 

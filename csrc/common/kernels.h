@@ -26,9 +26,10 @@ void rotary_embedding(DType dt, const int64_t *positions, int64_t tokens, void *
                       int64_t q_heads, void *k, int64_t k_stride, int64_t k_heads, int64_t head_size,
                       const void *cos_sin, DType cache_dt, int64_t rot_dim, bool neox);
 
-enum class Activation : int { silu = 0, gelu = 1, gelu_tanh = 2 };
+// swiglu_oai: gpt-oss's clamped SwiGLU (activation.h: gated), whose up half enters as clamp(up) + 1.
+enum class Activation : int { silu = 0, gelu = 1, gelu_tanh = 2, swiglu_oai = 3 };
 
-// out[r, i] = act(in[r, i]) * in[r, d + i] for i < d.
+// out[r, i] = act(in[r, i]) * in[r, d + i] for i < d (swiglu_oai: activation.h's gated()).
 void act_and_mul(DType dt, Activation act, void *out, int64_t out_stride, const void *in, int64_t in_stride,
                  int64_t rows, int64_t d);
 
@@ -67,6 +68,9 @@ struct PagedAttentionArgs {  // filled field by field, never by position
     float scale;
     int64_t sliding_window;  // 0 = off
     float soft_cap;          // 0 = off
+    // Attention sinks (gpt-oss): one logit per query head that joins every row's softmax denominator and
+    // contributes no value; null = none.
+    const float *sinks = nullptr;
 };
 void paged_attention(const PagedAttentionArgs &args);
 
@@ -183,6 +187,8 @@ struct MoeWeights {  // filled field by field (the binding names each)
     const void *router_b = nullptr;       // [num_experts] (run dtype) or null
     const LinearWeight *gate_up = nullptr;  // num_experts weights, each [2 intermediate, hidden]
     const LinearWeight *down = nullptr;     // num_experts weights, each [hidden, intermediate]
+    const void *const *gate_up_b = nullptr;  // num_experts biases [2 intermediate] (run dtype), or null (none)
+    const void *const *down_b = nullptr;     // num_experts biases [hidden], or null
     MoeScoring scoring = MoeScoring::softmax;
     bool renormalize = true;              // softmax scoring: the k weights divided by their sum
     Activation act = Activation::silu;
@@ -235,6 +241,7 @@ struct DecoderLayerWeights {  // filled field by field (the binding names each)
     Activation act = Activation::silu;
     float eps = 0.0f, scale = 1.0f, soft_cap = 0.0f;
     int64_t sliding_window = 0;
+    const float *sinks = nullptr;  // [num_heads] f32 attention sinks (gpt-oss), or null
     // Tensor parallelism: o_proj's and down_proj's outputs are partial sums over the ranks: each rank's share
     // stays f32, this call (a ShmComm's all-reduce) sums them in place, and the sum is rounded once to dt
     // before the residual adds it (so a run dtype's rounding is the one rank's); null on a single rank.

@@ -37,6 +37,8 @@ void grow(V &v, size_t n) {
 
 bool glu_ok(const LinearWeight &w, int64_t I) { return w.parts == 0 && w.packed && I % linear_pack_cols() == 0; }
 
+const void *bias_of(const void *const *b, int64_t e) { return b ? b[e] : nullptr; }
+
 }  // namespace
 
 void moe_route(const MoeWeights &m, const float *logits, int64_t rows, int32_t *ids, float *weights) {
@@ -132,13 +134,13 @@ void moe_mlp(DType dt, const MoeWeights &m, void *out, int64_t out_stride, const
             std::memcpy(s.xe.data() + i * H * es, xb + int64_t(er[i]) * x_stride * es, size_t(H * es));
         const LinearWeight &gu = m.gate_up[e];
         if (glu_ok(gu, I)) {
-            linear_glu(dt, m.act, s.act.data(), I, s.xe.data(), H, gu.dense, nullptr, n, I, H);
+            linear_glu(dt, m.act, s.act.data(), I, s.xe.data(), H, gu.dense, bias_of(m.gate_up_b, e), n, I, H);
         } else {
             grow(s.gate_up, size_t(n * 2 * I * es));
-            linear_weight(dt, s.gate_up.data(), 2 * I, s.xe.data(), H, gu, nullptr, n, 2 * I, H);
+            linear_weight(dt, s.gate_up.data(), 2 * I, s.xe.data(), H, gu, bias_of(m.gate_up_b, e), n, 2 * I, H);
             act_and_mul(dt, m.act, s.act.data(), I, s.gate_up.data(), 2 * I, n, I);
         }
-        linear_weight(dt, s.y.data(), H, s.act.data(), I, m.down[e], nullptr, n, H, I, /*out_f32=*/true);
+        linear_weight(dt, s.y.data(), H, s.act.data(), I, m.down[e], bias_of(m.down_b, e), n, H, I, /*out_f32=*/true);
         // acc[row] += weight * y: each row appears once per expert, so rows split over threads do not collide.
         parallel_for(n, 16, [&](int64_t b, int64_t end) {
             for (int64_t i = b; i < end; ++i) {

@@ -82,6 +82,29 @@ CASES = {
         ),
     ),
     "mixtral": ("MixtralConfig", dict(COMMON, intermediate_size=64, num_local_experts=8, num_experts_per_tok=2)),
+    # gpt-oss: attention sinks, biases, alternating sliding window, YaRN; biased router (top-k logits then
+    # softmax), biased experts, the clamped SwiGLU
+    "gpt_oss": (
+        "GptOssConfig",
+        dict(
+            COMMON,
+            intermediate_size=64,
+            num_attention_heads=4,
+            head_dim=64,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            sliding_window=16,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 150000.0,
+                "factor": 4.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "original_max_position_embeddings": 128,
+                "truncate": False,
+            },
+        ),
+    ),
     "phi3": ("Phi3Config", dict(COMMON, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
     # LongRoPE's short factors (the whole 512-token context is the original one) and a partial rotary dimension
     # (Phi-4-mini's 3/4 of each head); the long factors and their attention factor: test_longrope_long_context.
@@ -195,7 +218,8 @@ def test_low_precision_runs_stay_close(tmp_path_factory, cache_dtype):
 
 
 @pytest.mark.parametrize(
-    "name", ["llama_bias_linear_rope", "mistral", "qwen3", "gemma3", "gemma2", "phi3", "qwen3_moe", "mixtral"]
+    "name",
+    ["llama_bias_linear_rope", "mistral", "qwen3", "gemma3", "gemma2", "phi3", "qwen3_moe", "mixtral", "gpt_oss"],
 )
 @pytest.mark.parametrize("dtype,cache_dtype", [("bfloat16", torch.bfloat16), ("float16", torch.float8_e5m2)])
 def test_fused_layers_equal_the_per_op_path(tmp_path_factory, monkeypatch, name, dtype, cache_dtype):

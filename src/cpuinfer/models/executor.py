@@ -150,7 +150,7 @@ def attention(
     reshape_and_cache(k.view(t, a.num_kv_heads, hs), v.view(t, a.num_kv_heads, hs), key_cache, value_cache, meta)
     out = torch.empty(t, a.num_heads, hs, dtype=x.dtype)
     paged_attention(
-        out, q.view(t, a.num_heads, hs), key_cache, value_cache, meta, a.scale, a.sliding_window, a.soft_cap
+        out, q.view(t, a.num_heads, hs), key_cache, value_cache, meta, a.scale, a.sliding_window, a.soft_cap, a.sinks
     )
     return row_parallel(tp, out.view(t, a.q_size), a.o_w, a.o_b, packed)
 
@@ -159,6 +159,7 @@ _ACTS = {
     "silu": ops.silu_and_mul,
     "gelu": ops.gelu_and_mul,
     "gelu_tanh": lambda x: ops.gelu_and_mul(x, "tanh"),
+    "swiglu_oai": ops.swiglu_oai_and_mul,
 }
 
 
@@ -186,7 +187,8 @@ def moe_torch(m: MoEMLP, x: torch.Tensor) -> torch.Tensor:
     out = torch.zeros(x.shape, dtype=torch.float32)
     for e in torch.unique(ids).tolist():
         rows, slot = torch.nonzero(ids == e, as_tuple=True)
-        y = dense_mlp(DenseMLP(m.gate_up_w[e], m.down_w[e], m.act), False, SINGLE, x[rows])
+        biases = (m.gate_up_b[e] if m.gate_up_b else None, m.down_b[e] if m.down_b else None)
+        y = dense_mlp(DenseMLP(m.gate_up_w[e], m.down_w[e], m.act, *biases), False, SINGLE, x[rows])
         out.index_add_(0, rows, y.float() * weights[rows, slot, None])
     return out.to(x.dtype)
 

@@ -195,6 +195,7 @@ def moe_plan(
     scoring: str = "softmax",
     renormalize: bool = True,
     router_bias: bool = False,
+    expert_bias: bool = False,
 ) -> MoEMLP:
     """This rank's mixture-of-experts MLP at prefix: the router and, per expert, its gate/up rows in one weight
     and down's matching columns (tensor parallelism splits every expert's intermediate features, as vLLM)."""
@@ -209,7 +210,7 @@ def moe_plan(
             f"{where}.{router}.weight has {router_w.shape[0]} rows; the config says {num_experts} experts"
         )
     tp = bag.tp
-    gate_up, down = [], []
+    gate_up, down, gate_up_b, down_b = [], [], [], []
     inter = None
     for e in range(num_experts):
         p = f"{prefix}.{experts.format(e)}"
@@ -226,6 +227,10 @@ def moe_plan(
         start, length = rows[0] if rows else (0, 0)
         gate_up.append(bag.take_cat([g, u], rows=rows))
         down.append(bag.take_shard(d, 1, start, length))
+        if expert_bias:
+            gate_up_b.append(bag.take_cat([n.removesuffix("weight") + "bias" for n in (g, u)], rows=rows))
+            bias = bag.take(d.removesuffix("weight") + "bias")
+            down_b.append(bias if tp.rank == 0 else torch.zeros_like(bias))  # added once, by rank 0
     return MoEMLP(
         router_w=router_w,
         gate_up_w=gate_up,
@@ -235,6 +240,8 @@ def moe_plan(
         scoring=scoring,
         renormalize=renormalize,
         router_b=bag.take(f"{prefix}.{router}.bias") if router_bias else None,
+        gate_up_b=gate_up_b or None,
+        down_b=down_b or None,
     )
 
 

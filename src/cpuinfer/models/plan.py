@@ -28,6 +28,7 @@ ACTIVATIONS = {
     "gelu_tanh": "gelu_tanh",
     "gelu_new": "gelu_tanh",
     "gelu_fast": "gelu_tanh",
+    "swiglu_oai": "swiglu_oai",  # gpt-oss (its config says silu; the builder names this)
 }
 
 
@@ -58,6 +59,7 @@ class AttentionPlan:
     cos_sin: torch.Tensor | None = None  # [max_positions, rot_dim] rotary table (NeoX pairs); None: no rotary
     sliding_window: int = 0  # keys within this many positions (0: all)
     soft_cap: float = 0.0  # logits -> cap * tanh(logits / cap) (0: off)
+    sinks: torch.Tensor | None = None  # [num_heads] float32: a logit per head joining the softmax sum (gpt-oss)
 
     @property
     def q_size(self) -> int:
@@ -76,7 +78,7 @@ class DenseMLP:
 
     gate_up_w: Any  # [2 intermediate, hidden]: gate rows, then up rows
     down_w: Any  # [hidden, intermediate]
-    act: str  # the kernels' name: silu, gelu, gelu_tanh
+    act: str  # the kernels' name: silu, gelu, gelu_tanh, swiglu_oai
     gate_up_b: torch.Tensor | None = None
     down_b: torch.Tensor | None = None  # rank 0's only under tensor parallelism
     kind: Literal["dense"] = "dense"
@@ -96,6 +98,8 @@ class MoEMLP:
     scoring: Literal["softmax", "topk_softmax"] = "softmax"
     renormalize: bool = True  # softmax scoring: the k weights rescaled to sum to 1
     router_b: torch.Tensor | None = None
+    gate_up_b: list | None = None  # one [2 intermediate] bias per expert (gpt-oss), or None
+    down_b: list | None = None  # one [hidden] bias per expert; rank 0's only under tensor parallelism
     kind: Literal["moe"] = "moe"
 
     @property
@@ -127,6 +131,7 @@ def describe(plan: LayerPlan, kernels: str) -> str:
     attn += f", soft-cap {a.soft_cap:g}" if a.soft_cap else ""
     attn += ", q/k norm" if a.q_norm is not None else ""
     attn += ", bias" if a.qkv_b is not None else ""
+    attn += ", sinks" if a.sinks is not None else ""
     if isinstance(m, MoEMLP):
         rule = f"{m.scoring}{' renormalized' if m.scoring == 'softmax' and m.renormalize else ''}"
         mlp = f"MoE {m.num_experts} experts top-{m.top_k} ({rule}) x {_format(m.gate_up_w[0], plan.packed)}"

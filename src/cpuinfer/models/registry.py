@@ -20,6 +20,7 @@ ARCHITECTURES = {
     "Phi3ForCausalLM": ("phi3", "Phi3ForCausalLM"),
     "Qwen3MoeForCausalLM": ("moe", "Qwen3MoeForCausalLM"),
     "MixtralForCausalLM": ("moe", "MixtralForCausalLM"),
+    "GptOssForCausalLM": ("gpt_oss", "GptOssForCausalLM"),
     "OPTForCausalLM": ("opt", "OPTForCausalLM"),
 }
 
