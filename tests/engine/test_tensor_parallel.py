@@ -52,15 +52,15 @@ def run(*args: str, timeout: float = 240, env: dict | None = None) -> dict:
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    names = ("llama", "qwen2", "gemma3", "opt", "qwen3_moe", "mixtral")
+    names = ("llama", "qwen2", "gemma3", "opt", "qwen3_moe", "mixtral", "gpt_oss")
     return {name: str(_checkpoint(tmp_path_factory, name)[0]) for name in names}
 
 
 # llama: 2 heads, 1 KV head (replicated on both ranks), tied embedding; qwen2: 4 heads, 2 KV heads (split),
 # q/k/v biases, head size 32 (torch attention); gemma3: sandwich norms, soft-capped logits; opt: LayerNorm,
 # fc1/fc2 with biases, learned positions; qwen3_moe, mixtral: every expert's intermediate features split over
-# the ranks, the MoE output's f32 shares summed.
-@pytest.mark.parametrize("name", ["llama", "qwen2", "gemma3", "opt", "qwen3_moe", "mixtral"])
+# the ranks, the MoE output's f32 shares summed; gpt_oss: each rank its heads' sinks, expert biases added once.
+@pytest.mark.parametrize("name", ["llama", "qwen2", "gemma3", "opt", "qwen3_moe", "mixtral", "gpt_oss"])
 def test_float32_tp2_gives_tp1_tokens(checkpoints, name):
     """float32: token for token, with chunked prefill mixed with decodes (greedy()'s batched mode)."""
     one = run("runner", checkpoints[name], "float32", "1")
