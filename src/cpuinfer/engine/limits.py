@@ -125,6 +125,7 @@ def validate_request(
             "stop_token_ids",
         )
     check_token_ids(stop_ids, limits.vocab_size, "stop_token_ids")
+    check_token_ids(list(params.logit_bias or ()), limits.vocab_size, "logit_bias")
     if params.logprobs is not None and params.logprobs > limits.max_logprobs:
         raise InvalidRequestError(
             f"logprobs={params.logprobs} is more than the server's limit of {limits.max_logprobs} (--max-logprobs)",

@@ -32,6 +32,7 @@ from fastapi import Body, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from cpuinfer.engine.messages import EngineStats
+from cpuinfer.entrypoints.openai.client_errors import LogClientErrors
 from cpuinfer.entrypoints.openai.engine_adapter import EngineAdapter
 from cpuinfer.entrypoints.openai.errors import APIError, error_body, error_response, install_error_handlers
 from cpuinfer.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
@@ -163,6 +164,7 @@ def build_app(state: ServerState, start_engine: Callable[[], Awaitable[EngineAda
     app.state.server = state
     install_error_handlers(app)
     app.add_middleware(BodyLimitAndAuth, config=state.config)
+    app.add_middleware(LogClientErrors)  # added last: outermost, so it sees the auth and size answers too
 
     @app.get("/health", responses={503: {"model": ErrorResponse}})
     async def health() -> Response:

@@ -99,6 +99,7 @@ class OpenAIServing:
         defaults = self.engine.generation_defaults
         kw: dict[str, Any] = {
             "structured_outputs": constraint,
+            "logit_bias": req.logit_bias_ids(),
             "n": req.n,
             "presence_penalty": req.presence_penalty or 0.0,
             "frequency_penalty": req.frequency_penalty or 0.0,
