@@ -73,6 +73,8 @@ class ServerConfig:
     log_stats_interval: float = 10.0  # seconds; 0 disables the periodic stats line
     tool_call_parser: str | None = None  # set by --enable-auto-tool-choice --tool-call-parser: tool_choice "auto"
     chat_template: str | None = None  # --chat-template: replaces the model's
+    log_prompts: bool = False  # --enable-log-requests: each request's prompt and parameters as it arrives
+    max_log_len: int | None = None  # --max-log-len: most characters / ids of a logged prompt
 
 
 @dataclass
@@ -115,7 +117,11 @@ class BodyLimitAndAuth:
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or [])
         limit = self.config.max_body_bytes
-        if self.expected is not None and scope["path"] not in self.open and scope["method"] != "OPTIONS":
+        # uvicorn puts --root-path in front of the path (as the ASGI spec asks); routes are matched without it.
+        path, root = scope["path"], scope.get("root_path", "")
+        if root and path.startswith(root):
+            path = path[len(root) :] or "/"
+        if self.expected is not None and path not in self.open and scope["method"] != "OPTIONS":
             got = headers.get(b"authorization", b"")
             if not secrets.compare_digest(got, self.expected):
                 what = "missing" if not got else "invalid"
@@ -286,6 +292,8 @@ async def _load(state: ServerState, start_engine: Callable[[], Awaitable[EngineA
         state.config.log_requests,
         state.config.tool_call_parser,
         state.config.chat_template,
+        log_prompts=state.config.log_prompts,
+        max_log_len=state.config.max_log_len,
     )
     state.background.append(asyncio.create_task(_watch_engine(state)))
     logger.info(
@@ -364,11 +372,13 @@ def run_server(
     log_level: str = "info",
     sock=None,
     limit_concurrency: int | None = None,
+    **uvicorn_options,
 ) -> int:
     """Serve until SIGINT/SIGTERM; in-flight requests get `shutdown_timeout` seconds to finish, then are aborted.
 
     Returns the exit code: 1 if the engine failed to load or died while serving, else 0.
     `limit_concurrency`: connections + in-flight requests past which uvicorn answers 503 at once.
+    `uvicorn_options`: more uvicorn.Config settings (TLS files, root_path: vllm_server_flags.uvicorn_options).
     """
     app = build_app(state, start_engine)
     config = uvicorn.Config(
@@ -381,6 +391,7 @@ def run_server(
         lifespan="on",
         timeout_keep_alive=5,
         limit_concurrency=limit_concurrency,
+        **uvicorn_options,
     )
     server = _Server(config)
     asyncio.run(server.serve(sockets=[sock] if sock is not None else None))

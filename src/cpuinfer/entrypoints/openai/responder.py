@@ -87,10 +87,19 @@ async def run_until_disconnect(request: Request, coro: Coroutine) -> Any:
 class Responder:
     """Runs jobs on one engine and answers them as SSE or one JSON body."""
 
-    def __init__(self, engine: EngineAdapter, metrics: ServerMetrics | None, log_requests: bool):
+    def __init__(
+        self,
+        engine: EngineAdapter,
+        metrics: ServerMetrics | None,
+        log_requests: bool,
+        log_prompts: bool = False,
+        max_log_len: int | None = None,
+    ):
         self.engine = engine
         self.metrics = metrics
         self.log_requests = log_requests
+        self.log_prompts = log_prompts  # --enable-log-requests
+        self.max_log_len = max_log_len
 
     def start(
         self,
@@ -103,6 +112,8 @@ class Responder:
         """Start every prompt on the engine, all or none (each is validated as it starts); a refusal is the
         APIError naming the request's own field."""
         timer = RequestTimer(self.metrics)
+        if self.log_prompts:
+            self._log_received(request_id, prompts, params)
         streams: list[tuple[str, AsyncIterator[list[ChoiceDelta]]]] = []
         try:
             for i, p in enumerate(prompts):
@@ -118,6 +129,15 @@ class Responder:
                 err.message = err.message.replace("'max_tokens'", f"'{max_tokens_name}'")
             raise err from e
         return Job(request_id, prompts, params.n, streams, timer)
+
+    def _log_received(self, request_id: str, prompts: list[Prompt], params: SamplingParams) -> None:
+        """vLLM's request log line: the prompt, the sampling parameters and the prompt's token ids."""
+        cut = self.max_log_len
+        for i, p in enumerate(prompts):
+            rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
+            text = p.text if p.text is None or cut is None else p.text[:cut]
+            ids = p.token_ids if cut is None else p.token_ids[:cut]
+            logger.info("Received request %s: prompt: %r, params: %s, prompt_token_ids: %s", rid, text, params, ids)
 
     async def respond(self, raw: Request, req: SamplingFields, fmt: ResponseFormat) -> Response:
         """A started job as SSE (stream) or one JSON body."""

@@ -55,12 +55,14 @@ class OpenAIServing:
         log_requests: bool = True,
         tool_call_parser: str | None = None,
         chat_template: str | None = None,
+        log_prompts: bool = False,
+        max_log_len: int | None = None,
     ):
         self.engine = engine
         self.tool_call_parser = tool_call_parser  # tool_choice "auto" works only with one
         self.chat_template = chat_template
         self.model_names = served_model_names
-        self.responder = Responder(engine, metrics, log_requests)
+        self.responder = Responder(engine, metrics, log_requests, log_prompts, max_log_len)
 
     # ---- helpers -------------------------------------------------------------------------------
 
