@@ -50,6 +50,7 @@ from cpuinfer.entrypoints.openai.protocol import (
     TokenizeResponse,
     dump,
 )
+from cpuinfer.entrypoints.openai.responses_protocol import ResponsesRequest
 from cpuinfer.entrypoints.openai.serving import OpenAIServing
 from cpuinfer.errors import EngineDeadError
 
@@ -217,6 +218,11 @@ def build_app(state: ServerState, start_engine: Callable[[], Awaitable[EngineAda
     async def chat_completions(req: ChatCompletionRequest, raw: Request):
         """OpenAI chat completions with the model's chat template; `stream: true` answers with SSE."""
         return await state.require_serving().chat(req, raw)
+
+    @app.post("/v1/responses", responses=ERRORS)
+    async def create_response(req: ResponsesRequest, raw: Request):
+        """OpenAI Responses API (text, function calls, structured output); `stream: true` answers with SSE events."""
+        return await state.require_serving().responses(req, raw)
 
     @app.post("/tokenize", response_model=TokenizeResponse, responses=ERRORS)
     async def tokenize(req: Annotated[TokenizeCompletionRequest | TokenizeChatRequest, Body()]):

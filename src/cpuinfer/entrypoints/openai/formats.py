@@ -59,15 +59,16 @@ class ResponseFormat:
         """Chunks sent before the first delta."""
         return []
 
-    def chunk(self, d: ChoiceDelta) -> dict | None:
-        """The chunk for one delta (called before the delta is absorbed), or None when it carries nothing."""
+    def chunk(self, d: ChoiceDelta) -> dict | list[dict] | None:
+        """The chunk for one delta (called before the delta is absorbed), a list of events where one delta is
+        several, or None when it carries nothing."""
         raise NotImplementedError
 
     def usage_chunk(self, usage: UsageInfo) -> dict:
         """The final usage-only chunk."""
         raise NotImplementedError
 
-    def response(self) -> BaseModel:
+    def response(self) -> BaseModel | dict:
         """The whole non-streaming response."""
         raise NotImplementedError
 

@@ -145,7 +145,8 @@ class Responder:
             return DisconnectAwareStream(self._events(fmt, req), media_type="text/event-stream")
         if not await run_until_disconnect(raw, self._collect(fmt.job)):
             return JSONResponse({}, status_code=499)  # the client left (nginx's code); nobody reads this
-        return JSONResponse(dump(fmt.response()))
+        body = fmt.response()
+        return JSONResponse(body if isinstance(body, dict) else dump(body))
 
     async def _events(self, fmt: ResponseFormat, req: SamplingFields) -> AsyncIterator[str]:
         """The server-sent events of a streaming response; always ends with [DONE] (after an error event if the
@@ -160,7 +161,10 @@ class Responder:
             async for d in self._deltas(job):
                 body = fmt.chunk(d)
                 job.states[d.index].absorb(d)
-                if body is not None:
+                if isinstance(body, list):  # a format whose delta is several typed events (/v1/responses)
+                    for event in body:
+                        yield sse(event)
+                elif body is not None:
                     if continuous:
                         body["usage"] = dump(job.usage())
                     yield sse(body)
