@@ -125,3 +125,14 @@ def test_serve_a_hub_id_from_the_cache_with_a_tokenizer_id(tmp_path):
         ids = httpx.post(s.url + "/tokenize", json=body, headers=s.headers()).json()["tokens"]
         text = httpx.post(s.url + "/detokenize", json={"tokens": ids}, headers=s.headers()).json()["prompt"]
         assert text == "TOKENIZER-TEMPLATE hi"
+
+
+def test_generate_takes_a_hub_id_too(tmp_path):
+    from .conftest import server_env
+
+    add_repo(str(tmp_path / "hub"), "org/smol-gguf", {"smol.Q4_1.gguf": default_model_path()})
+    env = server_env(HF_HOME=str(tmp_path), HF_HUB_OFFLINE="1")
+    cmd = [sys.executable, "-m", "cpuinfer", "generate", "The capital of France is", "--model", "org/smol-gguf"]
+    out = subprocess.run([*cmd, "--max-tokens", "3", "--temperature", "0"], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip()

@@ -154,3 +154,13 @@ def test_https_and_root_path(tmp_path):
     finally:
         proc.terminate()
         proc.wait(60)
+
+
+def test_a_kv_cache_larger_than_memory_is_one_line_naming_the_variable():
+    cmd = [sys.executable, "-m", "cpuinfer", "generate", "Hi", "--max-tokens", "1"]
+    out = subprocess.run(
+        cmd, capture_output=True, text=True, env=server_env(VLLM_CPU_KVCACHE_SPACE="100000"), timeout=120
+    )
+    assert out.returncode == 2
+    assert "VLLM_CPU_KVCACHE_SPACE=100000 GiB" in out.stderr and "of memory available" in out.stderr
+    assert "Traceback" not in out.stderr
