@@ -168,8 +168,6 @@ class SamplingParams:
             v = getattr(self, name)
             if v is not None and (not is_int(v) or not 0 <= v <= INT32_MAX):
                 raise bad(name, "must be an integer >= 0 or None")
-        if self.prompt_logprobs is not None:
-            raise bad("prompt_logprobs", "is not supported yet; leave it None")
         if any(not isinstance(s, str) or s == "" for s in self.stop):
             raise bad("stop", "must be non-empty strings")
         if any(not is_int(t) or not 0 <= t <= INT32_MAX for t in self.stop_token_ids):

@@ -145,3 +145,42 @@ def test_every_4xx_is_logged_with_its_request_id_and_reason(server):
     line = r"INFO .*400 POST /v1/chat/completions from 127\.0\.0\.1 \(request id trace-42\): 'functions'"
     assert re.search(line, log)
     assert f"401 POST /v1/chat/completions from 127.0.0.1 (request id {logged_id}): Unauthorized" in log
+
+
+def test_echo_with_logprobs_scores_the_prompt(server, client):
+    """OpenAI's legacy scoring (lm-eval's loglikelihood): echo, logprobs, max_tokens 1."""
+    prompt = "The capital of France is Paris"
+    ids = httpx.post(server.url + "/tokenize", json={"prompt": prompt}, headers=server.headers()).json()["tokens"]
+    r = client.completions.create(model=MODEL, prompt=prompt, echo=True, logprobs=2, max_tokens=1, temperature=0)
+    lp = r.choices[0].logprobs
+    assert r.choices[0].text.startswith(prompt)
+    assert len(lp.tokens) == len(ids) + 1 and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(x is not None and x <= 0 for x in lp.token_logprobs[1:])
+    assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
+    assert "".join(lp.tokens[: len(ids)]) == prompt
+    # The prompt's last token scored alone, as the greedy continuation of the prompt before it.
+    shorter = client.completions.create(model=MODEL, prompt=ids[:-1], max_tokens=1, temperature=0, logprobs=2)
+    if shorter.choices[0].logprobs.tokens[0] == lp.tokens[len(ids) - 1]:
+        assert abs(shorter.choices[0].logprobs.token_logprobs[0] - lp.token_logprobs[len(ids) - 1]) < 0.15
+    streamed = client.completions.create(
+        model=MODEL, prompt=prompt, echo=True, logprobs=2, max_tokens=1, temperature=0, stream=True
+    )
+    tokens, text = [], ""
+    for chunk in streamed:
+        for c in chunk.choices:
+            text += c.text
+            tokens += c.logprobs.tokens if c.logprobs else []
+    assert text == r.choices[0].text and tokens == lp.tokens
+
+
+def test_vllm_prompt_logprobs_field(server):
+    body = {"prompt": "Hello there, friend", "max_tokens": 1, "prompt_logprobs": 1}
+    r = post(server, "/completions", body)
+    assert r.status_code == 200, r.text
+    plp = r.json()["choices"][0]["prompt_logprobs"]
+    ids = httpx.post(server.url + "/tokenize", json={"prompt": body["prompt"]}, headers=server.headers()).json()
+    assert len(plp) == ids["count"] and plp[0] is None
+    for tok, entry in zip(ids["tokens"][1:], plp[1:], strict=True):
+        assert str(tok) in entry and {"logprob", "rank", "decoded_token"} <= entry[str(tok)].keys()
+    too_many = post(server, "/completions", {**body, "prompt_logprobs": 21})
+    assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "prompt_logprobs"

@@ -192,6 +192,8 @@ class CompletionRequest(SamplingFields):
     echo: bool = False
     logprobs: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = None  # at most --max-logprobs (the engine's)
     best_of: Annotated[int, Field(ge=1, le=MAX_N)] | None = None
+    # vLLM's: the top-k logprobs of every prompt token, in each choice's prompt_logprobs (at most --max-logprobs)
+    prompt_logprobs: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = None
     suffix: str | None = None
     add_special_tokens: bool = True
 
@@ -394,6 +396,14 @@ class CompletionLogProbs(BaseModel):
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
+class PromptLogprob(BaseModel):
+    """vLLM's entry of prompt_logprobs: one candidate token's logprob, rank and text."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
 class CompletionChoice(BaseModel):
     """One choice of a completion (or one streamed piece of it)."""
 
@@ -402,6 +412,7 @@ class CompletionChoice(BaseModel):
     logprobs: CompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None  # with the request's (vLLM's)
 
 
 class CompletionResponse(BaseModel):

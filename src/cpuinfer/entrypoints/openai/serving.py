@@ -160,11 +160,13 @@ class OpenAIServing:
         """POST /v1/completions."""
         self.check_model(req.model)
         self.check_ready()
-        if req.echo and req.logprobs is not None:
-            raise APIError("echo together with logprobs is not supported; drop one of them.", 400, "echo")
         prompts = await self._completion_prompts(req)
         constraint, source = request_constraint(req)
         params = self.sampling_params(req, req.max_tokens, req.logprobs, constraint)
+        # echo with logprobs shows the prompt tokens' logprobs too (OpenAI's legacy scoring, lm-eval's loglikelihood).
+        wanted = [k for k in (req.prompt_logprobs, req.logprobs if req.echo else None) if k is not None]
+        if wanted:
+            params = params.clone(prompt_logprobs=max(wanted))
         job = self.responder.start(random_id("cmpl"), prompts, params, constraint_source=source)
         if req.echo:  # the ids are known to be in the vocabulary now
             tok = self.engine.tokenization
