@@ -19,6 +19,7 @@ import torch
 
 from cpuinfer import envs
 from cpuinfer.attention.cache_dtypes import CACHE_DTYPES
+from cpuinfer.platform.memory import fit_kv_cache
 from cpuinfer.quantization.checkpoint import METHODS as QUANTIZATION_METHODS
 
 DP_BACKENDS = ("mp", "ray")
@@ -393,7 +394,7 @@ class EngineArgs:
         stage_max = max(b - a for a, b in (stage_layers(spec.num_layers, pp, s) for s in range(pp)))
         per_token = spec.kv_bytes_per_token(cache_dtype, tp) // spec.num_layers * stage_max
         num_blocks = self.num_gpu_blocks_override or int(space_gib * 2**30) // (per_token * self.block_size)
-        num_blocks = _fit_kv_to_memory(num_blocks, per_token * self.block_size * tp * pp, space_gib)
+        num_blocks = fit_kv_cache(num_blocks, per_token * self.block_size * tp * pp, space_gib)
         max_model_len = self.max_model_len or spec.max_model_len
         if max_model_len > spec.max_model_len:
             raise ValueError(f"--max-model-len={max_model_len} exceeds the model's context length {spec.max_model_len}")
@@ -422,38 +423,6 @@ class EngineArgs:
             max_num_seqs=seqs,
             kv_bytes_per_token=per_token,
         )
-
-
-def _fit_kv_to_memory(num_blocks: int, block_bytes: int, space_gib: float) -> int:
-    """num_blocks, checked against the memory available before anything is mapped (the cache's pages are
-    faulted in as blocks are used, so a cache too big would fail at some later request instead).
-
-    A VLLM_CPU_KVCACHE_SPACE set larger than the memory available is an error naming it; the default (unset)
-    shrinks to half the memory available, with a warning, so that a small machine still starts."""
-    from cpuinfer.platform.memory import available_memory_bytes
-
-    avail = available_memory_bytes()
-    need = num_blocks * block_bytes
-    if avail is None or need <= avail:
-        return num_blocks
-    found = envs.KVCACHE_SPACE.raw()
-    if found is not None:
-        name, value = found
-        raise ValueError(
-            f"{name}={value} GiB: the KV cache ({need / 2**30:.2f} GiB over all ranks) does not fit the "
-            f"{avail / 2**30:.2f} GiB of memory available; lower {name}"
-        )
-    fitted = max(1, avail // 2 // block_bytes)
-    import logging
-
-    logging.getLogger("cpuinfer.config").warning(
-        "KV cache: the default %g GiB exceeds the %.2f GiB of memory available; using %.2f GiB "
-        "(set VLLM_CPU_KVCACHE_SPACE to choose)",
-        space_gib,
-        avail / 2**30,
-        fitted * block_bytes / 2**30,
-    )
-    return fitted
 
 
 @functools.lru_cache(maxsize=4)

@@ -100,17 +100,17 @@ def test_zeros_huge_faults_in_only_what_is_written():
 
 
 def test_too_large_kv_cache_is_one_line_naming_the_variable(monkeypatch):
-    from cpuinfer.config import _fit_kv_to_memory
+    from cpuinfer.platform.memory import fit_kv_cache
 
     monkeypatch.setattr("cpuinfer.platform.memory.available_memory_bytes", lambda: 2 << 30)
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "100")
     with pytest.raises(ValueError, match=r"VLLM_CPU_KVCACHE_SPACE=100 GiB.*2\.00 GiB of memory available"):
-        _fit_kv_to_memory(100 * 1024, 1 << 20, 100.0)
+        fit_kv_cache(100 * 1024, 1 << 20, 100.0)
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE")
     monkeypatch.delenv("CPUINFER_KVCACHE_SPACE", raising=False)
     # The default shrinks to half of what is available (a warning says so) instead of failing.
-    assert _fit_kv_to_memory(4 * 1024, 1 << 20, 4.0) == 1024
-    assert _fit_kv_to_memory(512, 1 << 20, 4.0) == 512
+    assert fit_kv_cache(4 * 1024, 1 << 20, 4.0) == 1024
+    assert fit_kv_cache(512, 1 << 20, 4.0) == 512
 
 
 def test_small_tensors_are_plain_zeros():

@@ -30,6 +30,7 @@ import contextlib
 import contextvars
 import ctypes
 import functools
+import logging
 import mmap
 import sys
 from collections.abc import Iterator
@@ -97,6 +98,36 @@ def available_memory_bytes() -> int | None:
     except (OSError, ValueError):
         pass  # no cgroup v2 limit readable: MemAvailable alone
     return avail
+
+
+def fit_kv_cache(num_blocks: int, block_bytes: int, space_gib: float) -> int:
+    """num_blocks, checked against the memory available before anything is mapped (the cache's pages are
+    faulted in as blocks are used, so a cache too big would fail at some later request instead).
+
+    A VLLM_CPU_KVCACHE_SPACE set larger than the memory available is an error naming it; the default (unset)
+    shrinks to half the memory available, with a warning, so that a small machine still starts."""
+    avail = available_memory_bytes()
+    need = num_blocks * block_bytes
+    if avail is None or need <= avail:
+        return num_blocks
+    from cpuinfer import envs
+
+    found = envs.KVCACHE_SPACE.raw()
+    if found is not None:
+        name, value = found
+        raise ValueError(
+            f"{name}={value} GiB: the KV cache ({need / 2**30:.2f} GiB over all ranks) does not fit the "
+            f"{avail / 2**30:.2f} GiB of memory available; lower {name}"
+        )
+    fitted = max(1, avail // 2 // block_bytes)
+    logging.getLogger("cpuinfer.config").warning(
+        "KV cache: the default %g GiB exceeds the %.2f GiB of memory available; using %.2f GiB "
+        "(set VLLM_CPU_KVCACHE_SPACE to choose)",
+        space_gib,
+        avail / 2**30,
+        fitted * block_bytes / 2**30,
+    )
+    return fitted
 
 
 def release_free_heap() -> bool:
