@@ -184,3 +184,15 @@ def test_vllm_prompt_logprobs_field(server):
         assert str(tok) in entry and {"logprob", "rank", "decoded_token"} <= entry[str(tok)].keys()
     too_many = post(server, "/completions", {**body, "prompt_logprobs": 21})
     assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "prompt_logprobs"
+
+
+def test_chat_prompt_logprobs(server):
+    body = {"messages": ASK, "max_tokens": 1, "prompt_logprobs": 0}
+    r = post(server, "/chat/completions", body)
+    assert r.status_code == 200, r.text
+    ids = httpx.post(server.url + "/tokenize", json={"messages": ASK}, headers=server.headers()).json()["tokens"]
+    plp = r.json()["prompt_logprobs"]
+    assert len(plp) == len(ids) and plp[0] is None
+    assert [list(e) for e in plp[1:]] == [[str(t)] for t in ids[1:]]  # k = 0: the prompt's own token only
+    streamed = post(server, "/chat/completions", {**body, "stream": True})
+    assert streamed.status_code == 400 and "stream" in streamed.json()["error"]["message"]

@@ -134,27 +134,6 @@ class CompletionFormat(ResponseFormat):
             return None
         return self.job.prompts[i // self.job.n].token_ids, prompt_lps
 
-    def _vllm_prompt_logprobs(self, prompt_lps: list | None) -> list | None:
-        """vLLM's prompt_logprobs field: per prompt token None or {token id: {logprob, rank, decoded_token}}."""
-        if self.req.prompt_logprobs is None or prompt_lps is None:
-            return None
-        k, token_text = self.req.prompt_logprobs, self.tokenization.token_text
-        out: list = []
-        for e in prompt_lps:
-            if e is None:
-                out.append(None)
-                continue
-            table = {
-                str(t): PromptLogprob(logprob=_lp(lp), rank=r, decoded_token=token_text(t))
-                for r, (t, lp) in enumerate(e.top[:k], start=1)
-            }
-            table.setdefault(
-                str(e.token_id),
-                PromptLogprob(logprob=_lp(e.logprob), rank=e.rank, decoded_token=token_text(e.token_id)),
-            )
-            out.append(table)
-        return out
-
     def opening(self) -> list[dict]:
         if not self.req.echo or self.echo_with_logprobs:
             return []
@@ -167,7 +146,7 @@ class CompletionFormat(ResponseFormat):
             prefix, prompt = self._echo(d.index), self._prompt_part(d.index, d.prompt_logprobs)
         offset = len(self._echo(d.index)) + len(self.job.states[d.index].text)
         lp = self._logprobs(d.logprobs or [], offset, prompt)
-        plp = self._vllm_prompt_logprobs(d.prompt_logprobs)
+        plp = vllm_prompt_logprobs(d.prompt_logprobs, self.req.prompt_logprobs, self.tokenization)
         if not (prefix or d.text or d.finish_reason is not None or (lp and lp.tokens) or plp):
             return None
         choice = CompletionChoice(
@@ -195,12 +174,36 @@ class CompletionFormat(ResponseFormat):
                     logprobs=lp,
                     finish_reason=s.finish_reason,
                     stop_reason=s.stop_reason,
-                    prompt_logprobs=self._vllm_prompt_logprobs(s.prompt_logprobs),
+                    prompt_logprobs=vllm_prompt_logprobs(
+                        s.prompt_logprobs, self.req.prompt_logprobs, self.tokenization
+                    ),
                 )
             )
         return CompletionResponse(
             id=self.job.request_id, model=self.model_name, choices=choices, usage=self.job.usage()
         )
+
+
+def vllm_prompt_logprobs(entries: list | None, k: int | None, tokenization: Tokenization) -> list | None:
+    """vLLM's prompt_logprobs field: per prompt token None or {token id: {logprob, rank, decoded_token}} with the
+    k most likely tokens and the prompt's own; None unless the request asked for them (k)."""
+    if k is None or entries is None:
+        return None
+    token_text = tokenization.token_text
+    out: list = []
+    for e in entries:
+        if e is None:
+            out.append(None)
+            continue
+        table = {
+            str(t): PromptLogprob(logprob=_lp(lp), rank=r, decoded_token=token_text(t))
+            for r, (t, lp) in enumerate(e.top[:k], start=1)
+        }
+        table.setdefault(
+            str(e.token_id), PromptLogprob(logprob=_lp(e.logprob), rank=e.rank, decoded_token=token_text(e.token_id))
+        )
+        out.append(table)
+    return out
 
 
 def chat_chunk_json(chunk: ChatCompletionChunk) -> dict:
@@ -306,5 +309,11 @@ class ChatFormat(ResponseFormat):
                 )
             )
         return ChatCompletionResponse(
-            id=self.job.request_id, model=self.model_name, choices=choices, usage=self.job.usage()
+            id=self.job.request_id,
+            model=self.model_name,
+            choices=choices,
+            usage=self.job.usage(),
+            prompt_logprobs=vllm_prompt_logprobs(
+                self.job.states[0].prompt_logprobs, self.req.prompt_logprobs, self.tokenization
+            ),
         )

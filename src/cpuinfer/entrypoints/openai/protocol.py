@@ -308,6 +308,8 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = True
     chat_template: str | None = None  # vLLM's: a Jinja template used instead of the model's
+    # vLLM's: the top-k logprobs of every token of the rendered prompt, in the response (not with stream)
+    prompt_logprobs: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # extra variables for the template (vLLM's)
     # Passed to the chat template as the variable reasoning_effort (as vLLM does); templates that read it
     # (gpt-oss, some Qwen / SmolLM3 variants) change their system prompt, the others ignore it.
@@ -319,6 +321,8 @@ class ChatCompletionRequest(SamplingFields):
             raise ValueError("top_logprobs requires logprobs to be true")
         if self.continue_final_message and self.add_generation_prompt:
             raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
+        if self.prompt_logprobs is not None and self.stream:
+            raise ValueError("prompt_logprobs are not available with stream: true (as in vLLM)")
         if self.continue_final_message and self.messages[-1].role != "assistant":
             raise ValueError("continue_final_message needs the last message to be from the assistant")
         if self.reasoning_effort is not None:
@@ -489,6 +493,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: UsageInfo
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None  # with the request's (vLLM's)
 
 
 class DeltaMessage(BaseModel):

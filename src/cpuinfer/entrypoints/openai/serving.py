@@ -228,6 +228,8 @@ class OpenAIServing:
         prompt = await self._chat_prompt(req, req.add_special_tokens, req.continue_final_message)
         k = (req.top_logprobs or 0) if req.logprobs else None
         params = self.sampling_params(req, req.output_limit(), k, constraint)
+        if req.prompt_logprobs is not None:
+            params = params.clone(prompt_logprobs=req.prompt_logprobs)
         name = max_tokens_name or ("max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens")
         return self.responder.start(request_id, [prompt], params, name, source), parser
 
