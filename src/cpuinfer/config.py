@@ -134,7 +134,7 @@ class EngineArgs:
             "--model",
             default=None,
             required=model_required,
-            help="HF model directory or .gguf file (default: the bundled SmolLM2-135M-Instruct).",
+            help="HF model directory, .gguf file or Hugging Face id (default: the bundled SmolLM2-135M-Instruct).",
         )
         g.add_argument(
             "--tokenizer",

@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
 
 def fetch_model_files(args: argparse.Namespace) -> None:
     """MODEL and --tokenizer as local paths (a Hugging Face id resolved through the cache or the hub), and
-    --generation-config checked: a bad one is one line and exit code 2, before the server starts."""
+    --generation-config checked: a bad one is one line and a non-zero exit, before the server starts."""
     from cpuinfer.model_loader.hub import resolve_model
 
     try:

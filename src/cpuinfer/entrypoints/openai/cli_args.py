@@ -19,7 +19,8 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="?",
         default=None,
         metavar="MODEL",
-        help="HF model directory or .gguf file (default: the bundled SmolLM2-135M-Instruct); same as --model",
+        help="HF model directory, .gguf file or Hugging Face model id (default: the bundled SmolLM2-135M-Instruct); "
+        "same as --model",
     )
     add_engine_arguments(parser)
     g = parser.add_argument_group("HTTP server")
