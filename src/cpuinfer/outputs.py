@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -56,3 +57,27 @@ class RequestOutput:
     # the request field it concerns.
     error_reason: str | None = None
     error_param: str | None = None
+    # A pooling request's result (a torch float32 vector), once finished; None for generation.
+    pooled: Any = None
+
+
+@dataclass
+class EmbeddingOutput:
+    """One input's embedding (vLLM's EmbeddingOutput)."""
+
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        """Length of the vector."""
+        return len(self.embedding)
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """What LLM.embed returns per input (vLLM's shape: `.outputs.embedding`)."""
+
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: list[int]
+    finished: bool = True

@@ -83,6 +83,33 @@ class RequestOutputKind(enum.Enum):
 
 
 @dataclass
+class PoolingParams:
+    """How to pool one request's prompt on a pooling model (vLLM's fields): no tokens are generated.
+
+    dimensions: keep the first k of the pooled vector (Matryoshka), renormalised when normalising; the
+    engine checks the model declares it. normalize: None takes the model's pooler (sentence-transformers'
+    Normalize module, or --pooler-config). truncate_prompt_tokens is the front end's: it keeps the last k
+    tokens of the prompt before the request is made.
+    """
+
+    dimensions: int | None = None
+    normalize: bool | None = None
+    truncate_prompt_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("dimensions", "truncate_prompt_tokens"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= INT32_MAX):
+                raise ValueError(f"PoolingParams.{name}={v!r} is invalid: must be an integer >= 1 or None")
+        if self.normalize is not None and not isinstance(self.normalize, bool):
+            raise ValueError(f"PoolingParams.normalize={self.normalize!r} is invalid: must be a bool or None")
+
+    def as_sampling(self) -> SamplingParams:
+        """The SamplingParams the engine carries a pooling request in (one sequence, nothing to sample)."""
+        return SamplingParams(max_tokens=1, detokenize=False, pooling=self)
+
+
+@dataclass
 class SamplingParams:
     """Sampling parameters of one request (vLLM-compatible)."""
 
@@ -110,6 +137,9 @@ class SamplingParams:
     structured_outputs: StructuredOutputsParams | None = None
     # Added to the logits of these token ids before sampling (OpenAI's logit_bias; -100 bans, 100 forces).
     logit_bias: dict[int, float] | None = None
+    # Set on a pooling model's requests (PoolingParams.as_sampling): the prompt's pooled hidden state comes
+    # back instead of tokens.
+    pooling: PoolingParams | None = None
     # Filled by the engine: the model's end-of-sequence ids (stop unless ignore_eos).
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
 

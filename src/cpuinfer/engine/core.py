@@ -18,6 +18,7 @@ from cpuinfer.engine.messages import AddRequest, EngineStats, SeqOutput
 from cpuinfer.engine.request import Request
 from cpuinfer.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from cpuinfer.errors import EngineBrokenError, InvalidRequestError, new_error_id
+from cpuinfer.models.pooler import finish_pooled
 from cpuinfer.sampling.prompt_logprobs import prompt_token_logprobs
 from cpuinfer.sampling.sampler import Sampler, SampleResult
 from cpuinfer.structured.manager import MaskJob, StructuredOutputManager
@@ -97,7 +98,8 @@ class EngineCore:
             sched,
             config.num_blocks,
             config.block_size,
-            config.args.enable_prefix_caching,
+            # A pooling request reads the hidden states of its prompt rows, which a cached prefix skips.
+            config.args.enable_prefix_caching and config.pooler is None,
             spec.eos_token_ids,
             RequestLimits.from_config(config),
             config.args.seed,
@@ -123,6 +125,7 @@ class EngineCore:
         for index, rid in enumerate(ids):
             params = msg.params if len(ids) == 1 else msg.params.for_sample(index)
             req = Request(rid, prompt, params, self._arrivals, max_tokens, self.eos_token_ids)
+            req.pool_all_rows = params.pooling is not None and self.limits.pooler.all_rows
             if constraint is not None:
                 req.grammar = self.grammars.new_state(constraint)  # each sample walks the grammar on its own
             self._arrivals += 1
@@ -164,6 +167,8 @@ class EngineCore:
             if masks is not None:
                 masks.done.exception()  # wait: the states must not be read while the next step runs
             return self._isolate_runner_failure(sched, exc)
+        if self.limits.pooler is not None:
+            return self._pool_step(sched, logits, t0)
         if any(seq.prompt_logits for seq in sched.seqs):
             logits = self._take_prompt_logprobs(sched, logits)
         tokens, lps, failed = self._sample(logits, sched.sampled, masks)
@@ -198,6 +203,45 @@ class EngineCore:
             self.requests.pop(req.request_id, None)
         self.step_seconds += time.perf_counter() - t0
         return outputs + failures
+
+    def _pool_step(self, sched: SchedulerOutput, rows: torch.Tensor, t0: float) -> list[SeqOutput]:
+        """A pooling model's step: fold each chunk's hidden rows into its request; a request whose prompt is
+        done gets its pooled vector and finishes (pooling requests never decode)."""
+        pooler = self.limits.pooler
+        outputs, row = [], 0
+        for req, seq in zip(sched.requests, sched.seqs, strict=True):
+            n = seq.logit_rows
+            chunk, row = rows[row : row + n], row + n
+            if req.pool_all_rows:
+                first = req.pool_upto - seq.start_pos  # rows of this chunk already folded in (a recomputation)
+                if 0 <= first < n:
+                    new = chunk[first:].float()
+                    if req.pool_upto == 0:
+                        req.pool_first = new[0].clone()
+                    part = new.sum(0)
+                    req.pool_sum = part if req.pool_sum is None else req.pool_sum + part
+                    req.pool_upto = seq.start_pos + n
+            if not seq.sample:
+                continue
+            if pooler.pooling_type == "MEAN":
+                vec = req.pool_sum / len(req.prompt_token_ids)
+            elif pooler.pooling_type == "CLS":
+                vec = req.pool_first
+            else:
+                vec = chunk[-1]
+            p = req.params.pooling
+            vec = finish_pooled(vec, pooler.normalize if p.normalize is None else p.normalize, p.dimensions)
+            out = SeqOutput(req.request_id, [], None, "stop", None, req.num_prefix_hit_tokens)
+            out.pooled = vec
+            outputs.append(out)
+        self._consecutive_failures = 0
+        for req in self.scheduler.update(sched, []):
+            self.requests.pop(req.request_id, None)
+        s = self._stats
+        s.num_steps += 1
+        s.prompt_tokens += sum(sched.num_tokens)
+        self.step_seconds += time.perf_counter() - t0
+        return outputs
 
     @staticmethod
     def _take_prompt_logprobs(sched: SchedulerOutput, logits: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ from cpuinfer.errors import InvalidRequestError
 from cpuinfer.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from cpuinfer.models.pooler import PoolerConfig
     from cpuinfer.structured.manager import StructuredOutputManager
 
 
@@ -35,6 +36,13 @@ class RequestLimits:
     max_stop_token_ids: int = 1024
     max_request_tokens: int = 2**19  # n x max_tokens
     max_retained_logprobs: int = 2**20  # n x max_tokens x (logprobs + 1)
+    pooler: PoolerConfig | None = None  # set under the pooling runner: requests pool, none generates
+    hidden_size: int = 0  # a pooling model's vector width (the most `dimensions` may ask)
+
+    @property
+    def runner(self) -> str:
+        """generate or pooling."""
+        return "generate" if self.pooler is None else "pooling"
 
     @classmethod
     def from_config(cls, config) -> RequestLimits:
@@ -49,6 +57,8 @@ class RequestLimits:
             max_stop_token_ids=a.max_stop_token_ids,
             max_request_tokens=a.max_request_tokens,
             max_retained_logprobs=a.max_retained_logprobs,
+            pooler=config.pooler,
+            hidden_size=config.spec.hidden_size if config.pooler is not None else 0,
         )
 
 
@@ -77,6 +87,9 @@ def validate_request(
     """
     if not isinstance(params, SamplingParams):
         raise InvalidRequestError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+    check_runner(params, limits)
+    if params.pooling is not None:
+        return validate_pooling(prompt_token_ids, params.pooling, limits)
     ctx = limits.max_model_len
     n = len(prompt_token_ids)
     if n == 0:
@@ -171,3 +184,57 @@ def validate_request(
             raise InvalidRequestError("structured outputs are not available in this engine", "structured_outputs")
         grammars.compile(params.structured_outputs)
     return max_tokens
+
+
+def check_runner(params: SamplingParams, limits: RequestLimits) -> None:
+    """A generation request to a pooling model, or a pooling one to a generating model: refused, naming the runner."""
+    if params.pooling is None and limits.pooler is not None:
+        raise InvalidRequestError(
+            "This model runs under the pooling runner (--runner pooling): it serves embeddings "
+            "(/v1/embeddings, LLM.embed), not text generation.",
+            "model",
+        )
+    if params.pooling is not None and limits.pooler is None:
+        raise InvalidRequestError(
+            "This model runs under the generate runner: it generates text and serves no embeddings; start it "
+            "with --runner pooling (or --convert embed) to embed.",
+            "model",
+        )
+
+
+def check_pooling_text(text: str | None, param: str = "input") -> None:
+    """An input text to embed must hold something: an empty string is refused (its tokens would be only the
+    tokenizer's special ones, whose vector says nothing about any text)."""
+    if text is not None and not text.strip():
+        raise InvalidRequestError(f"{param} contains an empty string; every text to embed must be non-empty.", param)
+
+
+def validate_pooling(prompt_token_ids: list[int], pooling, limits: RequestLimits) -> int:
+    """Check one pooling request (an input to embed); returns 1 (its one step's sequence, nothing sampled)."""
+    ctx = limits.max_model_len
+    n = len(prompt_token_ids)
+    if n == 0:
+        raise InvalidRequestError("The input is empty (0 tokens); send at least one token.", "input")
+    check_token_ids(prompt_token_ids, limits.vocab_size, "input")
+    if n > ctx:
+        raise InvalidRequestError(
+            f"This model's maximum context length is {ctx} tokens. However, your input has {n} tokens. "
+            "Please reduce the length of the input, or set truncate_prompt_tokens.",
+            "input",
+        )
+    dims = pooling.dimensions
+    if dims is not None:
+        pooler = limits.pooler
+        if not pooler.is_matryoshka:
+            raise InvalidRequestError(
+                "This model does not support matryoshka representation: 'dimensions' cannot be set "
+                "(its config declares neither is_matryoshka nor matryoshka_dimensions).",
+                "dimensions",
+            )
+        allowed = pooler.matryoshka_dimensions
+        if (allowed and dims not in allowed) or dims > limits.hidden_size:
+            shown = ", ".join(map(str, allowed)) if allowed else f"1..{limits.hidden_size}"
+            raise InvalidRequestError(
+                f"dimensions={dims} is not supported by this model; use one of {shown}.", "dimensions"
+            )
+    return 1

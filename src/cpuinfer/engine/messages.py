@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from cpuinfer.sampling_params import SamplingParams
 
 
@@ -63,6 +65,8 @@ class SeqOutput:
     error_param: str | None = None
     # With the first token of a request that asked for prompt logprobs: one entry per prompt token (None first).
     prompt_logprobs: list | None = None
+    # A pooling request's result, when its prompt is done: the pooled float32 vector.
+    pooled: torch.Tensor | None = None
 
 
 @dataclass

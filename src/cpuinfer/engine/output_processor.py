@@ -47,6 +47,7 @@ class _RequestState:
     error_param: str | None = None
     prompt_logprobs: list | None = None  # PromptLogprobs, once the core has sent them
     prompt_logprobs_sent: bool = False  # for DELTA outputs: they go out once
+    pooled: object = None  # a pooling request's vector (torch float32), once the core has sent it
 
 
 class OutputProcessor:
@@ -148,6 +149,8 @@ class OutputProcessor:
     def _apply(self, state: _RequestState, s: _Sample, o: SeqOutput, to_abort: list[str]) -> None:
         """One sequence's new tokens: logprobs, detokenization, stop strings, finish reason."""
         state.num_cached_tokens = max(state.num_cached_tokens, o.num_cached_tokens)
+        if o.pooled is not None:
+            state.pooled = o.pooled
         p = state.params
         if o.prompt_logprobs is not None and state.prompt_logprobs is None:  # every sample sends them: keep one
             prompt = state.prompt_token_ids
@@ -229,6 +232,7 @@ class OutputProcessor:
             error_id=state.error_id,
             error_reason=state.error_reason,
             error_param=state.error_param,
+            pooled=state.pooled,
         )
 
     def _forget(self, state: _RequestState) -> None:

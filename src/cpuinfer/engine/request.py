@@ -49,6 +49,12 @@ class Request:
     # With params.prompt_logprobs: one entry per prompt token computed so far (None for the first, which has no
     # context), each (logprob, rank, top ids, top logprobs) as the sampler's; handed out with the first token.
     prompt_logprobs: list | None = None
+    # A pooling request (params.pooling): whether each chunk hands back all its rows (mean, CLS) or only the
+    # prompt's last; the float32 sum of the rows so far, the first row, and how many prompt rows they cover.
+    pool_all_rows: bool = False
+    pool_sum: torch.Tensor | None = None
+    pool_first: torch.Tensor | None = None
+    pool_upto: int = 0
 
     def __post_init__(self) -> None:
         if self.params.prompt_logprobs is not None and self.prompt_logprobs is None:

@@ -138,7 +138,8 @@ class Scheduler:
             sample = start + n == req.num_tokens
             out.requests.append(req)
             out.num_tokens.append(n)
-            prompt_logits = req.prompt_logprobs is not None and start < len(req.prompt_token_ids)
+            all_rows = req.prompt_logprobs is not None or req.pool_all_rows
+            prompt_logits = all_rows and start < len(req.prompt_token_ids)
             out.seqs.append(
                 ScheduledSeq(req.all_token_ids[start : start + n], start, req.block_ids, sample, prompt_logits)
             )
@@ -183,7 +184,8 @@ class Scheduler:
         finished = []
         for req, n, seq in zip(out.requests, out.num_tokens, out.seqs, strict=False):
             req.num_computed_tokens += n
-            if seq.sample:
+            pooled = req.params.pooling is not None  # its prompt's last chunk ends it: nothing is generated
+            if seq.sample and not pooled:
                 req.append_token(next(tokens))
                 if len(req.all_token_ids) % bs == 0:
                     req.update_hashes(bs)
@@ -196,7 +198,9 @@ class Scheduler:
                         req.block_ids[i], req.block_hashes[i], parent, req.all_token_ids[i * bs : (i + 1) * bs]
                     )
                     req.num_cached_blocks += 1
-            if seq.sample and req.check_stop(self.config.max_model_len):
+            if seq.sample and pooled:
+                req.finish_reason = "stop"
+            if seq.sample and (pooled or req.check_stop(self.config.max_model_len)):
                 self.running.remove(req)
                 self._finish(req, req.finish_reason)
                 finished.append(req)

@@ -12,9 +12,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from cpuinfer.config import EngineArgs
-from cpuinfer.engine.llm_engine import LLMEngine, Prompt
-from cpuinfer.outputs import RequestOutput
-from cpuinfer.sampling_params import SamplingParams
+from cpuinfer.engine.limits import check_pooling_text
+from cpuinfer.engine.llm_engine import LLMEngine, Prompt, tokenize_prompt
+from cpuinfer.errors import RequestFailedError
+from cpuinfer.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
+from cpuinfer.sampling_params import PoolingParams, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +46,15 @@ def _check_data_parallel(args: EngineArgs, rank_given: bool) -> None:
             "data_parallel_rank=i) (each takes its share of the cores) and give each its share of the prompts; "
             "or serve with `cpuinfer serve -dp N`, which routes requests between N engine cores"
         )
+
+
+def _as_prompt_list(prompts) -> list:
+    """One prompt (a str, a dict or a token-id list) or a list of them, as a list."""
+    if isinstance(prompts, (str, dict)) or (
+        isinstance(prompts, (list, tuple)) and prompts and all(isinstance(t, int) for t in prompts)
+    ):
+        return [prompts]
+    return list(prompts)
 
 
 class LLM:
@@ -105,11 +116,7 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """Generate for every prompt (strings or token-id lists); outputs in prompt order."""
-        if isinstance(prompts, (str, dict)) or (
-            isinstance(prompts, (list, tuple)) and prompts and all(isinstance(t, int) for t in prompts)
-        ):
-            prompts = [prompts]
-        prompts = list(prompts)
+        prompts = _as_prompt_list(prompts)
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
         if isinstance(sampling_params, SamplingParams):
@@ -119,6 +126,37 @@ class LLM:
             if len(params) != len(prompts):
                 raise ValueError(f"{len(params)} SamplingParams for {len(prompts)} prompts: give one, or one each")
         return self._run(prompts, params, use_tqdm)
+
+    def embed(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        pooling_params: PoolingParams | None = None,
+        use_tqdm: bool = True,
+        truncate_prompt_tokens: int | None = None,
+    ) -> list[EmbeddingRequestOutput]:
+        """Embed every prompt (strings or token-id lists) on a pooling model (runner="pooling"); in order.
+
+        truncate_prompt_tokens (or the PoolingParams field) keeps the last k tokens of each prompt, as vLLM."""
+        prompts = _as_prompt_list(prompts)
+        params = pooling_params or PoolingParams()
+        if truncate_prompt_tokens is not None:
+            params = PoolingParams(params.dimensions, params.normalize, truncate_prompt_tokens)
+        keep = params.truncate_prompt_tokens
+        tokenized = []
+        for p in prompts:
+            text, ids = tokenize_prompt(self.llm_engine.tokenizer, p)
+            check_pooling_text(text)
+            tokenized.append({"prompt": text, "prompt_token_ids": ids[-keep:] if keep else ids})
+        sp = params.as_sampling()
+        outs = self._run(tokenized, [sp] * len(tokenized), use_tqdm)
+        results = []
+        for out in outs:
+            if out.error_id is not None or out.pooled is None:
+                raise RequestFailedError(out.request_id, str(out.error_id), out.error_reason, out.error_param)
+            results.append(
+                EmbeddingRequestOutput(out.request_id, EmbeddingOutput(out.pooled.tolist()), out.prompt_token_ids)
+            )
+        return results
 
     def chat(
         self,

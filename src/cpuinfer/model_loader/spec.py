@@ -109,6 +109,11 @@ class ModelSpec:
         )
         return text, list(self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids)
 
+    @property
+    def hidden_size(self) -> int:
+        """Width of the model's hidden states (a pooling model's output vector)."""
+        return int(self.hf_config["hidden_size"])
+
     def kv_heads_per_rank(self, tp: int = 1) -> int:
         """KV heads each of `tp` tensor-parallel ranks holds: its share, or one replicated head when the model
         has fewer KV heads than ranks (every rank needs the head its query heads attend to)."""

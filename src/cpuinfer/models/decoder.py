@@ -51,8 +51,10 @@ class DecoderModel:
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         sample_idx: torch.Tensor | None,
         carry: tuple[torch.Tensor, ...] | None = None,
+        hidden: bool = False,
     ):
-        """float32 logits for the tokens at sample_idx (all tokens when None).
+        """float32 logits for the tokens at sample_idx (all tokens when None); with hidden, the final-normed
+        hidden states of those rows instead (a pooling model's output, in the run dtype: no head runs).
 
         On a pipeline stage: carry is the previous stage's (h, residual) (None on the first stage), and a stage
         before the last returns its (h, residual) of every token for the next."""
@@ -66,7 +68,10 @@ class DecoderModel:
         h, residual, rows = stage_stack(self.layers, h, residual, positions, meta, kv_caches, keep)
         if not self.stage.last:
             return h, residual
-        logits = self.head.logits(final_rows(h, residual, rows, self.norm, self.eps))
+        h = final_rows(h, residual, rows, self.norm, self.eps)
+        if hidden:
+            return h
+        logits = self.head.logits(h)
         if self.final_soft_cap > 0.0:
             logits = torch.tanh(logits / self.final_soft_cap) * self.final_soft_cap
         return logits

@@ -50,6 +50,7 @@ class ModelRunner:
         cache_dtype: torch.dtype | str | None = None,
         tp: TPGroup = SINGLE,
         pp: PPStage = SINGLE_STAGE,
+        pooling: bool = False,
     ):
         """Load weights, allocate the KV cache ([num_blocks, kv_heads, block_size, head_size] K and V per layer).
 
@@ -72,6 +73,8 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.cache_dtype = cache_dtype or spec.dtype
         tensors, extras = load_weights(spec)
+        # A pooling model returns the final-normed hidden states of the requested rows instead of logits.
+        self.pooling = pooling
         self.tp = tp
         self.pp = pp
         # The packed weights in huge pages: a decode step streams them all (platform.memory).
@@ -144,7 +147,7 @@ class ModelRunner:
         """Run one flat step; float32 logits [sum of the seqs' logit_rows, vocab]: per sequence in order, its last
         token's row (sample=True) or every token's (prompt_logits=True)."""
         if not seqs:
-            return torch.empty(0, self.spec.vocab_size, dtype=torch.float32)
+            return torch.empty(0, self.out_width, dtype=torch.float32)
         if not checked:
             self.check(seqs)
         if self.pp.size > 1:
@@ -156,9 +159,16 @@ class ModelRunner:
         input_ids, positions, meta, sample_idx, n_sample = self._prepare(seqs)
         if n_sample == 0:
             sample_idx = torch.empty(0, dtype=torch.int64)
+        if self.pooling:
+            return self.model.forward(input_ids, positions, meta, self.kv_caches, sample_idx, carry, hidden=True)
         if carry is None:
             return self.model.forward(input_ids, positions, meta, self.kv_caches, sample_idx)
         return self.model.forward(input_ids, positions, meta, self.kv_caches, sample_idx, carry)
+
+    @property
+    def out_width(self) -> int:
+        """Columns of execute()'s rows: the vocabulary (logits), or the hidden size on a pooling model."""
+        return self.spec.hidden_size if self.pooling else self.spec.vocab_size
 
     def _execute_stage(self, seqs: list[ScheduledSeq]) -> torch.Tensor:
         """This pipeline stage's share of a step: each micro-batch from the previous stage (or the token ids),

@@ -311,7 +311,8 @@ def build_runner(config):
     from cpuinfer.worker.model_runner import ModelRunner
 
     binding = bind_from_env(global_rank(config.args, 0), machine_ranks(config.args))
-    runner = ModelRunner(config.spec, config.block_size, config.num_blocks, config.cache_dtype)
+    pooling = config.pooler is not None
+    runner = ModelRunner(config.spec, config.block_size, config.num_blocks, config.cache_dtype, pooling=pooling)
     return runner, [_placement(config, 0, binding)]
 
 
