@@ -33,6 +33,7 @@ from fastapi.responses import JSONResponse, Response
 
 from cpuinfer.engine.messages import EngineStats
 from cpuinfer.entrypoints.openai.client_errors import LogClientErrors
+from cpuinfer.entrypoints.openai.embeddings_protocol import EmbeddingRequest, EmbeddingResponse
 from cpuinfer.entrypoints.openai.engine_adapter import EngineAdapter
 from cpuinfer.entrypoints.openai.errors import APIError, error_body, error_response, install_error_handlers
 from cpuinfer.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
@@ -223,6 +224,11 @@ def build_app(state: ServerState, start_engine: Callable[[], Awaitable[EngineAda
     async def create_response(req: ResponsesRequest, raw: Request):
         """OpenAI Responses API (text, function calls, structured output); `stream: true` answers with SSE events."""
         return await state.require_serving().responses(req, raw)
+
+    @app.post("/v1/embeddings", response_model=EmbeddingResponse, responses=ERRORS)
+    async def embeddings(req: EmbeddingRequest):
+        """OpenAI embeddings of a pooling model (--runner pooling): one vector per input."""
+        return JSONResponse(dump(await state.require_serving().embeddings(req)))
 
     @app.post("/tokenize", response_model=TokenizeResponse, responses=ERRORS)
     async def tokenize(req: Annotated[TokenizeCompletionRequest | TokenizeChatRequest, Body()]):

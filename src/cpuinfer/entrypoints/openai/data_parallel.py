@@ -44,6 +44,7 @@ class DataParallelAdapter(EngineAdapter):
         self.max_model_len = first.max_model_len
         self.tokenization = first.tokenization
         self.generation_defaults = first.generation_defaults
+        self.runner = first.runner
         config = first.engine.config
         self.router = PrefixAwareRouter(len(cores), config.block_size, min(c.engine.num_blocks for c in cores))
         self._where: dict[str, int] = {}  # request id -> rank, while it runs

@@ -40,6 +40,8 @@ class ChoiceDelta:
     stop_reason: int | str | None = None
     # With the first delta of a request that asked for prompt logprobs: one per prompt token (None first).
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    # A pooling request's vector (torch float32), with its final delta.
+    pooled: Any = None
 
 
 @dataclass
@@ -60,6 +62,7 @@ class EngineAdapter:
     max_model_len: int
     tokenization: Any  # cpuinfer.entrypoints.openai.tokenization.Tokenization
     generation_defaults: dict
+    runner: str = "generate"  # or "pooling": what the model serves (/v1/models says it)
 
     @property
     def healthy(self) -> bool:

@@ -55,6 +55,7 @@ class AsyncLLMAdapter(EngineAdapter):
         self.tokenization = tokenization or Tokenization(spec)
         self.generation_defaults = dict(getattr(spec, "generation_defaults", None) or {})
         self.dp_rank = engine.config.args.data_parallel_rank
+        self.runner = engine.config.runner
         self.requests_routed = 0
         self.last_stats = EngineStats()
         self._shut = False
@@ -110,7 +111,16 @@ class AsyncLLMAdapter(EngineAdapter):
                     if o.logprobs is not None:
                         lps = _logprobs(list(zip(o.token_ids, o.logprobs, strict=False)))
                     deltas.append(
-                        ChoiceDelta(o.index, o.text, list(o.token_ids), lps, o.finish_reason, o.stop_reason, prompt_lps)
+                        ChoiceDelta(
+                            o.index,
+                            o.text,
+                            list(o.token_ids),
+                            lps,
+                            o.finish_reason,
+                            o.stop_reason,
+                            prompt_lps,
+                            out.pooled,
+                        )
                     )
                 finished = out.finished
                 if deltas:

@@ -535,6 +535,7 @@ class ModelCard(BaseModel):
     root: str | None = None
     parent: str | None = None
     max_model_len: int | None = None
+    runner: str | None = None  # generate or pooling (embeddings)
 
 
 class ModelList(BaseModel):

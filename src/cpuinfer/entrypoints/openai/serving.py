@@ -15,6 +15,8 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from cpuinfer.entrypoints.openai.constraints import request_constraint
+from cpuinfer.entrypoints.openai.embeddings import create_embeddings
+from cpuinfer.entrypoints.openai.embeddings_protocol import EmbeddingRequest, EmbeddingResponse
 from cpuinfer.entrypoints.openai.engine_adapter import EngineAdapter
 from cpuinfer.entrypoints.openai.errors import APIError, to_api_error
 from cpuinfer.entrypoints.openai.formats import ChatFormat, CompletionFormat
@@ -246,8 +248,15 @@ class OpenAIServing:
         """GET /v1/models."""
         root = self.engine.model_path
         return ModelList(
-            data=[ModelCard(id=name, root=root, max_model_len=self.engine.max_model_len) for name in self.model_names]
+            data=[
+                ModelCard(id=name, root=root, max_model_len=self.engine.max_model_len, runner=self.engine.runner)
+                for name in self.model_names
+            ]
         )
+
+    async def embeddings(self, req: EmbeddingRequest) -> EmbeddingResponse:
+        """POST /v1/embeddings (a pooling model's)."""
+        return await create_embeddings(self, req)
 
     async def tokenize(self, req: TokenizeCompletionRequest | TokenizeChatRequest) -> TokenizeResponse:
         """POST /tokenize."""
