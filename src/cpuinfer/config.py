@@ -462,8 +462,8 @@ class EngineArgs:
             pooler=pooler,
         )
 
-    def resolved_runner(self) -> str:
-        """generate or pooling, from --runner, --task and --convert (which must agree)."""
+    def resolved_runner(self) -> str | None:
+        """generate or pooling, from --runner, --task and --convert (which must agree); None: none chose."""
         if self.runner not in RUNNERS:
             raise ValueError(f"--runner={self.runner!r} is not one of {', '.join(RUNNERS)}")
         if self.task is not None and self.task not in TASKS:
@@ -479,11 +479,19 @@ class EngineArgs:
         if len(chosen) > 1:
             given = ", ".join(f"{k} {getattr(self, k[2:])}" for k, v in asked.items() if v)
             raise ValueError(f"{given} disagree: one asks for the generate runner, another for pooling")
-        return chosen.pop() if chosen else "generate"
+        return chosen.pop() if chosen else None
 
     def _pooler(self, model: str, spec):
-        """The pooling model's PoolerConfig (None under the generate runner); refuses what it cannot run yet."""
-        if self.resolved_runner() != "pooling":
+        """The pooling model's PoolerConfig (None under the generate runner); refuses what it cannot run yet.
+
+        A base-model checkpoint (no language-model head) pools by default, as vLLM's auto runner does."""
+        runner = self.resolved_runner() or ("pooling" if spec.base_model else "generate")
+        if runner == "generate" and spec.base_model:
+            raise ValueError(
+                f"{model} is a base model ({spec.hf_config.get('architectures', ['?'])[0]}) without a "
+                "language-model head: it cannot generate text; serve it with --runner pooling"
+            )
+        if runner != "pooling":
             if self.pooler_config is not None:
                 raise ValueError("--pooler-config needs the pooling runner (--runner pooling)")
             return None

@@ -121,3 +121,22 @@ def test_runner_mismatch_and_bad_input_are_refused(bare):
         LLM(str(bare), runner="generate", task="embed")
     with pytest.raises(ValueError, match="pooling_type='MAX'"):
         LLM(str(bare), runner="pooling", pooler_config={"pooling_type": "MAX"})
+
+
+def test_checkpoint_saved_by_sentence_transformers(tmp_path):
+    """SentenceTransformer.save writes the decoder as a base model (Qwen3Model, names without "model."): it loads,
+    pools by default (the auto runner), and refuses to generate."""
+    from sentence_transformers import SentenceTransformer, models
+
+    src = make_qwen3(tmp_path / "src")
+    st = SentenceTransformer(
+        modules=[models.Transformer(str(src)), models.Pooling(128, pooling_mode="lasttoken"), models.Normalize()],
+        device="cpu",
+    )
+    st.save(str(tmp_path / "st"))
+    ref = torch.tensor(st.encode(TEXTS, batch_size=1))
+    llm = LLM(str(tmp_path / "st"), dtype="float32", block_size=16)
+    assert llm.llm_engine.config.runner == "pooling"
+    torch.testing.assert_close(embed(llm, TEXTS), ref, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="base model"):
+        LLM(str(tmp_path / "st"), runner="generate")

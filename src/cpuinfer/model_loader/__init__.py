@@ -45,6 +45,10 @@ def load_model_spec(path: str, dtype: str | torch.dtype = "auto", quantization: 
     found = "gguf" if spec_kwargs["format"] == "gguf" else checkpoint.declared(config, f"{path}/config.json")
     spec_kwargs["quantization"] = checkpoint.resolve(quantization, found, path)
     arch = spec_kwargs["architecture"]
+    causal = registry.causal_lm_of_base_model(arch)
+    if causal is not None:  # a base model (sentence-transformers saves its decoder so): its weights lack "model."
+        arch = spec_kwargs["architecture"] = causal
+        spec_kwargs["base_model"] = True
     shape = registry.describe(arch, config, path)
     _check_token_ids(spec_kwargs["eos_token_ids"], shape["vocab_size"], "eos token id", path)
     _check_token_ids(_as_list(spec_kwargs["bos_token_id"]), shape["vocab_size"], "bos token id", path)
@@ -146,6 +150,8 @@ def load_weights(spec: ModelSpec) -> tuple[dict[str, torch.Tensor], dict]:
         tensors = quantized_weights(spec.quantization, spec.hf_config, raw, spec.dtype, spec.path)
     else:
         tensors = dict(_progress(safetensors_tensors(spec.path, spec.dtype)))
+    if spec.base_model:  # the decoder's names as the ForCausalLM checkpoint has them
+        tensors = {n if n.startswith("model.") else f"model.{n}": t for n, t in tensors.items()}
     _check_hf_vocab(spec, tensors)
     return tensors, {}
 

@@ -58,6 +58,9 @@ class ModelSpec:
     quantization: str | None = None  # "gguf", "gptq", "awq", "compressed-tensors" (quantization/checkpoint.py)
     bos_token: str | None = None
     eos_token: str | None = None
+    # A base-model checkpoint (Qwen3Model, LlamaModel: sentence-transformers saves decoders so): the decoder
+    # without its language-model head, served by the pooling runner only.
+    base_model: bool = False
 
     def apply_chat_template(
         self,

@@ -23,6 +23,8 @@ _ST_MODES = {  # sentence-transformers' Pooling config keys, in the order it che
     "pooling_mode_lasttoken": "LAST",
 }
 
+_ST_MODE_NAMES = {"cls": "CLS", "mean": "MEAN", "lasttoken": "LAST"}
+
 
 @dataclass(frozen=True)
 class PoolerConfig:
@@ -89,7 +91,11 @@ def _sentence_transformers_pooler(model_dir: str) -> tuple[str, bool] | None:
             with open(os.path.join(model_dir, m.get("path", ""), "config.json")) as f:
                 cfg = json.load(f)
             modes = [t for key, t in _ST_MODES.items() if cfg.get(key)]
-            if len(modes) != 1:
+            if "pooling_mode" in cfg:  # sentence-transformers >= 6 writes the mode by name
+                modes = [_ST_MODE_NAMES.get(cfg["pooling_mode"], repr(cfg["pooling_mode"]))]
+            if cfg.get("include_prompt") is False:
+                raise ValueError(f"{path}: pooling without the prompt (include_prompt false) is not supported")
+            if len(modes) != 1 or modes[0] not in POOLING_TYPES:
                 raise ValueError(
                     f"{path}: the Pooling module must set exactly one of {', '.join(_ST_MODES)} "
                     f"(this engine pools one way), got {modes or 'none'}"

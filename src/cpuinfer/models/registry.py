@@ -25,6 +25,16 @@ ARCHITECTURES = {
 }
 
 
+def causal_lm_of_base_model(architecture: str) -> str | None:
+    """The ForCausalLM architecture whose decoder a base-model checkpoint holds (Qwen3Model -> Qwen3ForCausalLM,
+    Gemma3TextModel -> Gemma3ForCausalLM), or None when the name is not such a base model of ours."""
+    if not architecture.endswith("Model"):
+        return None
+    stem = architecture.removesuffix("Model").removesuffix("Text")
+    causal = f"{stem}ForCausalLM"
+    return causal if causal in ARCHITECTURES else None
+
+
 def check_supported(architecture: str, source: str) -> None:
     """Raise a clear error for an architecture we have no implementation of."""
     if architecture not in ARCHITECTURES:
