@@ -63,6 +63,8 @@ class BertEncoder:
         self.vocab_size = int(config["vocab_size"])
         self.pooler: PoolerConfig = resolve_pooler(path, config, pooler_config)
         t = {k.removeprefix("bert."): v for k, v in safetensors_tensors(path, dtype)}
+        # bf16/f16 weights in our GEMM's panel layout (row-major ones would take the GEMV kernel at every M).
+        self.packed = dtype in (torch.bfloat16, torch.float16)
 
         def take(name: str, dt: torch.dtype = dtype) -> torch.Tensor:
             if name not in t:
@@ -80,21 +82,29 @@ class BertEncoder:
         for i in range(int(config["num_hidden_layers"])):
             p = f"encoder.layer.{i}."
             qkv = [take(f"{p}attention.self.{n}.weight") for n in ("query", "key", "value")]
+            mat = self._matrix
             qkv_b = [take(f"{p}attention.self.{n}.bias") for n in ("query", "key", "value")]
             self.layers.append(
                 _BertLayer(
-                    torch.cat(qkv).contiguous(),
+                    mat(torch.cat(qkv)),
                     torch.cat(qkv_b).contiguous(),
-                    take(f"{p}attention.output.dense.weight"),
+                    mat(take(f"{p}attention.output.dense.weight")),
                     take(f"{p}attention.output.dense.bias"),
                     ln(f"{p}attention.output.LayerNorm"),
-                    take(f"{p}intermediate.dense.weight"),
+                    mat(take(f"{p}intermediate.dense.weight")),
                     take(f"{p}intermediate.dense.bias"),
-                    take(f"{p}output.dense.weight"),
+                    mat(take(f"{p}output.dense.weight")),
                     take(f"{p}output.dense.bias"),
                     ln(f"{p}output.LayerNorm"),
                 )
             )
+
+    def _matrix(self, w: torch.Tensor) -> torch.Tensor:
+        """A linear's weight as ops.linear takes it here (packed in bf16/f16)."""
+        return ops.pack_weight(w) if self.packed else w.contiguous()
+
+    def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return ops.linear(x, w, b, packed=self.packed)
 
     def _ln(self, x: torch.Tensor, wb: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """LayerNorm in float32, back in the run dtype."""
@@ -108,7 +118,7 @@ class BertEncoder:
         h = F.layer_norm(h, (self.hidden,), *self.emb_ln, self.eps).to(self.dtype)
         d = self.hidden // self.heads
         for layer in self.layers:
-            qkv = ops.linear(h, layer.qkv_w, layer.qkv_b)
+            qkv = self._linear(h, layer.qkv_w, layer.qkv_b)
             q, k, v = qkv.view(-1, 3, self.heads, d).unbind(1)
             attn = torch.empty(h.shape[0], self.heads, d, dtype=h.dtype)
             for a, b in itertools.pairwise(cu_seqlens):
@@ -117,9 +127,9 @@ class BertEncoder:
                     q[a:b].transpose(0, 1), k[a:b].transpose(0, 1), v[a:b].transpose(0, 1)
                 )
                 attn[a:b] = o.transpose(0, 1)
-            h = self._ln(h + ops.linear(attn.view(-1, self.hidden), layer.out_w, layer.out_b), layer.ln1)
-            up = self.act(ops.linear(h, layer.up_w, layer.up_b))
-            h = self._ln(h + ops.linear(up, layer.down_w, layer.down_b), layer.ln2)
+            h = self._ln(h + self._linear(attn.view(-1, self.hidden), layer.out_w, layer.out_b), layer.ln1)
+            up = self.act(self._linear(h, layer.up_w, layer.up_b))
+            h = self._ln(h + self._linear(up, layer.down_w, layer.down_b), layer.ln2)
         return h
 
     def embed(
