@@ -432,6 +432,11 @@ class EngineArgs:
         num_blocks = self.num_gpu_blocks_override or int(space_gib * 2**30) // (per_token * self.block_size)
         num_blocks = fit_kv_cache(num_blocks, per_token * self.block_size * tp * pp, space_gib)
         max_model_len = self.max_model_len or spec.max_model_len
+        if self.max_model_len is None and self.resolved_runner() != "generate":
+            from cpuinfer.models.pooler import sentence_transformers_max_len
+
+            # sentence-transformers' max_seq_length, as vLLM reads it (all-MiniLM: 256 of its 512 positions)
+            max_model_len = min(max_model_len, sentence_transformers_max_len(model) or max_model_len)
         if max_model_len > spec.max_model_len:
             raise ValueError(f"--max-model-len={max_model_len} exceeds the model's context length {spec.max_model_len}")
         pool_tokens = num_blocks * self.block_size
@@ -448,6 +453,13 @@ class EngineArgs:
         # never the file's declared context (2**31 in a hostile file would be a 512 GiB table).
         spec = dataclasses.replace(spec, max_model_len=max_model_len)
         batched = self.max_num_batched_tokens or (2048 if serving else 4096)
+        if spec.is_encoder:  # an encoder's prompt runs whole in one step
+            if self.max_num_batched_tokens is not None and batched < max_model_len:
+                raise ValueError(
+                    f"--max-num-batched-tokens={batched} is below --max-model-len={max_model_len}: an encoder "
+                    "runs each prompt whole in one step"
+                )
+            batched = max(batched, max_model_len)
         seqs = self.max_num_seqs or (128 if serving else 256)
         return EngineConfig(
             args=self,
@@ -485,11 +497,13 @@ class EngineArgs:
         """The pooling model's PoolerConfig (None under the generate runner); refuses what it cannot run yet.
 
         A base-model checkpoint (no language-model head) pools by default, as vLLM's auto runner does."""
-        runner = self.resolved_runner() or ("pooling" if spec.base_model else "generate")
-        if runner == "generate" and spec.base_model:
+        pooling_only = spec.base_model or spec.is_encoder
+        runner = self.resolved_runner() or ("pooling" if pooling_only else "generate")
+        if runner == "generate" and pooling_only:
             raise ValueError(
-                f"{model} is a base model ({spec.hf_config.get('architectures', ['?'])[0]}) without a "
-                "language-model head: it cannot generate text; serve it with --runner pooling"
+                f"{model} is a {'n encoder' if spec.is_encoder else ' base model'} "
+                f"({spec.hf_config.get('architectures', ['?'])[0]}) without a language-model head: it cannot "
+                "generate text; serve it with --runner pooling"
             )
         if runner != "pooling":
             if self.pooler_config is not None:

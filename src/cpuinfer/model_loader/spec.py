@@ -113,6 +113,13 @@ class ModelSpec:
         return text, list(self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids)
 
     @property
+    def is_encoder(self) -> bool:
+        """True for an encoder (BERT): whole prompts per step, no KV cache, the pooling runner only."""
+        from ..models.registry import ENCODERS
+
+        return self.architecture in ENCODERS
+
+    @property
     def hidden_size(self) -> int:
         """Width of the model's hidden states (a pooling model's output vector)."""
         return int(self.hf_config["hidden_size"])

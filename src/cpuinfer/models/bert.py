@@ -1,15 +1,17 @@
 """BERT encoders (`BertModel`: bge, e5, all-MiniLM): bidirectional attention, no KV cache.
 
 A first, plain form: post-norm layers (LayerNorm with bias), GELU MLP, absolute positions and token types,
-each linear on cpuinfer.ops (our GEMM in bf16/f16, torch's in float32), attention by torch's SDPA one sequence
-at a time over a flat batch without padding (cu_seqlens, as the engine lays sequences out). It is not on the
-engine's scheduler yet: `BertEncoder.embed` runs a list of token-id lists in batches of a token budget.
+each linear on cpuinfer.ops (our packed GEMM in bf16/f16, torch's in float32), attention by torch's SDPA one
+sequence at a time over a flat batch without padding (the engine's layout: query_start_loc bounds each
+sequence). `BertModel` is the engine's (pooling runner only; the scheduler hands it whole prompts);
+`BertEncoder` loads a directory on its own and embeds token-id lists in batches of a token budget.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -19,9 +21,11 @@ from .. import ops
 from ..model_loader.config_check import check_config
 from ..model_loader.errors import ModelLoadError
 from ..model_loader.hf_dir import read_json, safetensors_tensors
+from .layers import select_rows
 from .pooler import PoolerConfig, finish_pooled, resolve_pooler
 
 _ACTIVATIONS = {"gelu": lambda x: F.gelu(x), "gelu_new": lambda x: F.gelu(x, approximate="tanh")}
+_UNUSED = ("pooler.dense.weight", "pooler.dense.bias", "embeddings.position_ids")  # NSP head, a buffer
 
 
 @dataclass
@@ -40,36 +44,29 @@ class _BertLayer:
     ln2: tuple[torch.Tensor, torch.Tensor]
 
 
-class BertEncoder:
-    """A BertModel checkpoint directory, loaded for embedding (pooled per sentence-transformers' files)."""
+class BertWeights:
+    """A BertModel's weights and shapes, taken by name (take(name, dtype)) and run by forward()."""
 
-    def __init__(self, path: str, dtype: torch.dtype = torch.float32, pooler_config: str | dict | None = None):
-        config = read_json(os.path.join(path, "config.json"))
-        check_config(config, os.path.join(path, "config.json"))
+    def __init__(self, config: dict, take: Callable[[str, torch.dtype], torch.Tensor], dtype: torch.dtype, source: str):
         arch = (config.get("architectures") or ["BertModel"])[0]
-        if arch != "BertModel" or config.get("position_embedding_type", "absolute") != "absolute":
+        if config.get("position_embedding_type", "absolute") != "absolute":
             raise ModelLoadError(
-                f"{path}: {arch} with {config.get('position_embedding_type')} positions is not supported"
+                f"{source}: {arch} with {config['position_embedding_type']} positions is not supported"
             )
         act = config.get("hidden_act", "gelu")
         if act not in _ACTIVATIONS:
-            raise ModelLoadError(f"{path}: hidden_act {act!r} is not supported; use one of {', '.join(_ACTIVATIONS)}")
+            raise ModelLoadError(f"{source}: hidden_act {act!r} is not supported; use one of {', '.join(_ACTIVATIONS)}")
         self.act = _ACTIVATIONS[act]
         self.dtype = dtype
         self.hidden = int(config["hidden_size"])
         self.heads = int(config["num_attention_heads"])
         self.eps = float(config.get("layer_norm_eps", 1e-12))
-        self.max_model_len = int(config.get("max_position_embeddings", 512))
-        self.vocab_size = int(config["vocab_size"])
-        self.pooler: PoolerConfig = resolve_pooler(path, config, pooler_config)
-        t = {k.removeprefix("bert."): v for k, v in safetensors_tensors(path, dtype)}
         # bf16/f16 weights in our GEMM's panel layout (row-major ones would take the GEMV kernel at every M).
         self.packed = dtype in (torch.bfloat16, torch.float16)
 
-        def take(name: str, dt: torch.dtype = dtype) -> torch.Tensor:
-            if name not in t:
-                raise ModelLoadError(f"{path}: the checkpoint has no tensor {name}")
-            return t.pop(name).to(dt).contiguous()
+        def mat(name: str) -> torch.Tensor:
+            w = take(name, dtype)
+            return ops.pack_weight(w) if self.packed else w
 
         def ln(prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
             return take(f"{prefix}.weight", torch.float32), take(f"{prefix}.bias", torch.float32)
@@ -81,27 +78,21 @@ class BertEncoder:
         self.layers = []
         for i in range(int(config["num_hidden_layers"])):
             p = f"encoder.layer.{i}."
-            qkv = [take(f"{p}attention.self.{n}.weight") for n in ("query", "key", "value")]
-            mat = self._matrix
-            qkv_b = [take(f"{p}attention.self.{n}.bias") for n in ("query", "key", "value")]
+            qkv = torch.cat([take(f"{p}attention.self.{n}.weight", dtype) for n in ("query", "key", "value")])
             self.layers.append(
                 _BertLayer(
-                    mat(torch.cat(qkv)),
-                    torch.cat(qkv_b).contiguous(),
-                    mat(take(f"{p}attention.output.dense.weight")),
-                    take(f"{p}attention.output.dense.bias"),
+                    ops.pack_weight(qkv) if self.packed else qkv.contiguous(),
+                    torch.cat([take(f"{p}attention.self.{n}.bias", dtype) for n in ("query", "key", "value")]),
+                    mat(f"{p}attention.output.dense.weight"),
+                    take(f"{p}attention.output.dense.bias", dtype),
                     ln(f"{p}attention.output.LayerNorm"),
-                    mat(take(f"{p}intermediate.dense.weight")),
-                    take(f"{p}intermediate.dense.bias"),
-                    mat(take(f"{p}output.dense.weight")),
-                    take(f"{p}output.dense.bias"),
+                    mat(f"{p}intermediate.dense.weight"),
+                    take(f"{p}intermediate.dense.bias", dtype),
+                    mat(f"{p}output.dense.weight"),
+                    take(f"{p}output.dense.bias", dtype),
                     ln(f"{p}output.LayerNorm"),
                 )
             )
-
-    def _matrix(self, w: torch.Tensor) -> torch.Tensor:
-        """A linear's weight as ops.linear takes it here (packed in bf16/f16)."""
-        return ops.pack_weight(w) if self.packed else w.contiguous()
 
     def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return ops.linear(x, w, b, packed=self.packed)
@@ -111,17 +102,16 @@ class BertEncoder:
         return F.layer_norm(x.float(), (self.hidden,), wb[0], wb[1], self.eps).to(self.dtype)
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cu_seqlens: list[int]) -> torch.Tensor:
-        """Final hidden states [tokens, hidden] of a flat batch of whole sequences (cu_seqlens: their bounds)."""
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, bounds: list[int]) -> torch.Tensor:
+        """Final hidden states [tokens, hidden] of a flat batch of whole sequences (bounds: their row offsets)."""
         types = torch.zeros_like(input_ids)
         h = F.embedding(input_ids, self.word) + F.embedding(positions, self.pos) + F.embedding(types, self.types)
         h = F.layer_norm(h, (self.hidden,), *self.emb_ln, self.eps).to(self.dtype)
         d = self.hidden // self.heads
         for layer in self.layers:
-            qkv = self._linear(h, layer.qkv_w, layer.qkv_b)
-            q, k, v = qkv.view(-1, 3, self.heads, d).unbind(1)
+            q, k, v = self._linear(h, layer.qkv_w, layer.qkv_b).view(-1, 3, self.heads, d).unbind(1)
             attn = torch.empty(h.shape[0], self.heads, d, dtype=h.dtype)
-            for a, b in itertools.pairwise(cu_seqlens):
+            for a, b in itertools.pairwise(bounds):
                 # [heads, L, d] per sequence: every token sees every other (no mask, no padding).
                 o = F.scaled_dot_product_attention(
                     q[a:b].transpose(0, 1), k[a:b].transpose(0, 1), v[a:b].transpose(0, 1)
@@ -131,6 +121,51 @@ class BertEncoder:
             up = self.act(self._linear(h, layer.up_w, layer.up_b))
             h = self._ln(h + self._linear(up, layer.down_w, layer.down_b), layer.ln2)
         return h
+
+
+class BertModel:
+    """The engine's BERT encoder (registry: BertModel): whole prompts in, final hidden states of asked rows out."""
+
+    is_encoder = True
+
+    def __init__(self, config: dict, bag, max_positions: int, rope_freq_factors=None):  # noqa: ARG002 - the registry's one signature
+        for name in list(bag.tensors):
+            if name.startswith("bert."):  # BertFor* checkpoints keep the encoder under bert.
+                bag.tensors[name.removeprefix("bert.")] = bag.tensors.pop(name)
+        for name in _UNUSED:
+            bag.tensors.pop(name, None)
+        self.weights = BertWeights(config, bag.take, bag.dtype, bag.source)
+        self.layers = self.weights.layers
+        self.carry_shape = (1, self.weights.hidden)
+
+    @torch.inference_mode()
+    def forward(self, input_ids, positions, meta, kv_caches, sample_idx, carry=None, hidden: bool = False):  # noqa: ARG002 - DecoderModel's signature; an encoder keeps no cache
+        """The final hidden states of the rows at sample_idx; every sequence must be whole in this step."""
+        if not hidden or carry is not None:
+            raise ValueError("a BERT encoder only pools (--runner pooling) on one rank")
+        if list(meta.context_lens) != list(meta.query_lens):
+            raise ValueError("an encoder step must hold whole prompts (bidirectional attention, no KV cache)")
+        return select_rows(self.weights.forward(input_ids, positions, meta.query_start_loc.tolist()), sample_idx)
+
+
+class BertEncoder:
+    """A BertModel checkpoint directory loaded on its own, for embedding (pooled per sentence-transformers' files)."""
+
+    def __init__(self, path: str, dtype: torch.dtype = torch.float32, pooler_config: str | dict | None = None):
+        config = read_json(os.path.join(path, "config.json"))
+        check_config(config, os.path.join(path, "config.json"))
+        t = {k.removeprefix("bert."): v for k, v in safetensors_tensors(path, dtype)}
+
+        def take(name: str, dt: torch.dtype) -> torch.Tensor:
+            if name not in t:
+                raise ModelLoadError(f"{path}: the checkpoint has no tensor {name}")
+            return t.pop(name).to(dt).contiguous()
+
+        self.weights = BertWeights(config, take, dtype, path)
+        self.hidden = self.weights.hidden
+        self.max_model_len = int(config.get("max_position_embeddings", 512))
+        self.vocab_size = int(config["vocab_size"])
+        self.pooler: PoolerConfig = resolve_pooler(path, config, pooler_config)
 
     def embed(
         self,
@@ -158,7 +193,7 @@ class BertEncoder:
                 bounds.append(bounds[-1] + len(b))
             flat = torch.tensor([t for b in batch for t in b], dtype=torch.int64)
             pos = torch.cat([torch.arange(len(b)) for b in batch])
-            h = self.forward(flat, pos, bounds).float()
+            h = self.weights.forward(flat, pos, bounds).float()
             for a, b in itertools.pairwise(bounds):
                 rows = h[a:b]
                 kind = self.pooler.pooling_type

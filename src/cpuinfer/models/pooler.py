@@ -110,6 +110,18 @@ def _sentence_transformers_pooler(model_dir: str) -> tuple[str, bool] | None:
     return pooling_type, normalize
 
 
+def sentence_transformers_max_len(model_dir: str) -> int | None:
+    """sentence_bert_config.json's max_seq_length (the inputs sentence-transformers keeps), if the file has one."""
+    if os.path.isfile(model_dir):
+        return None
+    path = os.path.join(model_dir, "sentence_bert_config.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        value = json.load(f).get("max_seq_length")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def finish_pooled(vec: torch.Tensor, normalize: bool, dimensions: int | None) -> torch.Tensor:
     """The request's vector: Matryoshka truncation first, then (when asked) L2 normalisation, in float32."""
     vec = vec.float()

@@ -22,7 +22,10 @@ ARCHITECTURES = {
     "MixtralForCausalLM": ("moe", "MixtralForCausalLM"),
     "GptOssForCausalLM": ("gpt_oss", "GptOssForCausalLM"),
     "OPTForCausalLM": ("opt", "OPTForCausalLM"),
+    "BertModel": ("bert", "BertModel"),
 }
+# Encoders: bidirectional attention over whole prompts, no KV cache; they serve the pooling runner only.
+ENCODERS = frozenset({"BertModel"})
 
 
 def causal_lm_of_base_model(architecture: str) -> str | None:
@@ -49,7 +52,7 @@ def describe(architecture: str, config: dict, source: str) -> dict:
     try:
         n_layers = int(config["num_hidden_layers"])
         heads = int(config["num_attention_heads"])
-        if architecture == "OPTForCausalLM":
+        if architecture == "OPTForCausalLM" or architecture in ENCODERS:
             kv_heads, hs, windows = heads, int(config["hidden_size"]) // heads, [0] * n_layers
         else:
             kv_heads = int(config.get("num_key_value_heads") or heads)
