@@ -232,9 +232,7 @@ class EngineCore:
                 vec = chunk[-1]
             p = req.params.pooling
             vec = finish_pooled(vec, pooler.normalize if p.normalize is None else p.normalize, p.dimensions)
-            out = SeqOutput(req.request_id, [], None, "stop", None, req.num_prefix_hit_tokens)
-            out.pooled = vec
-            outputs.append(out)
+            outputs.append(SeqOutput(req.request_id, [], None, "stop", None, req.num_prefix_hit_tokens, pooled=vec))
         self._consecutive_failures = 0
         for req in self.scheduler.update(sched, []):
             self.requests.pop(req.request_id, None)
