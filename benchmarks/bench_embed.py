@@ -11,6 +11,12 @@ float32), same run:
 - latency of one 64-token query.
 Targets (issue 34): throughput >= 2x sentence-transformers' best; latency <= 0.5x. llama.cpp is not compared
 yet: the engine reads no BERT GGUF.
+
+On a machine whose cores other jobs share, run both sides with OMP_WAIT_POLICY=passive: OpenMP workers spinning
+between the BERT path's torch ops (attention, LayerNorm) and our GEMMs took 6x the attention time on such a VM
+(load average 3-5 on 2 cores). Measured there with it, 32 texts: BERT 22.5 texts/s vs sentence-transformers bf16
+9.7 (2.33x), query 30.7 vs 47.3 ms (0.65x); Qwen3-0.6B-shaped decoder 3.1 vs 1.6 texts/s (1.89x), query 125 vs
+235 ms (0.53x).
 """
 
 from __future__ import annotations
