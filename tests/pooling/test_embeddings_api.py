@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from ..server.conftest import running_server
+from ..server.conftest import metric, running_server
 from .tiny_embedders import EOS, TEXTS, make_qwen3, st_encode, write_sentence_transformers
 
 openai = pytest.importorskip("openai")
@@ -120,3 +120,19 @@ def test_bert_served_by_default_as_pooling():
     with running_server(path, "--dtype", "float32", "--block-size", "16", "--max-model-len", "256") as s:
         r = client(s).embeddings.create(model=client(s).models.list().data[0].id, input=texts)
         torch.testing.assert_close(torch.tensor([d.embedding for d in r.data]), ref, atol=1e-5, rtol=0)
+
+
+def test_embeddings_are_counted_on_metrics(server):
+    def scrape() -> str:
+        return httpx.get(server.url + "/metrics", headers=server.headers(), timeout=10).text
+
+    before = scrape()
+    assert post(server, {"input": ["w1 w2", "w3"]}).status_code == 200
+    after = scrape()
+    assert metric(after, "vllm:prompt_tokens_total") - metric(before, "vllm:prompt_tokens_total") == 5
+    count = [
+        float(line.rsplit(" ", 1)[1])
+        for line in after.splitlines()
+        if line.startswith("vllm:request_success_total{") and 'finished_reason="stop"' in line
+    ]
+    assert count and count[0] >= 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import time
 
 import numpy as np
 
@@ -66,6 +67,7 @@ async def create_embeddings(serving, req: EmbeddingRequest) -> EmbeddingResponse
     except ValueError as e:
         raise to_api_error(e) from e
     rid = req.request_id or random_id("embd")
+    start = time.perf_counter()
     streams = []
     try:
         for i, ids in enumerate(token_lists):
@@ -77,6 +79,12 @@ async def create_embeddings(serving, req: EmbeddingRequest) -> EmbeddingResponse
                 await s.aclose()  # aborts what still runs
         raise to_api_error(e, rid) from e
     n = sum(len(ids) for ids in token_lists)
+    metrics = serving.responder.metrics
+    if metrics is not None:  # as a generation request counts: its prompt tokens, its latency, one success
+        metrics.prompt_tokens.inc(n)
+        metrics.request_prompt_tokens.observe(n)
+        metrics.e2e.observe(time.perf_counter() - start)
+        metrics.request_finished("stop")
     data = [EmbeddingData(index=i, embedding=encode_vector(v, req.encoding_format)) for i, v in enumerate(vectors)]
     return EmbeddingResponse(
         id=rid, model=serving.model_name, data=data, usage=EmbeddingUsage(prompt_tokens=n, total_tokens=n)
