@@ -122,3 +122,30 @@ def test_stack_codes_and_bad_stacks(tmp_path):
             torch.bfloat16,
             str(tmp_path),
         )
+
+
+def test_gguf_gpt_oss_from_llama_cpp_converter(mxfp4_checkpoint, tmp_path, monkeypatch):
+    """The same checkpoint converted by llama.cpp's own converter (`gpt-oss`, experts in GGUF's MXFP4 type,
+    gate and up split, biases and sinks as tensors): float32 equals transformers token for token; bf16 keeps
+    the MXFP4 experts packed (exactly) with the executors equal."""
+    from .llama_cpp_convert import convert
+
+    path, ref = mxfp4_checkpoint
+    gguf = convert(path, str(tmp_path / "gpt-oss.gguf"), "f32")
+    spec = load_model_spec(gguf, "float32")
+    assert spec.architecture == "GptOssForCausalLM"
+    runner = ModelRunner(spec, block_size=16, num_blocks=64, cache_dtype=torch.float32)
+    out, first = greedy(runner, PROMPTS, 32, batched=True, chunk=7)
+    for i, prompt in enumerate(PROMPTS):
+        tokens, logits = hf_greedy(ref, prompt, 32)
+        assert out[i] == tokens, f"prompt {i}"
+        torch.testing.assert_close(first[i], logits, atol=1e-4, rtol=1e-4)
+    bf16 = {}
+    for fused in (True, False):
+        monkeypatch.setenv("CPUINFER_FUSED_LAYERS", "1" if fused else "0")
+        r = ModelRunner(load_model_spec(gguf, "bfloat16"), block_size=16, num_blocks=64, cache_dtype=torch.bfloat16)
+        m = r.model.layers[0].plan.mlp
+        assert all(is_quantized(w) and w.kind == "MXFP4" for w in (*m.gate_up_w, *m.down_w))
+        bf16[fused] = greedy(r, PROMPTS, 8)
+    assert bf16[True][0] == bf16[False][0]
+    assert all(torch.equal(a, b) for a, b in zip(bf16[True][1], bf16[False][1], strict=True))

@@ -70,6 +70,25 @@ class GptOssForCausalLM(LlamaForCausalLM):
         c = self.config
         experts = int(c["num_local_experts"])
         prefix = f"{p}.mlp.experts"
+        if f"{prefix}.gate_up_proj" in bag.tensors:
+            self._unstack(bag, prefix, experts)
+        # (else: a GGUF file, whose loader already wrote each expert's gate, up and down with their biases)
+        return moe_plan(
+            bag,
+            f"{p}.mlp",
+            num_experts=experts,
+            top_k=int(c["num_experts_per_tok"]),
+            act="swiglu_oai",
+            router="router",
+            scoring="topk_softmax",
+            router_bias=True,
+            expert_bias=True,
+        )
+
+    @staticmethod
+    def _unstack(bag: WeightBag, prefix: str, experts: int) -> None:
+        """transformers' stacks [experts, in, out] (gate and up interleaved: even gate, odd up), or MXFP4
+        stacks [experts, out, in], as each expert's gate, up and down [out, in] with their biases."""
         stacks = {}
         for name in _STACKS:
             key = f"{prefix}.{name}"
@@ -89,17 +108,6 @@ class GptOssForCausalLM(LlamaForCausalLM):
                 bag.tensors[f"{prefix}.{e}.{part}.bias"] = gate_up_b[e][rows].contiguous()
             bag.tensors[f"{prefix}.{e}.down_proj.weight"] = _expert(bag, down, e, slice(None))
             bag.tensors[f"{prefix}.{e}.down_proj.bias"] = stacks["down_proj_bias"][e].contiguous()
-        return moe_plan(
-            bag,
-            f"{p}.mlp",
-            num_experts=experts,
-            top_k=int(c["num_experts_per_tok"]),
-            act="swiglu_oai",
-            router="router",
-            scoring="topk_softmax",
-            router_bias=True,
-            expert_bias=True,
-        )
 
 
 def _expert(bag: WeightBag, stack, e: int, rows: slice):
