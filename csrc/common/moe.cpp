@@ -27,6 +27,7 @@ struct Scratch {
     std::vector<float> logits, weights, acc, y;
     std::vector<int32_t> ids, count, start, rows;
     std::vector<float> row_w;
+    std::vector<char> xe, act, gate_up;
 };
 
 template <typename V>
@@ -37,46 +38,6 @@ void grow(V &v, size_t n) {
 bool glu_ok(const LinearWeight &w, int64_t I) { return w.parts == 0 && w.packed && I % linear_pack_cols() == 0; }
 
 const void *bias_of(const void *const *b, int64_t e) { return b ? b[e] : nullptr; }
-
-// Steps whose busiest expert has at most this many rows run one expert a task (see moe_mlp).
-constexpr int64_t kExpertParallelRows = 16;
-
-// An expert's gathered rows and intermediates: per thread, grown to the largest seen.
-struct Buffers {
-    std::vector<char> xe, act, gate_up;
-};
-
-Buffers &thread_buffers() {
-    static thread_local Buffers b;
-    return b;
-}
-
-// One expert's MLP over its rows: gather them, gate/up with the activation, down into y (f32, H apart).
-struct Experts {
-    const MoeWeights &m;
-    DType dt;
-    const char *x;
-    int64_t x_stride, H, I;
-    const int32_t *rows, *start;
-
-    void run(int64_t e, int64_t n, float *y, Buffers &b) const {
-        const int64_t es = dtype_size(dt);
-        const int32_t *er = rows + start[e];
-        grow(b.xe, size_t(n * H * es));
-        grow(b.act, size_t(n * I * es));
-        for (int64_t i = 0; i < n; ++i)
-            std::memcpy(b.xe.data() + i * H * es, x + int64_t(er[i]) * x_stride * es, size_t(H * es));
-        const LinearWeight &gu = m.gate_up[e];
-        if (glu_ok(gu, I)) {
-            linear_glu(dt, m.act, b.act.data(), I, b.xe.data(), H, gu.dense, bias_of(m.gate_up_b, e), n, I, H);
-        } else {
-            grow(b.gate_up, size_t(n * 2 * I * es));
-            linear_weight(dt, b.gate_up.data(), 2 * I, b.xe.data(), H, gu, bias_of(m.gate_up_b, e), n, 2 * I, H);
-            act_and_mul(dt, m.act, b.act.data(), I, b.gate_up.data(), 2 * I, n, I);
-        }
-        linear_weight(dt, y, H, b.act.data(), I, m.down[e], bias_of(m.down_b, e), n, H, I, /*out_f32=*/true);
-    }
-};
 
 }  // namespace
 
@@ -155,54 +116,42 @@ void moe_mlp(DType dt, const MoeWeights &m, void *out, int64_t out_stride, const
                 s.row_w[size_t(fill[size_t(e)]++)] = s.weights[size_t(r * k + j)];
             }
     }
-    int64_t most = 0, active = 0;
-    for (int64_t e = 0; e < E; ++e) most = std::max<int64_t>(most, s.count[size_t(e)]), active += s.count[size_t(e)] > 0;
+    int64_t most = 0;
+    for (int64_t e = 0; e < E; ++e) most = std::max<int64_t>(most, s.count[size_t(e)]);
+    grow(s.xe, size_t(most * H * es));
+    grow(s.act, size_t(most * I * es));
+    grow(s.y, size_t(most * H));
     grow(s.acc, size_t(rows * H));
     std::fill(s.acc.begin(), s.acc.begin() + rows * H, 0.0f);
-    const Experts ex{m, dt, static_cast<const char *>(x), x_stride, H, I, s.rows.data(), s.start.data()};
+    const char *xb = static_cast<const char *>(x);
     const int W = vec::width();
-    // acc[row] += weight * y for expert e's rows (y: its outputs, a row apart): each row appears once per expert,
-    // so rows split over threads do not collide; experts are added in index order either way.
-    auto accumulate = [&](int64_t e, const float *y) {
+    for (int64_t e = 0; e < E; ++e) {
         const int64_t n = s.count[size_t(e)];
+        if (n == 0) continue;
         const int32_t *er = s.rows.data() + s.start[size_t(e)];
         const float *ew = s.row_w.data() + s.start[size_t(e)];
+        for (int64_t i = 0; i < n; ++i)
+            std::memcpy(s.xe.data() + i * H * es, xb + int64_t(er[i]) * x_stride * es, size_t(H * es));
+        const LinearWeight &gu = m.gate_up[e];
+        if (glu_ok(gu, I)) {
+            linear_glu(dt, m.act, s.act.data(), I, s.xe.data(), H, gu.dense, bias_of(m.gate_up_b, e), n, I, H);
+        } else {
+            grow(s.gate_up, size_t(n * 2 * I * es));
+            linear_weight(dt, s.gate_up.data(), 2 * I, s.xe.data(), H, gu, bias_of(m.gate_up_b, e), n, 2 * I, H);
+            act_and_mul(dt, m.act, s.act.data(), I, s.gate_up.data(), 2 * I, n, I);
+        }
+        linear_weight(dt, s.y.data(), H, s.act.data(), I, m.down[e], bias_of(m.down_b, e), n, H, I, /*out_f32=*/true);
+        // acc[row] += weight * y: each row appears once per expert, so rows split over threads do not collide.
         parallel_for(n, 16, [&](int64_t b, int64_t end) {
             for (int64_t i = b; i < end; ++i) {
                 float *a = s.acc.data() + int64_t(er[i]) * H;
-                const float *yi = y + i * H;
+                const float *yi = s.y.data() + i * H;
                 const vec::vf wv = vec::splat(ew[i]);
                 int64_t c = 0;
                 for (; c + W <= H; c += W) vec::store(a + c, vec::fma(wv, vec::load(yi + c), vec::load(a + c)));
                 for (; c < H; ++c) a[c] = std::fma(ew[i], yi[c], a[c]);
             }
         });
-    };
-    const int threads = max_threads();
-    if (threads > 1 && active >= threads && most <= kExpertParallelRows) {
-        // A decode-sized step: one task an expert, all in one parallel loop (each expert's linear calls run on
-        // its task's thread alone: nested loops stay on their thread), instead of splitting each expert's few
-        // rows over every thread in two loops an expert; each thread streams whole expert matrices. A row's
-        // bits are the same either way (a linear row's result does not depend on the thread count, and the
-        // weighted sum below runs in expert order as in the other branch).
-        grow(s.y, size_t(rows * k * H));
-        std::vector<int32_t> order;
-        for (int64_t e = 0; e < E; ++e)
-            if (s.count[size_t(e)] > 0) order.push_back(int32_t(e));
-        parallel_for(int64_t(order.size()), 1, [&](int64_t b, int64_t end) {
-            for (int64_t t = b; t < end; ++t) {
-                const int64_t e = order[size_t(t)];
-                ex.run(e, s.count[size_t(e)], s.y.data() + int64_t(s.start[size_t(e)]) * H, thread_buffers());
-            }
-        });
-        for (const int32_t e : order) accumulate(e, s.y.data() + int64_t(s.start[size_t(e)]) * H);
-    } else {
-        grow(s.y, size_t(most * H));
-        for (int64_t e = 0; e < E; ++e) {
-            if (s.count[size_t(e)] == 0) continue;
-            ex.run(e, s.count[size_t(e)], s.y.data(), thread_buffers());
-            accumulate(e, s.y.data());
-        }
     }
     // One rounding of each row's f32 sum (or the sums themselves: a tensor-parallel share).
     with_float_type(dt, [&](auto tag) {

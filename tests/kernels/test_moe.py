@@ -106,8 +106,7 @@ def test_moe_matches_torch(kernels, dtype, packed, top_k, scoring, renormalize, 
 
 @pytest.mark.parametrize("packed", [False, True])
 def test_moe_rows_independent_of_their_batch(kernels, packed):
-    """A row alone, in a batch of others, and in a batch sharing none or all of its experts: the same bits (a
-    few rows take the expert-parallel path on several threads, 300 rows the per-expert one)."""
+    """A row alone, in a batch of others, and in a batch sharing none or all of its experts: the same bits."""
     _, run = _plan(kernels, torch.bfloat16, packed=packed)
     moe = kernels.MoE(run, packed)
     x = torch.randn(300, H).bfloat16()
