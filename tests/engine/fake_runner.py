@@ -51,5 +51,7 @@ class FakeRunner:
             if s.sample:
                 ctx = [int(self.cache[s.block_table[p // bs], p % bs]) for p in range(end)]
                 assert -1 not in ctx, "read an unwritten slot"
-                rows.append(reference_logits(ctx))
+                # A sequence verifying proposals wants its last num_spec + 1 rows.
+                for j in range(getattr(s, "num_spec", 0), -1, -1):
+                    rows.append(reference_logits(ctx[: end - j]))
         return torch.stack(rows) if rows else torch.empty(0, VOCAB)

@@ -4,6 +4,12 @@ The engine decides what runs (ScheduledSeq per sequence: the tokens to compute t
 of its tokens are already cached, and its block table). The runner builds the flat metadata once
 per step (input ids, positions, slot mapping, query_start_loc, seq_lens, block tables), runs the
 model under inference_mode and returns float32 logits only for the sequences that sample.
+
+A sequence verifying speculative tokens (num_spec > 0) wants the logits of its last num_spec + 1 rows. The
+model's fused last layer can keep only each sequence's last row, so a step with any such sequence asks the
+model for every row's logits and picks the rows here. What that costs: the LM head over the step's other
+rows too (for SmolLM2 about a quarter of a row's work), which is why the engine does not speculate in a step
+that carries a long prefill chunk (spec_decode.decoder).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ class ScheduledSeq:
     start_pos: int  # tokens of this sequence already in the KV cache (= position of token_ids[0])
     block_table: list[int]  # physical block ids covering positions [0, start_pos + len(token_ids))
     sample: bool  # True -> return logits for the last token of this chunk
+    num_spec: int = 0  # the last num_spec tokens are proposals to verify: return the last num_spec + 1 rows
 
 
 class ModelRunner:
@@ -115,7 +122,9 @@ class ModelRunner:
             context_lens=ctx,
             max_query_len=max(qlens),
         )
-        sample_rows = [int(qsl[i + 1]) - 1 for i, s in enumerate(seqs) if s.sample]
+        sample_rows = [
+            int(qsl[i + 1]) - 1 - j for i, s in enumerate(seqs) if s.sample for j in range(s.num_spec, -1, -1)
+        ]
         sample_idx = None if len(sample_rows) == total else torch.tensor(sample_rows, dtype=torch.int64)
         return input_ids, torch.from_numpy(positions), meta, sample_idx, len(sample_rows)
 
@@ -132,7 +141,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, seqs: list[ScheduledSeq], checked: bool = False) -> torch.Tensor:
-        """Run one flat step; float32 logits [number of seqs with sample=True, vocab], in order."""
+        """Run one flat step; float32 logits [rows, vocab], in order: one row per seq with sample=True, or its
+        last num_spec + 1 rows when it verifies proposals."""
         if not seqs:
             return torch.empty(0, self.spec.vocab_size, dtype=torch.float32)
         if not checked:
@@ -146,9 +156,14 @@ class ModelRunner:
         input_ids, positions, meta, sample_idx, n_sample = self._prepare(seqs)
         if n_sample == 0:
             sample_idx = torch.empty(0, dtype=torch.int64)
+        pick = None
+        if sample_idx is not None and any(s.num_spec for s in seqs):
+            pick, sample_idx = sample_idx, None  # several rows of one sequence: all rows' logits, picked below
         if carry is None:
-            return self.model.forward(input_ids, positions, meta, self.kv_caches, sample_idx)
-        return self.model.forward(input_ids, positions, meta, self.kv_caches, sample_idx, carry)
+            out = self.model.forward(input_ids, positions, meta, self.kv_caches, sample_idx)
+        else:
+            out = self.model.forward(input_ids, positions, meta, self.kv_caches, sample_idx, carry)
+        return out if pick is None or not self.pp.last else out[pick]
 
     def _execute_stage(self, seqs: list[ScheduledSeq]) -> torch.Tensor:
         """This pipeline stage's share of a step: each micro-batch from the previous stage (or the token ids),
@@ -167,7 +182,7 @@ class ModelRunner:
                 outs.append(out)
             else:
                 pp.send(out)
-        n_sample = sum(s.sample for s in seqs)
+        n_sample = sum(s.sample * (1 + s.num_spec) for s in seqs)
         if pp.last:
             logits = torch.cat(outs) if len(outs) > 1 else outs[0]
             if pp.logits is not None:

@@ -1,0 +1,142 @@
+"""Speculative decoding in the engine's step: who speculates how far, and what came of it.
+
+Before the scheduler runs, `propose` gives each decoding sequence up to k draft tokens (its `spec_token_ids`);
+the scheduler runs them with the sequence's pending token as one k + 1 row chunk in the step's single forward
+pass, and `verify` turns that sequence's k + 1 logit rows into its new tokens.
+
+When it speculates: a decode step on a CPU reads every weight once whatever its row count, so at small batches
+the extra rows are nearly free; a large batch is already compute-bound and gains nothing. So:
+- no speculation while more than `disable_by_batch_size` sequences decode, or while a prefill chunk of more
+  than MAX_PREFILL_ROWS tokens may join the step (the verification pass asks the model for every row's
+  logits, prefill rows included: worker.model_runner says why);
+- each sequence's k follows its running acceptance rate (an exponential average of accepted / proposed); a
+  sequence whose rate falls below OFF_BELOW stops proposing for a while (4, 8, ... up to 64 steps) and tries
+  again, so speculation that does not pay costs little.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from cpuinfer.sampling.sampler import Sampler
+from cpuinfer.spec_decode.config import SpeculativeConfig
+from cpuinfer.spec_decode.proposer import NgramProposer, Proposer
+from cpuinfer.spec_decode.verify import Verified, verify
+
+DEFAULT_DISABLE_BY_BATCH_SIZE = 8
+MAX_PREFILL_ROWS = 256
+OFF_BELOW = 0.15
+EMA = 0.5  # weight of the newest step in the acceptance rate
+
+
+@dataclass
+class SeqSpecState:
+    """One sequence's acceptance history."""
+
+    rate: float = 1.0  # exponential average of accepted / proposed
+    off_steps: int = 0  # steps left without proposals
+    backoff: int = 4  # length of the next pause
+
+
+@dataclass
+class SpecStats:
+    """vLLM's spec-decode counters (cumulative)."""
+
+    num_drafts: int = 0  # sequence-steps that carried proposals
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)  # [j]: drafts accepted at position j
+
+
+class SpecDecoder:
+    """Proposes before a step and verifies after it; owns the proposer and the acceptance statistics."""
+
+    def __init__(self, config: SpeculativeConfig, proposer: Proposer, max_model_len: int):
+        self.config = config
+        self.proposer = proposer
+        self.k = config.num_speculative_tokens
+        self.max_model_len = max_model_len
+        self.disable_by_batch_size = config.disable_by_batch_size or DEFAULT_DISABLE_BY_BATCH_SIZE
+        self.state: dict[str, SeqSpecState] = {}
+        self.stats = SpecStats(accepted_per_pos=[0] * self.k)
+
+    @classmethod
+    def build(cls, config: SpeculativeConfig, max_model_len: int, draft_runner_factory=None) -> SpecDecoder:
+        """The decoder of a config: n-gram lookup, or a draft model made by draft_runner_factory()."""
+        if config.method == "ngram":
+            return cls(config, NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max), max_model_len)
+        from cpuinfer.spec_decode.draft import DraftModelProposer
+
+        return cls(config, DraftModelProposer(draft_runner_factory(), config.num_speculative_tokens), max_model_len)
+
+    # ---- before the step ------------------------------------------------------------------------
+    def propose(self, running: list, waiting, free_slots: int) -> None:
+        """Set spec_token_ids of every running sequence (empty where it does not speculate this step);
+        free_slots: how many waiting sequences may start this step."""
+        decoding = []
+        prefill_rows = 0
+        for r in running:
+            r.spec_token_ids = []
+            if r.num_pending == 1:
+                decoding.append(r)
+            else:
+                prefill_rows += r.num_pending
+        for i, r in enumerate(waiting):
+            if i >= free_slots or prefill_rows > MAX_PREFILL_ROWS:
+                break
+            prefill_rows += r.num_pending
+        if not decoding or len(decoding) > self.disable_by_batch_size or prefill_rows > MAX_PREFILL_ROWS:
+            return
+        seqs, ks = [], []
+        for r in decoding:
+            k = self._k(r)
+            if k > 0:
+                seqs.append(r)
+                ks.append(k)
+        if not seqs:
+            return
+        for r, drafts in zip(seqs, self.proposer.propose(seqs, ks), strict=True):
+            r.spec_token_ids = list(drafts)
+
+    def _k(self, r) -> int:
+        """How many tokens r may speculate now (0: none)."""
+        if r.grammar is not None:  # proposals would have to pass the grammar's mask first: not yet
+            return 0
+        s = self.state.setdefault(r.request_id, SeqSpecState())
+        if s.off_steps > 0:
+            s.off_steps -= 1
+            return 0
+        room = min(r.max_tokens - len(r.output_token_ids) - 1, self.max_model_len - r.num_tokens)
+        # A rate of a means about a / (1 - a) accepted tokens per step: propose a little beyond that.
+        want = self.k if s.rate >= 0.9 else max(1, math.ceil(s.rate / (1.0 - s.rate)) + 1)
+        return max(0, min(self.k, want, room))
+
+    # ---- after the step -------------------------------------------------------------------------
+    def verify(self, logits: torch.Tensor, reqs: list, sampler: Sampler) -> list[Verified]:
+        """New tokens of each sequence from its k + 1 rows (reqs' spec_token_ids are the drafts); keeps the
+        statistics."""
+        drafts = [r.spec_token_ids for r in reqs]
+        out = verify(logits, reqs, drafts, sampler)  # proposals are certain (q one-hot): n-gram, greedy draft
+        st = self.stats
+        for r, d, v in zip(reqs, drafts, out, strict=True):
+            st.num_drafts += 1
+            st.num_draft_tokens += len(d)
+            st.num_accepted_tokens += v.num_accepted
+            for j in range(v.num_accepted):
+                st.accepted_per_pos[j] += 1
+            s = self.state.setdefault(r.request_id, SeqSpecState())
+            s.rate = (1 - EMA) * s.rate + EMA * (v.num_accepted / len(d))
+            if s.rate <= OFF_BELOW:
+                s.off_steps, s.backoff = s.backoff, min(64, 2 * s.backoff)
+                s.rate = 0.3  # after the pause: one more miss and it pauses again, twice as long
+            elif v.num_accepted:
+                s.backoff = 4
+        return out
+
+    def drop(self, request_id: str) -> None:
+        """Forget a sequence (finished or aborted)."""
+        self.state.pop(request_id, None)
+        self.proposer.drop(request_id)

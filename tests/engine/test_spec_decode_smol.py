@@ -1,0 +1,130 @@
+"""Speculative decoding on SmolLM2 (the bundled GGUF, bf16): greedy tokens and their logprobs with n-gram
+speculation (k = 1..8; batching, chunked prefill, prefix caching, preemption) equal plain decoding's, token
+for token. The kernels are batch-invariant, so a verification row's logits are plain decoding's."""
+
+from __future__ import annotations
+
+import pytest
+
+from cpuinfer.engine.core import EngineCore
+from cpuinfer.engine.limits import RequestLimits
+from cpuinfer.engine.llm_engine import LLMEngine
+from cpuinfer.engine.scheduler import SchedulerConfig
+from cpuinfer.sampling_params import SamplingParams
+from cpuinfer.spec_decode.config import SpeculativeConfig
+from cpuinfer.spec_decode.decoder import SpecDecoder
+from cpuinfer.spec_decode.proposer import NgramProposer
+
+from .conftest import BLOCK, NUM_BLOCKS
+
+CODE = """def add(a, b):
+    return a + b
+
+
+def sub(a, b):
+    return a - b
+
+
+def mul(a, b):
+    return a * b
+"""
+PROMPTS = [
+    "Repeat this code exactly:\n" + CODE + "\nHere it is again:\n",
+    "one two three four five six seven one two three four five six seven one two three",
+    "The capital of France is",
+    "List: apple, banana, cherry, apple, banana, cherry, apple,",
+]
+NEW = 40
+
+
+def engine_on(runner, spec, k=0, num_blocks=NUM_BLOCKS, batched=4096, caching=True, lookup=(2, 4)):
+    decoder = None
+    if k:
+        cfg = SpeculativeConfig.parse(
+            {
+                "method": "ngram",
+                "num_speculative_tokens": k,
+                "prompt_lookup_min": lookup[0],
+                "prompt_lookup_max": lookup[1],
+            }
+        )
+        decoder = SpecDecoder(cfg, NgramProposer(*lookup), 1024)
+    core = EngineCore(
+        runner,
+        SchedulerConfig(batched, 256, 1024),
+        num_blocks,
+        BLOCK,
+        caching,
+        spec.eos_token_ids,
+        RequestLimits(max_model_len=1024, vocab_size=spec.vocab_size),
+        spec=decoder,
+    )
+    return LLMEngine(None, core, spec.tokenizer)
+
+
+def run(engine, prompts, params):
+    ids = []
+    for p in prompts:
+        rid = engine.next_request_id()
+        engine.add_request(rid, p, params)
+        ids.append(rid)
+    final = {}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            if o.finished:
+                final[o.request_id] = o.outputs[0]
+    return [final[r] for r in ids]
+
+
+GREEDY = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True, logprobs=2)
+
+
+@pytest.fixture(scope="module")
+def plain(smol_runner, smol_spec):
+    """Each prompt alone without speculation: the reference."""
+    return [run(engine_on(smol_runner, smol_spec), [p], GREEDY)[0] for p in PROMPTS]
+
+
+def same(got, ref):
+    assert [o.token_ids for o in got] == [o.token_ids for o in ref]
+    assert [o.text for o in got] == [o.text for o in ref]
+    assert [o.logprobs for o in got] == [o.logprobs for o in ref]
+
+
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_batch_identical_to_plain(smol_runner, smol_spec, plain, k):
+    eng = engine_on(smol_runner, smol_spec, k=k)
+    same(run(eng, PROMPTS, GREEDY), plain)
+    st = eng.core.spec.stats
+    assert st.num_accepted_tokens > 0
+    assert eng.get_stats().kv_cache_usage == 0.0
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(batched=16),  # chunked prefill in tiny chunks, proposals cut to the budget
+        dict(caching=False),
+        dict(lookup=(1, 2)),  # shorter patterns: more, worse proposals
+    ],
+)
+def test_scheduling_variants_identical(smol_runner, smol_spec, plain, kw):
+    eng = engine_on(smol_runner, smol_spec, k=4, **kw)
+    same(run(eng, PROMPTS, GREEDY), plain)
+
+
+def test_preemption_identical(smol_runner, smol_spec):
+    prompts = [[*smol_spec.tokenizer.encode(PROMPTS[1]).ids[:14], i] for i in range(4)]
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    ref = [run(engine_on(smol_runner, smol_spec, caching=False), [p], params)[0] for p in prompts]
+    eng = engine_on(smol_runner, smol_spec, k=4, num_blocks=6)
+    same(run(eng, prompts, params), ref)
+    assert eng.get_stats().num_preemptions > 0
+
+
+def test_stop_strings_and_n(smol_runner, smol_spec):
+    params = SamplingParams(temperature=0, max_tokens=NEW, stop=["mul"], n=2)
+    ref = run(engine_on(smol_runner, smol_spec), [PROMPTS[0]], params)
+    got = run(engine_on(smol_runner, smol_spec, k=4), [PROMPTS[0]], params)
+    same(got, ref)
+    assert got[0].finish_reason == ref[0].finish_reason
