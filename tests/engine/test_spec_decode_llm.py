@@ -52,7 +52,7 @@ def prompts():
     out = []
     for i in range(6):
         motif = [rng.randrange(VOCAB) for _ in range(3 + i)]
-        out.append((motif * 6)[: 10 + 5 * i] + [rng.randrange(VOCAB)])  # repetitive: n-grams match
+        out.append([*(motif * 6)[: 10 + 5 * i], rng.randrange(VOCAB)])  # repetitive: n-grams match
     return out
 
 
