@@ -128,3 +128,26 @@ def test_stop_strings_and_n(smol_runner, smol_spec):
     got = run(engine_on(smol_runner, smol_spec, k=4), [PROMPTS[0]], params)
     same(got, ref)
     assert got[0].finish_reason == ref[0].finish_reason
+
+
+def test_prediction_without_speculative_config(smol_runner, smol_spec, plain):
+    """OpenAI's predicted outputs on an engine started without speculation: the prediction feeds the proposer
+    of that request alone; output unchanged; accepted and rejected prediction tokens counted."""
+    edited = plain[0].text.replace("sub", "minus")  # the client's expectation, partly wrong
+    for prediction, all_right in ((plain[0].text, True), (edited, False)):
+        params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True, logprobs=2, prediction=prediction)
+        eng = engine_on(smol_runner, smol_spec)
+        got = run(eng, [PROMPTS[0], PROMPTS[2]], params)
+        same(got, [plain[0], plain[2]])
+        out = None
+        eng2 = engine_on(smol_runner, smol_spec)
+        eng2.add_request("p", PROMPTS[0], params)
+        while eng2.has_unfinished_requests():
+            for o in eng2.step():
+                out = o
+        accepted = out.metrics["accepted_prediction_tokens"]
+        rejected = out.metrics["rejected_prediction_tokens"]
+        assert accepted > NEW // 2
+        assert (rejected == 0) if all_right else (rejected > 0)
+        # Where the prediction has no match, the request's own context is looked up (not counted as prediction).
+        assert eng2.get_stats().spec_decode_num_accepted_tokens >= accepted

@@ -132,6 +132,10 @@ class EngineCore:
         for index, rid in enumerate(ids):
             params = msg.params if len(ids) == 1 else msg.params.for_sample(index)
             req = Request(rid, prompt, params, self._arrivals, max_tokens, self.eos_token_ids)
+            if msg.prediction_token_ids:
+                req.prediction_token_ids = list(msg.prediction_token_ids)
+                if self.spec is None:  # predicted outputs work without --speculative-config: for them only
+                    self.spec = SpecDecoder.for_predictions(self.max_model_len)
             if constraint is not None:
                 req.grammar = self.grammars.new_state(constraint)  # each sample walks the grammar on its own
             self._arrivals += 1
@@ -208,6 +212,8 @@ class EngineCore:
                     req.finish_reason,
                     req.stop_reason,
                     req.num_prefix_hit_tokens,
+                    accepted_prediction_tokens=req.num_accepted_prediction_tokens,
+                    rejected_prediction_tokens=req.num_rejected_prediction_tokens,
                 )
             )
         for req in finished:
@@ -378,6 +384,12 @@ class EngineCore:
         s.prefix_cache_queries = self.pool.query_tokens
         s.prefix_cache_hits = self.pool.hit_tokens
         s.num_preemptions = self.scheduler.num_preemptions
+        if self.spec is not None:
+            st = self.spec.stats
+            s.spec_decode_num_drafts = st.num_drafts
+            s.spec_decode_num_draft_tokens = st.num_draft_tokens
+            s.spec_decode_num_accepted_tokens = st.num_accepted_tokens
+            s.spec_decode_accepted_per_pos = list(st.accepted_per_pos)
         return EngineStats(**vars(s))
 
 

@@ -27,6 +27,7 @@ from cpuinfer.spec_decode.proposer import NgramProposer, Proposer
 from cpuinfer.spec_decode.verify import Verified, verify
 
 DEFAULT_DISABLE_BY_BATCH_SIZE = 8
+PREDICTION_K = 8  # proposals per step from a prediction when the engine was started without speculation
 MAX_PREFILL_ROWS = 256
 OFF_BELOW = 0.15
 EMA = 0.5  # weight of the newest step in the acceptance rate
@@ -54,14 +55,24 @@ class SpecStats:
 class SpecDecoder:
     """Proposes before a step and verifies after it; owns the proposer and the acceptance statistics."""
 
-    def __init__(self, config: SpeculativeConfig, proposer: Proposer, max_model_len: int):
+    def __init__(
+        self, config: SpeculativeConfig, proposer: Proposer, max_model_len: int, predictions_only: bool = False
+    ):
         self.config = config
+        self.predictions_only = predictions_only  # only requests with a prediction speculate
         self.proposer = proposer
         self.k = config.num_speculative_tokens
         self.max_model_len = max_model_len
         self.disable_by_batch_size = config.disable_by_batch_size or DEFAULT_DISABLE_BY_BATCH_SIZE
         self.state: dict[str, SeqSpecState] = {}
         self.stats = SpecStats(accepted_per_pos=[0] * self.k)
+
+    @classmethod
+    def for_predictions(cls, max_model_len: int) -> SpecDecoder:
+        """The decoder of an engine started without speculation when a request brings a prediction: n-gram
+        lookup in the prediction, for such requests only."""
+        config = SpeculativeConfig("ngram", PREDICTION_K, 2, 4)
+        return cls(config, NgramProposer(2, 4), max_model_len, predictions_only=True)
 
     @classmethod
     def build(cls, config: SpeculativeConfig, max_model_len: int, draft_runner_factory=None) -> SpecDecoder:
@@ -105,6 +116,8 @@ class SpecDecoder:
         """How many tokens r may speculate now (0: none)."""
         if r.grammar is not None:  # proposals would have to pass the grammar's mask first: not yet
             return 0
+        if self.predictions_only and not r.prediction_token_ids:
+            return 0
         s = self.state.setdefault(r.request_id, SeqSpecState())
         if s.off_steps > 0:
             s.off_steps -= 1
@@ -127,6 +140,9 @@ class SpecDecoder:
             st.num_accepted_tokens += v.num_accepted
             for j in range(v.num_accepted):
                 st.accepted_per_pos[j] += 1
+            if getattr(self.proposer, "from_prediction", {}).get(r.request_id):
+                r.num_accepted_prediction_tokens += v.num_accepted
+                r.num_rejected_prediction_tokens += len(d) - v.num_accepted
             s = self.state.setdefault(r.request_id, SeqSpecState())
             s.rate = (1 - EMA) * s.rate + EMA * (v.num_accepted / len(d))
             if s.rate <= OFF_BELOW:
