@@ -37,6 +37,8 @@ class ChoiceDelta:
     logprobs: list[TokenLogprob] | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    # A request with a prediction: its (accepted, rejected) prediction tokens so far, all its choices.
+    prediction_tokens: tuple[int, int] | None = None
 
 
 @dataclass

@@ -13,7 +13,7 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 # The same bounds as SamplingParams (one table, in cpuinfer.sampling_params): a value this schema
 # accepts is never refused later, after the response has started. Limits that depend on the engine
@@ -81,6 +81,19 @@ class StreamOptions(OpenAIModel):
     continuous_usage_stats: bool | None = False
 
 
+class PredictionField(OpenAIModel):
+    """OpenAI's predicted output: text the reply is expected to repeat largely (a file being edited). It feeds
+    speculative decoding's proposer; the reply is what it would be without it."""
+
+    type: Literal["content"]
+    content: str | list[TextContentPart]
+
+    @property
+    def text(self) -> str:
+        """The predicted text."""
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
 class SamplingFields(OpenAIModel):
     """Sampling fields shared by completions and chat (OpenAI's plus vLLM's extras)."""
 
@@ -113,6 +126,7 @@ class SamplingFields(OpenAIModel):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    prediction: PredictionField | None = None
 
     @model_validator(mode="after")
     def _check_cross_fields(self):
@@ -327,12 +341,27 @@ class DetokenizeResponse(BaseModel):
 # ---- responses ----------------------------------------------------------------------------------
 
 
+class CompletionTokensDetails(BaseModel):
+    """OpenAI's breakdown of completion tokens (here: a request with a prediction's)."""
+
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
+
+
 class UsageInfo(BaseModel):
     """Token counts of one request."""
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    completion_tokens_details: CompletionTokensDetails | None = None  # with a prediction only
+
+    @model_serializer(mode="wrap")
+    def _omit_empty_details(self, handler):
+        out = handler(self)
+        if out.get("completion_tokens_details") is None:
+            out.pop("completion_tokens_details", None)
+        return out
 
 
 class CompletionLogProbs(BaseModel):
