@@ -95,7 +95,8 @@ def compare(eng, decoder, prompts, params, repeat: int, spec_params=None) -> dic
     """Median tokens/s without and with `decoder` (alternating), their ratio, the acceptance rate; checks that
     the tokens are equal."""
     times = {"plain": [], "spec": []}
-    before = eng.get_stats()
+    st = decoder.stats
+    before = (st.num_draft_tokens, st.num_accepted_tokens)
     ref = None
     for _ in range(repeat):
         eng.core.spec = None
@@ -105,10 +106,8 @@ def compare(eng, decoder, prompts, params, repeat: int, spec_params=None) -> dic
         assert got == ref, "speculative decoding changed the greedy output"
         times["plain"].append(tp)
         times["spec"].append(ts)
-    after = eng.get_stats()
     tokens = sum(len(t) for t in ref)
-    drafted = after.spec_decode_num_draft_tokens - before.spec_decode_num_draft_tokens
-    accepted = after.spec_decode_num_accepted_tokens - before.spec_decode_num_accepted_tokens
+    drafted, accepted = st.num_draft_tokens - before[0], st.num_accepted_tokens - before[1]
     tp, ts = statistics.median(times["plain"]), statistics.median(times["spec"])
     return dict(
         plain_tps=tokens / tp,

@@ -174,7 +174,7 @@ class EngineCore:
             return []
         masks = None
         if self.grammars is not None and any(r.grammar is not None for r in sched.sampled):
-            # During the forward pass. Constrained requests never speculate: theirs are the one-row requests.
+            # During the forward pass, for the one-row requests (speculating ones are masked row by row later).
             masks = self.grammars.start_masks([r.grammar for r in sched.sampled if not r.spec_token_ids])
         try:
             logits = self.runner.execute(sched.seqs)
@@ -273,6 +273,9 @@ class EngineCore:
                 except Exception as exc:  # noqa: BLE001 - this request fails, the others go on
                     failed.append((reqs[i], exc))
         for i, v in verified.items():
+            if v.refused is not None:
+                failed.append((reqs[i], GrammarRejectedError(v.refused, len(reqs[i].output_token_ids))))
+                continue
             results[i] = (v.token_ids, v.logprobs)
         order = sorted(results)
         return [results[i][0] for i in order], [results[i][1] for i in order], failed
@@ -280,7 +283,8 @@ class EngineCore:
     def _verify(self, logits: torch.Tensor, reqs: list[Request], starts: list[int], idx: list[int]) -> dict:
         """spec_decode's verification of the requests reqs[i] for i in idx (rows from starts[i])."""
         rows = [starts[i] + j for i in idx for j in range(1 + len(reqs[i].spec_token_ids))]
-        return dict(zip(idx, self.spec.verify(logits[rows], [reqs[i] for i in idx], self.sampler), strict=True))
+        out = self.spec.verify(logits[rows], [reqs[i] for i in idx], self.sampler, self.grammars)
+        return dict(zip(idx, out, strict=True))
 
     def _masked_sample(self, logits: torch.Tensor, reqs: list[Request], masks: MaskJob | None = None) -> SampleResult:
         """The sampler's pick, after masking (in place) the tokens each constrained row's grammar forbids."""

@@ -23,6 +23,7 @@ import torch
 
 from cpuinfer.sampling.sampler import Sampler
 from cpuinfer.spec_decode.config import SpeculativeConfig
+from cpuinfer.spec_decode.grammar import advance, grammar_prefix, mask_rows
 from cpuinfer.spec_decode.proposer import NgramProposer, Proposer
 from cpuinfer.spec_decode.verify import Verified, verify
 
@@ -110,12 +111,10 @@ class SpecDecoder:
         if not seqs:
             return
         for r, drafts in zip(seqs, self.proposer.propose(seqs, ks), strict=True):
-            r.spec_token_ids = list(drafts)
+            r.spec_token_ids = list(drafts) if r.grammar is None else grammar_prefix(r.grammar, list(drafts))
 
     def _k(self, r) -> int:
         """How many tokens r may speculate now (0: none)."""
-        if r.grammar is not None:  # proposals would have to pass the grammar's mask first: not yet
-            return 0
         if self.predictions_only and not r.prediction_token_ids:
             return 0
         s = self.state.setdefault(r.request_id, SeqSpecState())
@@ -128,11 +127,23 @@ class SpecDecoder:
         return max(0, min(self.k, want, room))
 
     # ---- after the step -------------------------------------------------------------------------
-    def verify(self, logits: torch.Tensor, reqs: list, sampler: Sampler) -> list[Verified]:
+    def verify(self, logits: torch.Tensor, reqs: list, sampler: Sampler, grammars=None) -> list[Verified]:
         """New tokens of each sequence from its k + 1 rows (reqs' spec_token_ids are the drafts); keeps the
-        statistics."""
+        statistics. A constrained sequence's rows are masked by its grammar (`grammars`, the engine's
+        StructuredOutputManager) and its grammar advanced by the new tokens (Verified.refused: a token it
+        refused)."""
         drafts = [r.spec_token_ids for r in reqs]
+        if any(r.grammar is not None for r in reqs):
+            logits = logits.clone()  # masked in place below
+            at = 0
+            for r, d in zip(reqs, drafts, strict=True):
+                if r.grammar is not None:
+                    mask_rows(grammars, r.grammar, d, logits[at : at + len(d) + 1])
+                at += len(d) + 1
         out = verify(logits, reqs, drafts, sampler)  # proposals are certain (q one-hot): n-gram, greedy draft
+        for r, v in zip(reqs, out, strict=True):
+            if r.grammar is not None:
+                v.refused = advance(r.grammar, v.token_ids)
         st = self.stats
         for r, d, v in zip(reqs, drafts, out, strict=True):
             st.num_drafts += 1

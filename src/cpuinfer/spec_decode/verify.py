@@ -51,6 +51,7 @@ class Verified:
     token_ids: list[int]
     logprobs: list | None  # per token, as SampleResult's; None when the request wants none
     num_accepted: int  # drafts accepted
+    refused: int | None = None  # under a grammar: a new token the grammar refused (the sequence then fails)
 
 
 def verify(
