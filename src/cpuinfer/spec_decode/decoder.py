@@ -9,14 +9,16 @@ the extra rows are nearly free; a large batch is already compute-bound and gains
 - no speculation while more than `disable_by_batch_size` sequences decode, or while a prefill chunk of more
   than MAX_PREFILL_ROWS tokens may join the step (the verification pass asks the model for every row's
   logits, prefill rows included: worker.model_runner says why);
-- each sequence's k follows its running acceptance rate (an exponential average of accepted / proposed); a
-  sequence whose rate falls below OFF_BELOW stops proposing for a while (4, 8, ... up to 64 steps) and tries
-  again, so speculation that does not pay costs little.
+- each sequence's k is the one that maximises expected tokens per unit of step time, from its running
+  per-token acceptance rate a (exponential averages of accepted proposals over proposals tried: a run of A
+  accepted out of k tried A + 1 of them, or k if all passed): a step of k proposals yields
+  (1 - a^(k+1)) / (1 - a) tokens and costs 1 + ROW_COST * k plain steps. When no k beats plain decoding the
+  sequence stops proposing for a while (4, 8, ... up to 64 steps) and then tries again, so speculation that
+  does not pay costs little.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
@@ -28,9 +30,11 @@ from cpuinfer.spec_decode.proposer import NgramProposer, Proposer
 from cpuinfer.spec_decode.verify import Verified, verify
 
 DEFAULT_DISABLE_BY_BATCH_SIZE = 8
+# Each extra verification row's cost in plain decode steps: a 5-row step of SmolLM2 (bf16, batch 1, 300
+# tokens of context) took 1.74-1.85x a 1-row step (bench_spec.py, 2 shared cores), i.e. about 0.2 a row.
+ROW_COST = 0.2
 PREDICTION_K = 8  # proposals per step from a prediction when the engine was started without speculation
 MAX_PREFILL_ROWS = 256
-OFF_BELOW = 0.15
 EMA = 0.5  # weight of the newest step in the acceptance rate
 
 
@@ -38,7 +42,8 @@ EMA = 0.5  # weight of the newest step in the acceptance rate
 class SeqSpecState:
     """One sequence's acceptance history."""
 
-    rate: float = 1.0  # exponential average of accepted / proposed
+    accepted: float = 1.0  # exponential averages of proposals accepted and proposals tried
+    tried: float = 1.0
     off_steps: int = 0  # steps left without proposals
     backoff: int = 4  # length of the next pause
 
@@ -122,9 +127,7 @@ class SpecDecoder:
             s.off_steps -= 1
             return 0
         room = min(r.max_tokens - len(r.output_token_ids) - 1, self.max_model_len - r.num_tokens)
-        # A rate of a means about a / (1 - a) accepted tokens per step: propose a little beyond that.
-        want = self.k if s.rate >= 0.9 else max(1, math.ceil(s.rate / (1.0 - s.rate)) + 1)
-        return max(0, min(self.k, want, room))
+        return min(best_k(s.accepted / s.tried, self.k), room)
 
     # ---- after the step -------------------------------------------------------------------------
     def verify(self, logits: torch.Tensor, reqs: list, sampler: Sampler, grammars=None) -> list[Verified]:
@@ -155,10 +158,12 @@ class SpecDecoder:
                 r.num_accepted_prediction_tokens += v.num_accepted
                 r.num_rejected_prediction_tokens += len(d) - v.num_accepted
             s = self.state.setdefault(r.request_id, SeqSpecState())
-            s.rate = (1 - EMA) * s.rate + EMA * (v.num_accepted / len(d))
-            if s.rate <= OFF_BELOW:
+            tried = v.num_accepted + (v.num_accepted < len(d))
+            s.accepted = (1 - EMA) * s.accepted + EMA * v.num_accepted
+            s.tried = (1 - EMA) * s.tried + EMA * tried
+            if best_k(s.accepted / s.tried, self.k) == 0:
                 s.off_steps, s.backoff = s.backoff, min(64, 2 * s.backoff)
-                s.rate = 0.3  # after the pause: one more miss and it pauses again, twice as long
+                s.accepted, s.tried = 0.4, 1.0  # after the pause, k = 1: one more miss pauses it again, longer
             elif v.num_accepted:
                 s.backoff = 4
         return out
@@ -167,3 +172,15 @@ class SpecDecoder:
         """Forget a sequence (finished or aborted)."""
         self.state.pop(request_id, None)
         self.proposer.drop(request_id)
+
+
+def best_k(a: float, k_max: int) -> int:
+    """The k in 0..k_max with the most expected tokens per unit of step time at per-token acceptance rate a."""
+    best, best_gain, expect, term = 0, 1.0, 1.0, 1.0
+    for k in range(1, k_max + 1):
+        term *= a
+        expect += term  # 1 + a + ... + a^k
+        gain = expect / (1.0 + ROW_COST * k)
+        if gain > best_gain + 1e-9:
+            best, best_gain = k, gain
+    return best
