@@ -327,3 +327,18 @@ def test_rejection_sample_rule_with_and_without_a_draft_distribution(with_q):
         counts[(toks[0],)] = counts.get((toks[0],), 0) + 1
     expect = {(t,): float(p[0, t]) for t in range(6)}
     assert chi2_pvalue(counts, expect, n) > 1e-3
+
+
+def test_stop_before_accepted_proposals_end_caches_only_real_tokens():
+    """A stop token early in a run of accepted proposals: the blocks registered in the prefix cache hold the
+    sequence's own tokens only, and a later request with that prefix still decodes as plain decoding."""
+    p = list(range(10, 38))  # 28 tokens: the next block boundary (32) falls inside the accepted proposals
+    ref = reference_greedy(p, 12)
+    assert ref[1] != ref[0]
+    core, _ = make_core(OracleProposer(0.0), k=8)
+    got, _ = run(core, [p], 12, SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[ref[1]]))
+    assert got[0] == ref[:2]
+    assert core.spec.stats.num_accepted_tokens == 8  # the stop came first of 9 new tokens
+    assert core.pool.num_free == core.pool.num_blocks
+    got, _ = run(core, [p + ref[:4]], 6)
+    assert got[0] == reference_greedy(p + ref[:4], 6)

@@ -192,7 +192,6 @@ class Scheduler:
             new = next(tokens) if seq.sample else []
             num_spec = len(req.spec_token_ids)
             req.spec_token_ids = []
-            req.num_computed_tokens += n - num_spec + max(0, len(new) - 1)  # the pending token + accepted ones
             stopped = False
             for i, t in enumerate(new):
                 req.append_token(t)
@@ -200,6 +199,9 @@ class Scheduler:
                     del new[i + 1 :]
                     stopped = True
                     break
+            # A sampling request has every token but its newest in the cache (its accepted proposals included;
+            # those after a stop no longer count); a prefill chunk adds its tokens.
+            req.num_computed_tokens = req.num_tokens - 1 if seq.sample else req.num_computed_tokens + n
             if num_spec:
                 keep = -(-req.num_computed_tokens // bs)
                 if len(req.block_ids) > keep:  # blocks allocated for the rejected proposals only
