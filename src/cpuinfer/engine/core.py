@@ -133,7 +133,8 @@ class EngineCore:
             params = msg.params if len(ids) == 1 else msg.params.for_sample(index)
             req = Request(rid, prompt, params, self._arrivals, max_tokens, self.eos_token_ids)
             if msg.prediction_token_ids:
-                req.prediction_token_ids = list(msg.prediction_token_ids)
+                # Only a hint: what cannot fit the context is of no use to it.
+                req.prediction_token_ids = list(msg.prediction_token_ids[: self.max_model_len])
                 if self.spec is None:  # predicted outputs work without --speculative-config: for them only
                     self.spec = SpecDecoder.for_predictions(self.max_model_len)
             if constraint is not None:
