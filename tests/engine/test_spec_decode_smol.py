@@ -151,3 +151,65 @@ def test_prediction_without_speculative_config(smol_runner, smol_spec, plain):
         assert (rejected == 0) if all_right else (rejected > 0)
         # Where the prediction has no match, the request's own context is looked up (not counted as prediction).
         assert eng2.get_stats().spec_decode_num_accepted_tokens >= accepted
+
+
+class StepSpy:
+    """The runner, counting the steps that verify proposals and score a prompt at once."""
+
+    def __init__(self, runner):
+        self.runner = runner
+        self.mixed = 0
+
+    def __getattr__(self, name):
+        return getattr(self.runner, name)
+
+    def execute(self, seqs, checked=False):
+        if any(s.num_spec for s in seqs) and any(s.prompt_logits for s in seqs):
+            self.mixed += 1
+        return self.runner.execute(seqs, checked)
+
+
+def outputs(engine, steps=None):
+    """Step to the end (or `steps` times); every RequestOutput, in order."""
+    got = []
+    while engine.has_unfinished_requests() and (steps is None or len(got) < steps):
+        got += engine.step()
+    return got
+
+
+SCORE = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=2, prompt_logprobs=2)
+
+
+def test_prompt_logprobs_beside_verification(smol_runner, smol_spec, plain):
+    """One step with a sequence verifying proposals (its last k + 1 rows) and a prompt being scored (every row of
+    its chunk): each gets its rows; tokens, logprobs and prompt logprobs equal each request's alone."""
+    alone = engine_on(smol_runner, smol_spec)
+    alone.add_request("s", PROMPTS[3], SCORE)
+    ref = outputs(alone)[-1]
+    spy = StepSpy(smol_runner)
+    eng = engine_on(spy, smol_spec, k=4)
+    eng.add_request("copy", PROMPTS[0], GREEDY)
+    outputs(eng, steps=4)  # the prefill, then decode steps with proposals
+    eng.add_request("s", PROMPTS[3], SCORE)
+    final = {o.request_id: o for o in outputs(eng) if o.finished}
+    assert spy.mixed > 0
+    same(final["copy"].outputs, [plain[0]])
+    assert final["s"].prompt_logprobs == ref.prompt_logprobs
+    same(final["s"].outputs, ref.outputs)
+
+
+def test_prompt_logprobs_of_a_request_that_speculates_from_its_last_prompt_token(smol_runner, smol_spec):
+    """A prompt whose last chunk is one token proposes from there (its prediction), so its first step may hand
+    out several tokens: the prompt logprobs go out with them."""
+    ids = smol_spec.tokenizer.encode(PROMPTS[0]).ids
+    ids = ids[: 16 * (len(ids) // 16) - 15]  # 16 m + 1 tokens: chunks of 16, then one
+    params = SCORE.clone(max_tokens=NEW)
+    alone = engine_on(smol_runner, smol_spec, batched=16)
+    alone.add_request("r", ids, params)
+    ref = outputs(alone)[-1]
+    eng = engine_on(smol_runner, smol_spec, batched=16)
+    eng.add_request("r", ids, params.clone(prediction=ref.outputs[0].text))
+    got = [o for o in outputs(eng) if o.outputs[0].token_ids]
+    assert len(got[0].outputs[0].token_ids) > 1  # the first tokens: the one after the prompt and accepted ones
+    assert got[-1].prompt_logprobs == ref.prompt_logprobs
+    same(got[-1].outputs, ref.outputs)

@@ -66,6 +66,8 @@ class SeqOutput:
     # those rejected (OpenAI's usage.completion_tokens_details); cumulative.
     accepted_prediction_tokens: int = 0
     rejected_prediction_tokens: int = 0
+    # With the first token of a request that asked for prompt logprobs: one entry per prompt token (None first).
+    prompt_logprobs: list | None = None
 
 
 @dataclass

@@ -110,7 +110,8 @@ class Scheduler:
             req = self.waiting[0]
             hit_blocks: list[int] = []
             fresh = not req.block_ids and req.num_computed_tokens == 0
-            if fresh and self.pool.enable_caching:
+            # A request for prompt logprobs computes its whole prompt (as vLLM): cached blocks have no logits.
+            if fresh and self.pool.enable_caching and req.params.prompt_logprobs is None:
                 # At least the last token is computed, so its logits exist.
                 n_lookup = (req.num_tokens - 1) // self.block_size
                 hit_blocks = self.pool.lookup(req.block_hashes[:n_lookup], req.all_token_ids)
@@ -143,7 +144,8 @@ class Scheduler:
             out.requests.append(req)
             out.num_tokens.append(n)
             ids = req.all_token_ids[start : start + n - len(spec)] + spec
-            out.seqs.append(ScheduledSeq(ids, start, req.block_ids, sample, len(spec)))
+            prompt_logits = req.prompt_logprobs is not None and start < len(req.prompt_token_ids)
+            out.seqs.append(ScheduledSeq(ids, start, req.block_ids, sample, len(spec), prompt_logits))
             if sample:
                 out.sampled.append(req)
         return out

@@ -5,11 +5,12 @@ of its tokens are already cached, and its block table). The runner builds the fl
 per step (input ids, positions, slot mapping, query_start_loc, seq_lens, block tables), runs the
 model under inference_mode and returns float32 logits only for the sequences that sample.
 
-A sequence verifying speculative tokens (num_spec > 0) wants the logits of its last num_spec + 1 rows. The
-model's fused last layer can keep only each sequence's last row, so a step with any such sequence asks the
-model for every row's logits and picks the rows here. What that costs: the LM head over the step's other
-rows too (for SmolLM2 about a quarter of a row's work), which is why the engine does not speculate in a step
-that carries a long prefill chunk (spec_decode.decoder).
+A sequence verifying speculative tokens (num_spec > 0) wants the logits of its last num_spec + 1 rows, one
+scoring its prompt (prompt_logits) those of every row of its chunk. The model's fused last layer can keep only
+each sequence's last row, so a step with any sequence wanting more than one row asks the model for every row's
+logits and picks the rows here. What that costs: the last layer and the LM head over the step's other rows too
+(for SmolLM2 about a quarter of a row's work), which is why the engine does not speculate in a step that
+carries a long prefill chunk (spec_decode.decoder).
 """
 
 from __future__ import annotations
@@ -37,6 +38,15 @@ class ScheduledSeq:
     block_table: list[int]  # physical block ids covering positions [0, start_pos + len(token_ids))
     sample: bool  # True -> return logits for the last token of this chunk
     num_spec: int = 0  # the last num_spec tokens are proposals to verify: return the last num_spec + 1 rows
+    # True -> return logits for every token of this chunk (prompt logprobs); the last is the sample row.
+    prompt_logits: bool = False
+
+    @property
+    def logit_rows(self) -> int:
+        """How many rows of the step's logits are this sequence's (always its last rows)."""
+        if self.prompt_logits:
+            return len(self.token_ids)
+        return 1 + self.num_spec if self.sample else 0
 
 
 class ModelRunner:
@@ -123,7 +133,7 @@ class ModelRunner:
             max_query_len=max(qlens),
         )
         sample_rows = [
-            int(qsl[i + 1]) - 1 - j for i, s in enumerate(seqs) if s.sample for j in range(s.num_spec, -1, -1)
+            row for i, s in enumerate(seqs) for row in range(int(qsl[i + 1]) - s.logit_rows, int(qsl[i + 1]))
         ]
         sample_idx = None if len(sample_rows) == total else torch.tensor(sample_rows, dtype=torch.int64)
         return input_ids, torch.from_numpy(positions), meta, sample_idx, len(sample_rows)
@@ -141,8 +151,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, seqs: list[ScheduledSeq], checked: bool = False) -> torch.Tensor:
-        """Run one flat step; float32 logits [rows, vocab], in order: one row per seq with sample=True, or its
-        last num_spec + 1 rows when it verifies proposals."""
+        """Run one flat step; float32 logits [sum of the seqs' logit_rows, vocab]: per sequence in order, its last
+        token's row (sample=True), its last num_spec + 1 rows (verifying proposals) or every token's
+        (prompt_logits=True)."""
         if not seqs:
             return torch.empty(0, self.spec.vocab_size, dtype=torch.float32)
         if not checked:
@@ -157,7 +168,7 @@ class ModelRunner:
         if n_sample == 0:
             sample_idx = torch.empty(0, dtype=torch.int64)
         pick = None
-        if sample_idx is not None and any(s.num_spec for s in seqs):
+        if sample_idx is not None and any(s.logit_rows > 1 for s in seqs):
             pick, sample_idx = sample_idx, None  # several rows of one sequence: all rows' logits, picked below
         if carry is None:
             out = self.model.forward(input_ids, positions, meta, self.kv_caches, sample_idx)
@@ -182,7 +193,7 @@ class ModelRunner:
                 outs.append(out)
             else:
                 pp.send(out)
-        n_sample = sum(s.sample * (1 + s.num_spec) for s in seqs)
+        n_sample = sum(s.logit_rows for s in seqs)
         if pp.last:
             logits = torch.cat(outs) if len(outs) > 1 else outs[0]
             if pp.logits is not None:

@@ -32,6 +32,7 @@ from fastapi import Body, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from cpuinfer.engine.messages import EngineStats
+from cpuinfer.entrypoints.openai.client_errors import LogClientErrors
 from cpuinfer.entrypoints.openai.engine_adapter import EngineAdapter
 from cpuinfer.entrypoints.openai.errors import APIError, error_body, error_response, install_error_handlers
 from cpuinfer.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
@@ -49,6 +50,7 @@ from cpuinfer.entrypoints.openai.protocol import (
     TokenizeResponse,
     dump,
 )
+from cpuinfer.entrypoints.openai.responses_protocol import ResponsesRequest
 from cpuinfer.entrypoints.openai.serving import OpenAIServing
 from cpuinfer.errors import EngineDeadError
 
@@ -72,6 +74,8 @@ class ServerConfig:
     log_stats_interval: float = 10.0  # seconds; 0 disables the periodic stats line
     tool_call_parser: str | None = None  # set by --enable-auto-tool-choice --tool-call-parser: tool_choice "auto"
     chat_template: str | None = None  # --chat-template: replaces the model's
+    log_prompts: bool = False  # --enable-log-requests: each request's prompt and parameters as it arrives
+    max_log_len: int | None = None  # --max-log-len: most characters / ids of a logged prompt
 
 
 @dataclass
@@ -114,7 +118,11 @@ class BodyLimitAndAuth:
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or [])
         limit = self.config.max_body_bytes
-        if self.expected is not None and scope["path"] not in self.open and scope["method"] != "OPTIONS":
+        # uvicorn puts --root-path in front of the path (as the ASGI spec asks); routes are matched without it.
+        path, root = scope["path"], scope.get("root_path", "")
+        if root and path.startswith(root):
+            path = path[len(root) :] or "/"
+        if self.expected is not None and path not in self.open and scope["method"] != "OPTIONS":
             got = headers.get(b"authorization", b"")
             if not secrets.compare_digest(got, self.expected):
                 what = "missing" if not got else "invalid"
@@ -163,6 +171,7 @@ def build_app(state: ServerState, start_engine: Callable[[], Awaitable[EngineAda
     app.state.server = state
     install_error_handlers(app)
     app.add_middleware(BodyLimitAndAuth, config=state.config)
+    app.add_middleware(LogClientErrors)  # added last: outermost, so it sees the auth and size answers too
 
     @app.get("/health", responses={503: {"model": ErrorResponse}})
     async def health() -> Response:
@@ -209,6 +218,11 @@ def build_app(state: ServerState, start_engine: Callable[[], Awaitable[EngineAda
     async def chat_completions(req: ChatCompletionRequest, raw: Request):
         """OpenAI chat completions with the model's chat template; `stream: true` answers with SSE."""
         return await state.require_serving().chat(req, raw)
+
+    @app.post("/v1/responses", responses=ERRORS)
+    async def create_response(req: ResponsesRequest, raw: Request):
+        """OpenAI Responses API (text, function calls, structured output); `stream: true` answers with SSE events."""
+        return await state.require_serving().responses(req, raw)
 
     @app.post("/tokenize", response_model=TokenizeResponse, responses=ERRORS)
     async def tokenize(req: Annotated[TokenizeCompletionRequest | TokenizeChatRequest, Body()]):
@@ -284,6 +298,8 @@ async def _load(state: ServerState, start_engine: Callable[[], Awaitable[EngineA
         state.config.log_requests,
         state.config.tool_call_parser,
         state.config.chat_template,
+        log_prompts=state.config.log_prompts,
+        max_log_len=state.config.max_log_len,
     )
     state.background.append(asyncio.create_task(_watch_engine(state)))
     logger.info(
@@ -362,11 +378,13 @@ def run_server(
     log_level: str = "info",
     sock=None,
     limit_concurrency: int | None = None,
+    **uvicorn_options,
 ) -> int:
     """Serve until SIGINT/SIGTERM; in-flight requests get `shutdown_timeout` seconds to finish, then are aborted.
 
     Returns the exit code: 1 if the engine failed to load or died while serving, else 0.
     `limit_concurrency`: connections + in-flight requests past which uvicorn answers 503 at once.
+    `uvicorn_options`: more uvicorn.Config settings (TLS files, root_path: vllm_server_flags.uvicorn_options).
     """
     app = build_app(state, start_engine)
     config = uvicorn.Config(
@@ -379,6 +397,7 @@ def run_server(
         lifespan="on",
         timeout_keep_alive=5,
         limit_concurrency=limit_concurrency,
+        **uvicorn_options,
     )
     server = _Server(config)
     asyncio.run(server.serve(sockets=[sock] if sock is not None else None))

@@ -28,10 +28,13 @@ class ChoiceState:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
     prediction_tokens: tuple[int, int] | None = None  # its request's, all choices together
 
     def absorb(self, d: ChoiceDelta) -> None:
         """Add a delta."""
+        if d.prompt_logprobs is not None:
+            self.prompt_logprobs = d.prompt_logprobs
         if d.prediction_tokens is not None:
             self.prediction_tokens = d.prediction_tokens
         self.text += d.text

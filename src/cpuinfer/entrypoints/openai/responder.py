@@ -87,10 +87,19 @@ async def run_until_disconnect(request: Request, coro: Coroutine) -> Any:
 class Responder:
     """Runs jobs on one engine and answers them as SSE or one JSON body."""
 
-    def __init__(self, engine: EngineAdapter, metrics: ServerMetrics | None, log_requests: bool):
+    def __init__(
+        self,
+        engine: EngineAdapter,
+        metrics: ServerMetrics | None,
+        log_requests: bool,
+        log_prompts: bool = False,
+        max_log_len: int | None = None,
+    ):
         self.engine = engine
         self.metrics = metrics
         self.log_requests = log_requests
+        self.log_prompts = log_prompts  # --enable-log-requests
+        self.max_log_len = max_log_len
 
     def start(
         self,
@@ -103,6 +112,8 @@ class Responder:
         """Start every prompt on the engine, all or none (each is validated as it starts); a refusal is the
         APIError naming the request's own field."""
         timer = RequestTimer(self.metrics)
+        if self.log_prompts:
+            self._log_received(request_id, prompts, params)
         streams: list[tuple[str, AsyncIterator[list[ChoiceDelta]]]] = []
         try:
             for i, p in enumerate(prompts):
@@ -119,13 +130,23 @@ class Responder:
             raise err from e
         return Job(request_id, prompts, params.n, streams, timer)
 
+    def _log_received(self, request_id: str, prompts: list[Prompt], params: SamplingParams) -> None:
+        """vLLM's request log line: the prompt, the sampling parameters and the prompt's token ids."""
+        cut = self.max_log_len
+        for i, p in enumerate(prompts):
+            rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
+            text = p.text if p.text is None or cut is None else p.text[:cut]
+            ids = p.token_ids if cut is None else p.token_ids[:cut]
+            logger.info("Received request %s: prompt: %r, params: %s, prompt_token_ids: %s", rid, text, params, ids)
+
     async def respond(self, raw: Request, req: SamplingFields, fmt: ResponseFormat) -> Response:
         """A started job as SSE (stream) or one JSON body."""
         if req.stream:
             return DisconnectAwareStream(self._events(fmt, req), media_type="text/event-stream")
         if not await run_until_disconnect(raw, self._collect(fmt.job)):
             return JSONResponse({}, status_code=499)  # the client left (nginx's code); nobody reads this
-        return JSONResponse(dump(fmt.response()))
+        body = fmt.response()
+        return JSONResponse(body if isinstance(body, dict) else dump(body))
 
     async def _events(self, fmt: ResponseFormat, req: SamplingFields) -> AsyncIterator[str]:
         """The server-sent events of a streaming response; always ends with [DONE] (after an error event if the
@@ -140,7 +161,10 @@ class Responder:
             async for d in self._deltas(job):
                 body = fmt.chunk(d)
                 job.states[d.index].absorb(d)
-                if body is not None:
+                if isinstance(body, list):  # a format whose delta is several typed events (/v1/responses)
+                    for event in body:
+                        yield sse(event)
+                elif body is not None:
                     if continuous:
                         body["usage"] = dump(job.usage())
                     yield sse(body)
