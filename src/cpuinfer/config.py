@@ -117,6 +117,8 @@ class EngineArgs:
     engine_heartbeat_timeout: float = 30.0
     num_gpu_blocks_override: int | None = None  # vLLM's name; here: KV blocks instead of the GiB budget
     structured_outputs_backend: str = "llguidance"  # cpuinfer.structured.backend.BACKENDS
+    # vLLM's speculative_config: a dict or its JSON (cpuinfer.spec_decode.config); None: no speculation.
+    speculative_config: str | dict[str, Any] | None = None
     # Where the model comes from (vLLM's names): MODEL / --tokenizer may be Hugging Face ids (model_loader.hub).
     tokenizer: str | None = None
     revision: str | None = None
@@ -244,6 +246,13 @@ class EngineArgs:
             choices=["llguidance", "xgrammar"],
             help="Grammar backend of JSON-schema / regex / choice / grammar outputs (xgrammar needs "
             "pip install xgrammar).",
+        )
+        g.add_argument(
+            "--speculative-config",
+            default=None,
+            help='Speculative decoding, as JSON with vLLM\'s keys: \'{"method": "ngram", "num_speculative_tokens": 4, '
+            '"prompt_lookup_min": 2, "prompt_lookup_max": 4}\' (prompt lookup) or \'{"model": "<draft path>", '
+            '"num_speculative_tokens": 4}\' (a draft model with the same tokenizer). Greedy output is unchanged.',
         )
         add_gpu_flags(parser)
         g = parser.add_argument_group("request limits (a request over one gets a clear error, nothing starts)")
@@ -374,6 +383,9 @@ class EngineArgs:
         model = resolve_model(self.model or default_model_path(), self.revision, self.download_dir)
         space_gib = envs.KVCACHE_SPACE.get()  # parse errors name the variable
 
+        from cpuinfer.spec_decode.config import SpeculativeConfig
+
+        speculative = SpeculativeConfig.parse(self.speculative_config)
         spec = _load_spec(model, self.dtype, self.quantization, os.path.getmtime(model))
         spec = self._apply_overrides(spec)
         cache_dtype = spec.dtype if self.kv_cache_dtype == "auto" else CACHE_DTYPES[self.kv_cache_dtype]
@@ -422,6 +434,7 @@ class EngineArgs:
             max_num_batched_tokens=batched,
             max_num_seqs=seqs,
             kv_bytes_per_token=per_token,
+            speculative=speculative,
         )
 
 
@@ -446,6 +459,7 @@ class EngineConfig:
     max_num_batched_tokens: int
     max_num_seqs: int
     kv_bytes_per_token: int
+    speculative: Any = None  # cpuinfer.spec_decode.config.SpeculativeConfig, or None: no speculation
 
     @property
     def block_size(self) -> int:

@@ -34,6 +34,20 @@ class GrammarState:
         """True once the grammar is complete and only end-of-sequence may follow."""
         raise NotImplementedError
 
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last num_tokens accepted tokens (speculative decoding's rejected proposals)."""
+        raise NotImplementedError
+
+    def valid_prefix(self, token_ids: list[int]) -> int:
+        """How many leading tokens of token_ids the grammar accepts in a row from here (the state is unchanged)."""
+        n = 0
+        for t in token_ids:
+            if not self.accept(t):
+                break
+            n += 1
+        self.rollback(n)
+        return n
+
 
 class GrammarBackend:
     """Compiles constraints (cached by their text) and fills token bitmasks for a batch of states."""

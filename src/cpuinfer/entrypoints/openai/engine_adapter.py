@@ -40,6 +40,8 @@ class ChoiceDelta:
     stop_reason: int | str | None = None
     # With the first delta of a request that asked for prompt logprobs: one per prompt token (None first).
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    # A request with a prediction: its (accepted, rejected) prediction tokens so far, all its choices.
+    prediction_tokens: tuple[int, int] | None = None
 
 
 @dataclass

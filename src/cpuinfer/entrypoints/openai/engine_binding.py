@@ -109,9 +109,13 @@ class AsyncLLMAdapter(EngineAdapter):
                     lps = None
                     if o.logprobs is not None:
                         lps = _logprobs(list(zip(o.token_ids, o.logprobs, strict=False)))
-                    deltas.append(
-                        ChoiceDelta(o.index, o.text, list(o.token_ids), lps, o.finish_reason, o.stop_reason, prompt_lps)
+                    delta = ChoiceDelta(
+                        o.index, o.text, list(o.token_ids), lps, o.finish_reason, o.stop_reason, prompt_lps
                     )
+                    if "accepted_prediction_tokens" in out.metrics:
+                        m = out.metrics
+                        delta.prediction_tokens = (m["accepted_prediction_tokens"], m["rejected_prediction_tokens"])
+                    deltas.append(delta)
                 finished = out.finished
                 if deltas:
                     yield deltas

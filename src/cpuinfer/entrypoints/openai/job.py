@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from cpuinfer.entrypoints.openai.engine_adapter import ChoiceDelta, TokenLogprob
 from cpuinfer.entrypoints.openai.metrics import RequestTimer
-from cpuinfer.entrypoints.openai.protocol import UsageInfo
+from cpuinfer.entrypoints.openai.protocol import CompletionTokensDetails, UsageInfo
 
 
 @dataclass
@@ -29,11 +29,14 @@ class ChoiceState:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    prediction_tokens: tuple[int, int] | None = None  # its request's, all choices together
 
     def absorb(self, d: ChoiceDelta) -> None:
         """Add a delta."""
         if d.prompt_logprobs is not None:
             self.prompt_logprobs = d.prompt_logprobs
+        if d.prediction_tokens is not None:
+            self.prediction_tokens = d.prediction_tokens
         self.text += d.text
         self.token_ids += d.token_ids
         if d.logprobs:
@@ -70,4 +73,12 @@ class Job:
     def usage(self) -> UsageInfo:
         """Token counts so far."""
         c = self.completion_tokens
-        return UsageInfo(prompt_tokens=self.prompt_tokens, completion_tokens=c, total_tokens=self.prompt_tokens + c)
+        usage = UsageInfo(prompt_tokens=self.prompt_tokens, completion_tokens=c, total_tokens=self.prompt_tokens + c)
+        # Each prompt's engine request reports its choices' prediction tokens together: count one choice's.
+        counts = [s.prediction_tokens for s in self.states[:: self.n] if s.prediction_tokens is not None]
+        if counts:
+            usage.completion_tokens_details = CompletionTokensDetails(
+                accepted_prediction_tokens=sum(a for a, _ in counts),
+                rejected_prediction_tokens=sum(r for _, r in counts),
+            )
+        return usage

@@ -13,7 +13,7 @@ import time
 import uuid
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from cpuinfer.entrypoints.openai.ignored_fields import log_ignored
 
@@ -96,10 +96,16 @@ class TextContentPart(OpenAIModel):
 
 
 class PredictionContent(OpenAIModel):
-    """`prediction`: OpenAI's predicted output (the text the answer is expected to resemble)."""
+    """`prediction`: OpenAI's predicted output, text the reply is expected to repeat largely (a file being
+    edited). It feeds speculative decoding's proposer; the reply is what it would be without it."""
 
     type: Literal["content"]
     content: str | list[TextContentPart]
+
+    @property
+    def text(self) -> str:
+        """The predicted text."""
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
 class StreamOptions(OpenAIModel):
@@ -140,7 +146,9 @@ class SamplingFields(OpenAIModel):
     service_tier: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
-    prediction: PredictionContent | None = None  # the hook speculative decoding reads (its own issue)
+    # Implemented: prediction feeds the speculative proposer (spec_decode; the reply is unchanged), logit_bias
+    # the sampler.
+    prediction: PredictionContent | None = None
     logit_bias: dict[str, Annotated[float, Field(ge=LOGIT_BIAS_RANGE[0], le=LOGIT_BIAS_RANGE[1])]] | None = None
     # Constrained output: OpenAI's response_format, vLLM's structured_outputs and its older guided_* fields.
     response_format: ResponseFormat | None = None
@@ -383,12 +391,27 @@ class DetokenizeResponse(BaseModel):
 # ---- responses ----------------------------------------------------------------------------------
 
 
+class CompletionTokensDetails(BaseModel):
+    """OpenAI's breakdown of completion tokens (here: a request with a prediction's)."""
+
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
+
+
 class UsageInfo(BaseModel):
     """Token counts of one request."""
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    completion_tokens_details: CompletionTokensDetails | None = None  # with a prediction only
+
+    @model_serializer(mode="wrap")
+    def _omit_empty_details(self, handler):
+        out = handler(self)
+        if out.get("completion_tokens_details") is None:
+            out.pop("completion_tokens_details", None)
+        return out
 
 
 class CompletionLogProbs(BaseModel):

@@ -119,6 +119,7 @@ class OpenAIServing:
             "spaces_between_special_tokens": req.spaces_between_special_tokens,
             "include_stop_str_in_output": req.include_stop_str_in_output,
             "output_kind": RequestOutputKind.DELTA,
+            "prediction": req.prediction.text if req.prediction is not None else None,
         }
         for name, fallback in (
             ("temperature", 1.0),
