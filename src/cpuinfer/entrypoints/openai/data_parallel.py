@@ -43,6 +43,7 @@ class DataParallelAdapter(EngineAdapter):
         self.model_path = first.model_path
         self.max_model_len = first.max_model_len
         self.tokenization = first.tokenization
+        self.limits = first.limits
         self.generation_defaults = first.generation_defaults
         config = first.engine.config
         self.router = PrefixAwareRouter(len(cores), config.block_size, min(c.engine.num_blocks for c in cores))

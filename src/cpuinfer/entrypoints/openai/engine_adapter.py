@@ -56,6 +56,7 @@ class EngineAdapter:
     model_path: str
     max_model_len: int
     tokenization: Any  # cpuinfer.entrypoints.openai.tokenization.Tokenization
+    limits: Any  # cpuinfer.engine.limits.RequestLimits: what one request may ask
     generation_defaults: dict
 
     @property

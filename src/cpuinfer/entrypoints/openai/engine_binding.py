@@ -52,6 +52,7 @@ class AsyncLLMAdapter(EngineAdapter):
         self.model_path = engine.config.model
         self.max_model_len = engine.max_model_len
         self.tokenization = tokenization or Tokenization(spec)
+        self.limits = engine.limits
         self.generation_defaults = dict(getattr(spec, "generation_defaults", None) or {})
         self.dp_rank = engine.config.args.data_parallel_rank
         self.requests_routed = 0

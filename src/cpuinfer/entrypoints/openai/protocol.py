@@ -85,19 +85,19 @@ class SamplingFields(OpenAIModel):
     """Sampling fields shared by completions and chat (OpenAI's plus vLLM's extras)."""
 
     model: str | None = None
-    n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
+    n: Annotated[int, Field(strict=True, ge=1, le=MAX_N)] = 1
     temperature: Annotated[float, Field(ge=0.0, le=MAX_TEMPERATURE, allow_inf_nan=False)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)] | None = None
-    top_k: Annotated[int, Field(ge=-1, le=INT32_MAX)] | None = None
+    top_k: Annotated[int, Field(strict=True, ge=-1, le=INT32_MAX)] | None = None
     min_p: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] | None = None
     presence_penalty: Annotated[float, PENALTY] | None = 0.0
     frequency_penalty: Annotated[float, PENALTY] | None = 0.0
     repetition_penalty: Annotated[float, Field(gt=0.0, le=MAX_REPETITION_PENALTY, allow_inf_nan=False)] | None = None
-    seed: Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)] | None = None
+    seed: Annotated[int, Field(strict=True, ge=INT64_MIN, le=INT64_MAX)] | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[Annotated[int, Field(ge=0, le=INT32_MAX)]] | None = None
-    max_tokens: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = None
-    min_tokens: Annotated[int, Field(ge=0, le=INT32_MAX)] = 0
+    stop_token_ids: list[Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)]] | None = None
+    max_tokens: Annotated[int, Field(strict=True, ge=1, le=INT32_MAX)] | None = None
+    min_tokens: Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)] = 0
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
@@ -134,13 +134,14 @@ class CompletionRequest(SamplingFields):
     prompt: (
         str
         | list[str]
-        | list[Annotated[int, Field(ge=0, le=INT32_MAX)]]
-        | list[list[Annotated[int, Field(ge=0, le=INT32_MAX)]]]
+        | list[Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)]]
+        | list[list[Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)]]]
     )
-    max_tokens: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = 16
+    max_tokens: Annotated[int, Field(strict=True, ge=1, le=INT32_MAX)] | None = 16
     echo: bool = False
-    logprobs: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = None  # at most --max-logprobs (the engine's)
-    best_of: Annotated[int, Field(ge=1, le=MAX_N)] | None = None
+    # At most --max-logprobs (the engine's).
+    logprobs: Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)] | None = None
+    best_of: Annotated[int, Field(strict=True, ge=1, le=MAX_N)] | None = None
     suffix: str | None = None
     add_special_tokens: bool = True
 
@@ -251,9 +252,9 @@ class ChatCompletionRequest(SamplingFields):
     """POST /v1/chat/completions."""
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_completion_tokens: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = None
+    max_completion_tokens: Annotated[int, Field(strict=True, ge=1, le=INT32_MAX)] | None = None
     logprobs: bool | None = False
-    top_logprobs: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = None  # at most --max-logprobs
+    top_logprobs: Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)] | None = None  # at most --max-logprobs
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     add_special_tokens: bool = False
@@ -282,7 +283,7 @@ def _arguments(text: str) -> Any:
     """Tool-call arguments as an object for the template (as transformers passes them), or the text if not JSON."""
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deeply for json to decode
         return text
 
 
@@ -315,7 +316,7 @@ class DetokenizeRequest(OpenAIModel):
     """POST /detokenize."""
 
     model: str | None = None
-    tokens: list[Annotated[int, Field(ge=0, le=INT32_MAX)]]
+    tokens: list[Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)]]
 
 
 class DetokenizeResponse(BaseModel):

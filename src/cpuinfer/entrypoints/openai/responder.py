@@ -6,6 +6,8 @@ streaming generator or one non-streaming responder runs the job; both end it in 
 engine requests aborted, which frees their KV blocks when the client left; metrics; the request log).
 A failure after the start ends a stream with an OpenAI-shaped error event, and every stream ends with
 `data: [DONE]`. A client that disconnects cancels the job at once, even while no token is being sent.
+At shutdown, once --shutdown-timeout has passed, every job still running ends the same way (a 503 error event,
+then `data: [DONE]`; a 503 body when not streaming) before the HTTP server cancels what is left.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from starlette.responses import StreamingResponse
 
 from cpuinfer.entrypoints.openai.constraints import engine_param
 from cpuinfer.entrypoints.openai.engine_adapter import ChoiceDelta, EngineAdapter
-from cpuinfer.entrypoints.openai.errors import to_api_error
+from cpuinfer.entrypoints.openai.errors import APIError, to_api_error
 from cpuinfer.entrypoints.openai.formats import ResponseFormat, continuous_usage
 from cpuinfer.entrypoints.openai.job import Job, Prompt
 from cpuinfer.entrypoints.openai.metrics import RequestTimer, ServerMetrics
@@ -32,6 +34,7 @@ from cpuinfer.entrypoints.openai.protocol import SamplingFields, dump
 from cpuinfer.sampling_params import SamplingParams
 
 logger = logging.getLogger("cpuinfer.server")
+SHUTDOWN_MESSAGE = "The server is shutting down; this request was stopped. Retry on another replica."
 
 
 def sse(payload: dict | str) -> str:
@@ -87,10 +90,17 @@ async def run_until_disconnect(request: Request, coro: Coroutine) -> Any:
 class Responder:
     """Runs jobs on one engine and answers them as SSE or one JSON body."""
 
-    def __init__(self, engine: EngineAdapter, metrics: ServerMetrics | None, log_requests: bool):
+    def __init__(
+        self,
+        engine: EngineAdapter,
+        metrics: ServerMetrics | None,
+        log_requests: bool,
+        draining: asyncio.Event | None = None,
+    ):
         self.engine = engine
         self.metrics = metrics
         self.log_requests = log_requests
+        self.draining = draining  # set when the shutdown grace period is over: running jobs end with a 503
 
     def start(
         self,
@@ -137,7 +147,7 @@ class Responder:
         try:
             for chunk in fmt.opening():
                 yield sse(chunk)
-            async for d in self._deltas(job):
+            async for d in self._until_drained(self._deltas(job)):
                 body = fmt.chunk(d)
                 job.states[d.index].absorb(d)
                 if body is not None:
@@ -158,7 +168,7 @@ class Responder:
         """Run to completion (the non-streaming responder's work); True when done."""
         outcome = "aborted"
         try:
-            async for d in self._deltas(job):
+            async for d in self._until_drained(self._deltas(job)):
                 job.states[d.index].absorb(d)
             outcome = "ok"
             return True
@@ -167,6 +177,30 @@ class Responder:
             raise to_api_error(e, job.request_id) from e
         finally:
             self._end(job, outcome)
+
+    async def _until_drained(self, deltas: AsyncIterator[ChoiceDelta]) -> AsyncIterator[ChoiceDelta]:
+        """`deltas`, until the server's shutdown grace period ends (then a 503 APIError)."""
+        if self.draining is None:
+            async for d in deltas:
+                yield d
+            return
+        drained = asyncio.ensure_future(self.draining.wait())
+        try:
+            while True:
+                step = asyncio.ensure_future(deltas.__anext__())
+                await asyncio.wait({step, drained}, return_when=asyncio.FIRST_COMPLETED)
+                if not step.done():
+                    step.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                        await step
+                    raise APIError(SHUTDOWN_MESSAGE, 503)
+                try:
+                    d = step.result()
+                except StopAsyncIteration:
+                    return
+                yield d
+        finally:
+            drained.cancel()
 
     async def _deltas(self, job: Job) -> AsyncIterator[ChoiceDelta]:
         """Every prompt's deltas as they arrive, with choice indexes over the whole request."""
