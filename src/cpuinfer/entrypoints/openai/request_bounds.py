@@ -139,8 +139,9 @@ def check_body(
         chars = sum(text_chars(m.get("content")) for m in messages if isinstance(m, dict))
         if chars_per_prompt is not None and chars > chars_per_prompt:
             raise APIError(
-                f"messages hold {chars} characters of text, more than this model's context could ever hold "
-                f"({chars_per_prompt} characters: the context length times the longest token's text); shorten them",
+                f"messages hold {chars} characters of text, more than this model's maximum context length could "
+                f"ever hold ({chars_per_prompt} characters: the context length times the longest token's text); "
+                "shorten them",
                 400,
                 "messages",
             )
@@ -150,7 +151,7 @@ def check_body(
         for text in texts:
             if chars_per_prompt is not None and isinstance(text, str) and len(text) > chars_per_prompt:
                 raise APIError(
-                    f"prompt has {len(text)} characters, more than this model's context could ever hold "
+                    f"prompt has {len(text)} characters, more than this model's maximum context length could ever hold "
                     f"({chars_per_prompt} characters: the context length times the longest token's text); "
                     "shorten it",
                     400,
