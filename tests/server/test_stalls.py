@@ -40,6 +40,8 @@ def server():
         "--tool-call-parser",
         "hermes",
         "--enable-auto-tool-choice",
+        "--request-window-sequences",
+        "2",
     ) as s:
         yield s
 
@@ -114,6 +116,28 @@ def test_the_prep_timeout_and_the_trust_flag_are_named(server):
     # The killed worker was replaced: templates render again.
     ok = post(server, "/chat/completions", chat(chat_template="{% for m in messages %}{{ m.content }}{% endfor %}"))
     assert ok.status_code == 200, ok.text
+
+
+def test_a_small_request_is_not_queued_behind_a_huge_one(server):
+    idle = min(normal(server) for _ in range(3))
+    # 16 prompts: more sequences than the engine holds at once (4 running + 8 waiting); two run at a time.
+    big = {"prompt": [f"{i} " + "word " * 100 for i in range(16)], "max_tokens": 60, "ignore_eos": True}
+    answer: list = []
+    t0 = time.monotonic()
+    thread = threading.Thread(target=lambda: answer.append(post(server, "/completions", big)), daemon=True)
+    thread.start()
+    time.sleep(1.0)  # its first prompts are running, the others wait in the front end
+    during = normal(server)
+    thread.join(300)
+    big_time = time.monotonic() - t0
+    r = answer[0]
+    assert r.status_code == 200, r.text
+    choices = r.json()["choices"]
+    assert sorted(c["index"] for c in choices) == list(range(16))
+    assert all(c["finish_reason"] == "length" for c in choices)
+    print(f"fairness: small request {during / idle:.2f}x idle while a {big_time / idle:.0f}x-idle request ran")
+    assert during < big_time / 2, "the small request waited for most of the big one"
+    assert during <= SLOWDOWN * idle, f"a small request took {during / idle:.1f}x its idle time"
 
 
 @pytest.mark.parametrize(

@@ -171,7 +171,7 @@ def validate_request(
     return max_tokens
 
 
-def _check_sequences(n: int, prompts: int, limits: RequestLimits) -> None:
+def _check_sequences(n: int, prompts: int, limits: RequestLimits, in_flight: int | None = None) -> None:
     seqs = n * prompts
     what = f"n={n}" if prompts == 1 else f"{prompts} prompts x n={n}"
     if seqs > limits.max_request_sequences:
@@ -180,20 +180,24 @@ def _check_sequences(n: int, prompts: int, limits: RequestLimits) -> None:
             "(--max-request-sequences): lower n or send fewer prompts",
             "n" if prompts == 1 else "prompt",
         )
-    if limits.queue_capacity is not None and seqs > limits.queue_capacity:
+    held = seqs if in_flight is None else min(seqs, in_flight)
+    if limits.queue_capacity is not None and held > limits.queue_capacity:
         raise InvalidRequestError(
-            f"{what} asks for {seqs} sequences, more than this server ever holds at once "
+            f"{what} asks for {held} sequences at once, more than this server ever holds "
             f"({limits.queue_capacity}: --max-num-seqs + --max-waiting-requests): lower n or send fewer prompts",
             "n" if prompts == 1 else "prompt",
         )
 
 
-def validate_batch(prompt_lengths: list[int], params: SamplingParams, limits: RequestLimits) -> None:
+def validate_batch(
+    prompt_lengths: list[int], params: SamplingParams, limits: RequestLimits, in_flight: int | None = None
+) -> None:
     """Check the caps that hold over all prompts of one request (each prompt is `validate_request`'s): sequences,
-    prompt tokens, generated tokens and retained logprobs, summed over the prompts."""
+    prompt tokens, generated tokens and retained logprobs, summed over the prompts. `in_flight`: the most sequences
+    the request holds in the engine at once (its prompts may start one window at a time), against the queue."""
     if len(prompt_lengths) <= 1:
         return
-    _check_sequences(params.n, len(prompt_lengths), limits)
+    _check_sequences(params.n, len(prompt_lengths), limits, in_flight)
     prompt_tokens = sum(prompt_lengths)
     if prompt_tokens > limits.max_request_prompt_tokens:
         raise InvalidRequestError(

@@ -288,6 +288,7 @@ async def _load(state: ServerState, start_engine: Callable[[], Awaitable[EngineA
         state.config.chat_template,
         prep,
         state.draining,
+        bounds.window_sequences,
     )
     state.background.append(asyncio.create_task(_watch_engine(state)))
     logger.info(

@@ -90,6 +90,10 @@ class DataParallelAdapter(EngineAdapter):
         return "ready"
 
     # ---- requests ---------------------------------------------------------------------------------
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Every core checks requests alike: ask the first."""
+        self.cores[0].validate(prompt_token_ids, params)
+
     def submit(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
     ) -> AsyncIterator[list[ChoiceDelta]]:

@@ -92,6 +92,10 @@ class EngineAdapter:
         """
         raise NotImplementedError
 
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Check a prompt as submit() would, without starting it (InvalidRequestError); for prompts of a request
+        that start later, as earlier ones finish."""
+
     def abort(self, request_id: str) -> None:
         """Abort a request without waiting (safe to call from cancellation paths)."""
         raise NotImplementedError

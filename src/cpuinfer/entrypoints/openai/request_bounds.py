@@ -30,6 +30,7 @@ class RequestBounds:
     trust_request_chat_template: bool = False
     prep_workers: int = 2
     prep_timeout: float = 10.0  # seconds
+    window_sequences: int = 16  # sequences of one request in the engine at once
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RequestBounds:
@@ -44,6 +45,7 @@ class RequestBounds:
             trust_request_chat_template=args.trust_request_chat_template,
             prep_workers=args.request_prep_workers,
             prep_timeout=args.request_prep_timeout,
+            window_sequences=args.request_window_sequences,
         )
 
 
@@ -79,6 +81,13 @@ def add_bounds_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
         action="store_true",
         help="accept a chat_template in requests (vLLM's flag; refused by default). It still renders in a "
         "sandbox, within --request-prep-timeout and an output-size limit",
+    )
+    g.add_argument(
+        "--request-window-sequences",
+        type=positive_int,
+        default=d.window_sequences,
+        help="sequences of one request in the engine at once: a request of many prompts starts the rest as "
+        "earlier ones finish, so other clients' requests are not queued behind it",
     )
     g.add_argument(
         "--request-prep-workers",

@@ -6,6 +6,9 @@ streaming generator or one non-streaming responder runs the job; both end it in 
 engine requests aborted, which frees their KV blocks when the client left; metrics; the request log).
 A failure after the start ends a stream with an OpenAI-shaped error event, and every stream ends with
 `data: [DONE]`. A client that disconnects cancels the job at once, even while no token is being sent.
+A request of many prompts keeps at most --request-window-sequences sequences in the engine at once (its other
+prompts, validated up front, start as earlier ones finish), so another client's small request is never queued
+behind all of it.
 At shutdown, once --shutdown-timeout has passed, every job still running ends the same way (a 503 error event,
 then `data: [DONE]`; a 503 body when not streaming) before the HTTP server cancels what is left.
 """
@@ -31,6 +34,7 @@ from cpuinfer.entrypoints.openai.formats import ResponseFormat, continuous_usage
 from cpuinfer.entrypoints.openai.job import Job, Prompt
 from cpuinfer.entrypoints.openai.metrics import RequestTimer, ServerMetrics
 from cpuinfer.entrypoints.openai.protocol import SamplingFields, dump
+from cpuinfer.errors import EngineOverloadedError
 from cpuinfer.sampling_params import SamplingParams
 
 logger = logging.getLogger("cpuinfer.server")
@@ -96,11 +100,13 @@ class Responder:
         metrics: ServerMetrics | None,
         log_requests: bool,
         draining: asyncio.Event | None = None,
+        window_sequences: int = 16,
     ):
         self.engine = engine
         self.metrics = metrics
         self.log_requests = log_requests
         self.draining = draining  # set when the shutdown grace period is over: running jobs end with a 503
+        self.window_sequences = window_sequences  # sequences of one request in the engine at once
 
     def start(
         self,
@@ -110,12 +116,15 @@ class Responder:
         max_tokens_name: str = "max_tokens",
         constraint_source: str | None = None,
     ) -> Job:
-        """Start every prompt on the engine, all or none (each is validated as it starts); a refusal is the
+        """Validate every prompt and start the first window of them on the engine, all or none; a refusal is the
         APIError naming the request's own field."""
         timer = RequestTimer(self.metrics)
         streams: list[tuple[str, AsyncIterator[list[ChoiceDelta]]]] = []
+        window = self.window(len(prompts), params.n)
         try:
-            for i, p in enumerate(prompts):
+            for p in prompts[window:]:  # started later, as earlier ones finish: checked now
+                self.engine.validate(p.token_ids, params)
+            for i, p in enumerate(prompts[:window]):
                 rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
                 streams.append((rid, self.engine.submit(rid, p.token_ids, params)))
         except Exception as e:
@@ -127,7 +136,27 @@ class Responder:
                 err.param = max_tokens_name
                 err.message = err.message.replace("'max_tokens'", f"'{max_tokens_name}'")
             raise err from e
-        return Job(request_id, prompts, params.n, streams, timer)
+        job = Job(request_id, prompts, params.n, streams, timer, params=params)
+        job.pending.extend(range(window, len(prompts)))
+        return job
+
+    def window(self, prompts: int, n: int) -> int:
+        """How many of a request's prompts run in the engine at once."""
+        return min(prompts, max(1, self.window_sequences // n))
+
+    async def _start_next(self, job: Job) -> None:
+        """Start the next waiting prompt of `job`; while the engine's queue is full, wait for room (the request
+        was accepted: it is not refused now)."""
+        k = job.pending.popleft()
+        rid = f"{job.request_id}-{k}"
+        delay = 0.01
+        while True:
+            try:
+                job.streams.append((rid, self.engine.submit(rid, job.prompts[k].token_ids, job.params)))
+                return
+            except EngineOverloadedError:
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 0.5)
 
     async def respond(self, raw: Request, req: SamplingFields, fmt: ResponseFormat) -> Response:
         """A started job as SSE (stream) or one JSON body."""
@@ -204,7 +233,7 @@ class Responder:
 
     async def _deltas(self, job: Job) -> AsyncIterator[ChoiceDelta]:
         """Every prompt's deltas as they arrive, with choice indexes over the whole request."""
-        if len(job.streams) == 1:
+        if len(job.prompts) == 1:
             async for deltas in job.streams[0][1]:
                 job.timer.tokens(sum(len(d.token_ids) for d in deltas))
                 for d in deltas:
@@ -222,12 +251,15 @@ class Responder:
                 await queue.put((i, e))
 
         tasks = [asyncio.ensure_future(pump(i, stream)) for i, (_, stream) in enumerate(job.streams)]
-        remaining = len(tasks)
+        remaining = len(job.prompts)
         try:
             while remaining:
                 i, item = await queue.get()
                 if item is done:
                     remaining -= 1
+                    if job.pending:
+                        await self._start_next(job)
+                        tasks.append(asyncio.ensure_future(pump(len(job.streams) - 1, job.streams[-1][1])))
                     continue
                 if isinstance(item, Exception):
                     raise item

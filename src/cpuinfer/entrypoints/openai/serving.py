@@ -62,13 +62,14 @@ class OpenAIServing:
         chat_template: str | None = None,
         prep: PrepPool | None = None,
         draining: asyncio.Event | None = None,
+        window_sequences: int = 16,
     ):
         self.engine = engine
         self.prep = prep  # worker processes for large prompts and request templates (None: threads)
         self.tool_call_parser = tool_call_parser  # tool_choice "auto" works only with one
         self.chat_template = chat_template
         self.model_names = served_model_names
-        self.responder = Responder(engine, metrics, log_requests, draining)
+        self.responder = Responder(engine, metrics, log_requests, draining, window_sequences)
 
     # ---- helpers -------------------------------------------------------------------------------
 
@@ -183,7 +184,8 @@ class OpenAIServing:
         constraint, source = request_constraint(req)
         params = self.sampling_params(req, req.max_tokens, req.logprobs, constraint)
         try:
-            validate_batch([len(p.token_ids) for p in prompts], params, self.engine.limits)
+            in_flight = self.responder.window(len(prompts), params.n) * params.n
+            validate_batch([len(p.token_ids) for p in prompts], params, self.engine.limits, in_flight)
         except InvalidRequestError as e:
             raise to_api_error(e) from e
         job = self.responder.start(random_id("cmpl"), prompts, params, constraint_source=source)
