@@ -90,6 +90,12 @@ class DataParallelAdapter(EngineAdapter):
         return "ready"
 
     # ---- requests ---------------------------------------------------------------------------------
+    def compile_constraint(self, constraint) -> None:
+        """Into every core's cache: the router may pick any."""
+        for c in self.cores:
+            if c.healthy:
+                c.compile_constraint(constraint)
+
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Every core checks requests alike: ask the first."""
         self.cores[0].validate(prompt_token_ids, params)

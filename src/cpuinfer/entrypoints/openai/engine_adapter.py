@@ -96,6 +96,10 @@ class EngineAdapter:
         """Check a prompt as submit() would, without starting it (InvalidRequestError); for prompts of a request
         that start later, as earlier ones finish."""
 
+    def compile_constraint(self, constraint: Any) -> None:
+        """Compile a structured-output constraint into the engine's cache (InvalidRequestError if it does not
+        compile); called on a worker thread, so the later check at submit() is a lookup, not work on the loop."""
+
     def abort(self, request_id: str) -> None:
         """Abort a request without waiting (safe to call from cancellation paths)."""
         raise NotImplementedError

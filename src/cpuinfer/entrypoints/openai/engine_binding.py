@@ -119,6 +119,10 @@ class AsyncLLMAdapter(EngineAdapter):
         """The engine's one request check (a constraint's compile is cached: the later submit looks it up)."""
         validate_request(prompt_token_ids, params, self.engine.limits, self.engine.grammars)
 
+    def compile_constraint(self, constraint) -> None:
+        """Into this core's grammar cache (the backend releases the GIL while it compiles)."""
+        self.engine.grammars.compile(constraint)
+
     def abort(self, request_id: str) -> None:
         """Abort now (frees the request's KV blocks in the core); a no-op for a finished request."""
         self.engine.abort_nowait(request_id)

@@ -17,12 +17,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cpuinfer.entrypoints.openai.errors import APIError, error_response
+from cpuinfer.entrypoints.openai.prep_pool import release_heap
 from cpuinfer.entrypoints.openai.request_bounds import RequestBounds, check_body
 
 logger = logging.getLogger("cpuinfer.server")
 
 PROBE_ROUTES = ("/health", "/ping")
 CHECKED_ROUTES = ("/v1/completions", "/v1/chat/completions", "/tokenize")
+LARGE_BODY = 1024 * 1024  # bytes: after requests this large, freed heap is given back to the OS
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ class RequestGuard:
         self.config = config
         self.char_limits = char_limits  # (per prompt, per request), (None, None) while the model loads
         self.in_flight = 0
+        self._large_seen = False  # a body over LARGE_BODY was read since the heap was last released
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["path"] in PROBE_ROUTES:
@@ -67,6 +70,9 @@ class RequestGuard:
             await self._guarded(scope, receive, send)
         finally:
             self.in_flight -= 1
+            if self.in_flight == 0 and self._large_seen:
+                self._large_seen = False
+                release_heap()  # a multi-MB body's parse left its pages in the allocator: give them back
 
     async def _guarded(self, scope, receive, send):
         cfg = self.config
@@ -108,8 +114,7 @@ class RequestGuard:
 
         await self.app(scope, replay, send)
 
-    @staticmethod
-    async def _read_body(receive, limit: int) -> bytes:
+    async def _read_body(self, receive, limit: int) -> bytes:
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -118,6 +123,8 @@ class RequestGuard:
                 raise _Disconnected
             chunk = message.get("body", b"")
             size += len(chunk)
+            if size > LARGE_BODY:
+                self._large_seen = True
             if size > limit:
                 raise _TooLarge
             chunks.append(chunk)

@@ -44,7 +44,7 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _trim() -> None:
+def release_heap() -> None:
     """Give freed heap back to the OS (glibc keeps it otherwise)."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -78,7 +78,7 @@ def _worker_main(conn, spec_bytes: bytes) -> None:
         conn.send((*reply, recycle))
         if recycle:
             return
-        _trim()
+        release_heap()
 
 
 class _Worker:
