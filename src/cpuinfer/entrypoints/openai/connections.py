@@ -8,6 +8,8 @@ request limit (guard.py counts requests, not connections), and cannot crowd out 
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
+from typing import ClassVar
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -17,16 +19,22 @@ class GuardedH11Protocol(H11Protocol):
 
     header_timeout: float = 10.0
     max_idle: int = 1024
+    # This server's idle connections, longest-idle first (O(1) to keep and to trim, even with thousands open).
+    idle: ClassVar[OrderedDict[GuardedH11Protocol, None]] = OrderedDict()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         """Arm the header timer; close the longest-idle connection if there are now too many idle ones."""
         super().connection_made(transport)
-        self._idle_since = self.loop.time()
         self._header_timer: asyncio.TimerHandle | None = None
         self._arm_header_timer()
-        idle = [c for c in self.connections if isinstance(c, GuardedH11Protocol) and not c._busy()]
-        if len(idle) > self.max_idle:
-            min(idle, key=lambda c: c._idle_since)._close_idle()
+        self._mark_idle()
+
+    def _mark_idle(self) -> None:
+        self.idle[self] = None
+        self.idle.move_to_end(self)
+        while len(self.idle) > self.max_idle:
+            oldest, _ = self.idle.popitem(last=False)
+            oldest._close_idle()
 
     def _busy(self) -> bool:
         return self.cycle is not None and not self.cycle.response_complete
@@ -56,22 +64,26 @@ class GuardedH11Protocol(H11Protocol):
         super().handle_events()
         if self._busy():
             self._cancel_header_timer()
+            self.idle.pop(self, None)
 
     def on_response_complete(self) -> None:
         """Idle again: the next request's headers have --http-header-timeout to arrive."""
-        self._idle_since = self.loop.time()
         if not self.transport.is_closing():
             self._arm_header_timer()
+            self._mark_idle()
         super().on_response_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
         """Stop the header timer."""
         self._cancel_header_timer()
+        self.idle.pop(self, None)
         super().connection_lost(exc)
 
 
 def guarded_protocol(header_timeout: float, max_idle: int) -> type[GuardedH11Protocol]:
     """The protocol class uvicorn should use (its `http` setting), with these limits."""
     return type(
-        "ConfiguredH11Protocol", (GuardedH11Protocol,), {"header_timeout": header_timeout, "max_idle": max_idle}
+        "ConfiguredH11Protocol",
+        (GuardedH11Protocol,),
+        {"header_timeout": header_timeout, "max_idle": max_idle, "idle": OrderedDict()},
     )
