@@ -18,7 +18,6 @@ import logging
 import multiprocessing as mp
 import os
 import pickle
-import threading
 from typing import Any
 
 import anyio
@@ -92,7 +91,6 @@ class _Worker:
         if not self.conn.poll(START_TIMEOUT):
             self.kill()
             raise RuntimeError(f"a request-preparation worker did not start within {START_TIMEOUT:g} s")
-        self.lock = threading.Lock()
 
     def call(self, method: str, args: tuple, timeout: float) -> tuple:
         """Send a job and wait for its reply (in a thread: the HTTP loop does not wait); _WorkerLost when the
@@ -126,6 +124,7 @@ class PrepPool:
         self._idle: asyncio.Queue[_Worker] = asyncio.Queue()
         self._all: set[_Worker] = set()
         self._closed = False
+        self._respawning = 0  # workers being started in place of lost ones
 
     async def start(self) -> None:
         """Start every worker (in threads: each imports the package and loads the tokenizer)."""
@@ -150,13 +149,18 @@ class PrepPool:
             except (RuntimeError, OSError):
                 logger.exception("could not restart a request-preparation worker")
                 return
+            finally:
+                self._respawning -= 1
             self._idle.put_nowait(fresh)
 
+        self._respawning += 1  # counted now: a request arriving before the task runs waits for this worker
         asyncio.ensure_future(respawn())  # noqa: RUF006 - it puts itself back in the queue; nothing awaits it
 
     async def run(self, method: str, *args: Any) -> Any:
         """Tokenization.<method>(*args) in a worker; APIError 400 for the request's own fault (a limit, a template
         error, the timeout), 503 when every worker stayed busy for the whole timeout."""
+        if not self._all and not self._respawning:
+            raise APIError("No request-preparation worker is running (see the server log); retry shortly.", 503)
         try:
             w = await asyncio.wait_for(self._idle.get(), self.timeout)
         except (TimeoutError, asyncio.TimeoutError):
@@ -190,6 +194,9 @@ class PrepPool:
                 self._replace(w)
             elif reply is not None and reply[-1]:  # it exits by itself after a large request
                 await asyncio.to_thread(w.proc.join, 5)
+                self._replace(w)
+            elif not w.proc.is_alive():  # cancelled while its job overran and it was killed
+                w.kill()
                 self._replace(w)
             else:
                 self._idle.put_nowait(w)
