@@ -5,8 +5,8 @@ Jinja rendering and the tokenizer's Python-side work hold the GIL; done in the H
 slow template or a huge prompt delayed every other request and /health for seconds. A worker is a separate process,
 so the HTTP loop never waits on it, and one that overruns --request-prep-timeout is killed and replaced (the request
 gets a 400 naming the flag). A worker whose memory grew past MAX_GROWTH_BYTES over a request exits after answering
-and is replaced, so what one large request made does not stay held. Workers are spawned, never forked: the HTTP
-process holds threads.
+and is replaced, so what one large request made does not stay held. Workers come from a fork server (a fresh
+process that imported this module), never from the HTTP process, which holds threads.
 """
 
 from __future__ import annotations
@@ -120,7 +120,11 @@ class PrepPool:
         self.size = workers
         self.timeout = timeout
         self._spec_bytes = pickle.dumps(spec)
-        self._ctx = mp.get_context("spawn")
+        # forkserver: a fresh single-threaded process imports this module (torch included, ~145 MB) once and forks
+        # each worker from it, so the workers share those pages (the HTTP process itself, which holds threads, is
+        # never forked). A worker then holds ~50 MB of its own (the tokenizer) instead of ~200 MB when spawned.
+        self._ctx = mp.get_context("forkserver")
+        self._ctx.set_forkserver_preload([__name__])
         self._idle: asyncio.Queue[_Worker] = asyncio.Queue()
         self._all: set[_Worker] = set()
         self._closed = False
