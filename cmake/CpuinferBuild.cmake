@@ -48,6 +48,7 @@ set(CPUINFER_KERNEL_SOURCES
   "${CPUINFER_SRC_ROOT}/csrc/common/kv_cache.cpp"
   "${CPUINFER_SRC_ROOT}/csrc/common/paged_attention.cpp"
   "${CPUINFER_SRC_ROOT}/csrc/common/decoder_layer.cpp"
+  "${CPUINFER_SRC_ROOT}/csrc/common/moe.cpp"
   "${CPUINFER_SRC_ROOT}/csrc/common/parallel.cpp"
   "${CPUINFER_SRC_ROOT}/csrc/common/shm_comm.cpp")
 

@@ -4,6 +4,7 @@
 #pragma once
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 
 #include "../common/kernels.h"
@@ -204,8 +205,18 @@ inline void py_reshape_and_cache(In key, In value, Out key_cache, Out value_cach
                       c.block_size);
 }
 
+// Attention sinks: a float32 vector of one logit per query head (or None).
+inline const float *check_sinks(const std::optional<In> &sinks, int64_t heads) {
+    if (!sinks) return nullptr;
+    if (float_dtype(*sinks, "sinks") != DType::f32) fail_type("sinks must be a float32 tensor");
+    if (sinks->ndim() != 1 || int64_t(sinks->shape(0)) != heads || (heads > 1 && sinks->stride(0) != 1))
+        fail_value("sinks must be a contiguous vector of one logit per query head (" + std::to_string(heads) + ")");
+    return static_cast<const float *>(sinks->data());
+}
+
 inline void py_paged_attention(Out out, In query, Out key_cache, Out value_cache, In query_start_loc, In seq_lens,
-                               In block_tables, float scale, int64_t sliding_window, float soft_cap) {
+                               In block_tables, float scale, int64_t sliding_window, float soft_cap,
+                               std::optional<In> sinks) {
     DType dt = float_dtype(query, "query");
     check_same_dtype(float_dtype(out, "out"), dt, "out", "query");
     Tokens q = check_tokens(query, "query"), o = check_tokens(out, "out");
@@ -246,6 +257,7 @@ inline void py_paged_attention(Out out, In query, Out key_cache, Out value_cache
     a.scale = scale;
     a.sliding_window = sliding_window;
     a.soft_cap = soft_cap;
+    a.sinks = check_sinks(sinks, q.heads);
     nb::gil_scoped_release nogil;
     paged_attention(a);
 }
@@ -257,7 +269,9 @@ inline void bind_attention(nb::module_ &m) {
     m.def("paged_attention", &py_paged_attention, nb::arg("out"), nb::arg("query"), nb::arg("key_cache"),
           nb::arg("value_cache"), nb::arg("query_start_loc"), nb::arg("seq_lens"), nb::arg("block_tables"),
           nb::arg("scale"), nb::arg("sliding_window") = 0, nb::arg("soft_cap") = 0.0f,
-          "Causal GQA attention of a mixed decode/prefill batch over the paged KV cache, written into out.");
+          nb::arg("sinks").none() = nb::none(),
+          "Causal GQA attention of a mixed decode/prefill batch over the paged KV cache, written into out; sinks: "
+          "a float32 logit per query head that joins each row's softmax sum (gpt-oss), or None.");
     m.attr("ATTENTION_IMPL") = attention_impl();
 }
 

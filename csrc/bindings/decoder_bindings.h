@@ -9,11 +9,13 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -81,48 +83,200 @@ inline HeldLinear hold_linear(nb::handle h, const char *name, bool packed) {
     return r;
 }
 
+// A plan's field, by name: `obj.name` (None when the plan says "none"). Every error names the field as
+// the plan spells it ("attn.qkv_w", "mlp.router_w"), so a plan builder's mistake points at its own line.
+inline nb::object field(nb::handle obj, const char *name, const std::string &where) {
+    if (!nb::hasattr(obj, name)) fail_value("the layer plan's " + where + " has no field '" + name + "'");
+    return nb::getattr(obj, name);
+}
+
+inline Activation parse_act(const std::string &act, const std::string &name) {
+    if (act == "silu") return Activation::silu;
+    if (act == "gelu") return Activation::gelu;
+    if (act == "gelu_tanh") return Activation::gelu_tanh;
+    if (act == "swiglu_oai") return Activation::swiglu_oai;
+    fail_value(name + " must be 'silu', 'gelu', 'gelu_tanh' or 'swiglu_oai', got '" + act + "'");
+    return Activation::silu;
+}
+
+// A mixture-of-experts MLP held by a layer (or by a MoE op): its router, its experts' weights (kept alive
+// by their Python objects) and the MoeWeights the kernel reads, which point into this object (never moved:
+// owners hold it by unique_ptr).
+struct HeldMoe {
+    HeldLinear router;
+    Held router_b;
+    std::vector<HeldLinear> gate_up, down;
+    std::vector<LinearWeight> gate_up_w, down_w;
+    std::vector<Held> gate_up_bias, down_bias;
+    std::vector<const void *> gate_up_b, down_b;
+    MoeWeights w;
+};
+
+// plan.mlp of kind "moe" (models/plan.py: MoEMLP), checked against the run dtype and hidden size.
+inline std::unique_ptr<HeldMoe> hold_moe(nb::handle mlp, bool packed, DType dt, int64_t H) {
+    auto m = std::make_unique<HeldMoe>();
+    const std::string at = "mlp";
+    m->router = hold_linear(field(mlp, "router_w", at), "mlp.router_w", packed);
+    m->router_b = hold(field(mlp, "router_b", at), "mlp.router_b");
+    if (m->router.w.parts) fail_value("mlp.router_w must be a dense tensor in the run dtype");
+    check_same_dtype(m->router.dense.dt, dt, "mlp.router_w", "the layer's run dtype");
+    nb::object gu = field(mlp, "gate_up_w", at), dn = field(mlp, "down_w", at);
+    const int64_t E = int64_t(nb::len(gu));
+    if (int64_t(nb::len(dn)) != E)
+        fail_value("mlp.gate_up_w has " + str(E) + " experts, mlp.down_w " + str(int64_t(nb::len(dn))));
+    if (E < 1) fail_value("a mixture-of-experts MLP needs at least one expert");
+    if (m->router.rows != E || m->router.cols != H)
+        fail_value("mlp.router_w must be [" + str(E) + ", " + str(H) + "] (experts x hidden), got " +
+                   str(m->router.rows) + " rows of " + str(m->router.cols));
+    if (m->router_b.data && (m->router_b.ndim != 1 || m->router_b.cols != E))
+        fail_value("mlp.router_b must be 1-D with " + str(E) + " elements");
+    if (m->router_b.data) check_same_dtype(m->router_b.dt, dt, "mlp.router_b", "the layer's run dtype");
+    const int64_t top_k = nb::cast<int64_t>(field(mlp, "top_k", at));
+    if (top_k < 1 || top_k > E) fail_value("mlp.top_k is " + str(top_k) + "; it must be in [1, " + str(E) + "]");
+    int64_t I = -1;
+    for (int64_t e = 0; e < E; ++e) {
+        const std::string gn = "mlp.gate_up_w[" + str(e) + "]", dnn = "mlp.down_w[" + str(e) + "]";
+        m->gate_up.push_back(hold_linear(gu.attr("__getitem__")(e), gn.c_str(), packed));
+        m->down.push_back(hold_linear(dn.attr("__getitem__")(e), dnn.c_str(), packed));
+        const HeldLinear &g = m->gate_up.back(), &d = m->down.back();
+        if (I < 0) I = d.cols;
+        if (g.rows != 2 * I || g.cols != H)
+            fail_value(gn + " must be [" + str(2 * I) + ", " + str(H) + "], got " + str(g.rows) + " rows of " +
+                       str(g.cols));
+        if (d.rows != H || d.cols != I)
+            fail_value(dnn + " must be [" + str(H) + ", " + str(I) + "], got " + str(d.rows) + " rows of " +
+                       str(d.cols) + " (every expert has the same intermediate size)");
+        if (g.dense.data) check_same_dtype(g.dense.dt, dt, gn.c_str(), "the layer's run dtype");
+        if (d.dense.data) check_same_dtype(d.dense.dt, dt, dnn.c_str(), "the layer's run dtype");
+        m->gate_up_w.push_back(g.w);
+        m->down_w.push_back(d.w);
+    }
+    // Per-expert biases (gpt-oss): a list of E vectors, or None.
+    for (auto [list, held, ptrs, n, what] :
+         {std::tuple{field(mlp, "gate_up_b", at), &m->gate_up_bias, &m->gate_up_b, 2 * I, "mlp.gate_up_b"},
+          std::tuple{field(mlp, "down_b", at), &m->down_bias, &m->down_b, H, "mlp.down_b"}}) {
+        if (list.is_none()) continue;
+        if (int64_t(nb::len(list)) != E) fail_value(std::string(what) + " must hold one bias per expert (" + str(E) + ")");
+        for (int64_t e = 0; e < E; ++e) {
+            const std::string name = std::string(what) + "[" + str(e) + "]";
+            held->push_back(hold(list.attr("__getitem__")(e), name.c_str()));
+            const Held &b = held->back();
+            if (!b.data || b.ndim != 1 || b.cols != n) fail_value(name + " must be 1-D with " + str(n) + " elements");
+            check_same_dtype(b.dt, dt, name.c_str(), "the layer's run dtype");
+            ptrs->push_back(b.data);
+        }
+    }
+    const std::string scoring = nb::cast<std::string>(field(mlp, "scoring", at));
+    if (scoring == "softmax") m->w.scoring = MoeScoring::softmax;
+    else if (scoring == "topk_softmax") m->w.scoring = MoeScoring::topk_softmax;
+    else fail_value("mlp.scoring must be 'softmax' or 'topk_softmax', got '" + scoring + "'");
+    m->w.num_experts = E;
+    m->w.top_k = top_k;
+    m->w.intermediate = I;
+    m->w.router = m->router.w;
+    m->w.router_b = m->router_b.data;
+    m->w.gate_up = m->gate_up_w.data();
+    m->w.down = m->down_w.data();
+    m->w.gate_up_b = m->gate_up_b.empty() ? nullptr : m->gate_up_b.data();
+    m->w.down_b = m->down_b.empty() ? nullptr : m->down_b.data();
+    m->w.renormalize = nb::cast<bool>(field(mlp, "renormalize", at));
+    m->w.act = parse_act(nb::cast<std::string>(field(mlp, "act", at)), "mlp.act");
+    return m;
+}
+
+// The MoE MLP alone, as an op (ops.MoE): the Python reference executor's call for a MoE plan, and the
+// kernel's test entry.
+class MoE {
+  public:
+    MoE(nb::handle mlp, bool packed) {
+        nb::object r = field(mlp, "router_w", "mlp");
+        In t;
+        nb::detail::cleanup_list cleanup(nullptr);
+        if (!t.load(r, uint8_t(nb::detail::cast_flags::convert), &cleanup)) {
+            cleanup.release();
+            fail_type("mlp.router_w must be a tensor");
+        }
+        dt_ = float_dtype(t, "mlp.router_w");
+        cleanup.release();
+        hidden_ = t.ndim() == 2 ? int64_t(t.shape(1)) : 0;
+        m_ = hold_moe(mlp, packed, dt_, hidden_);
+    }
+
+    // out[rows, hidden] = the MoE MLP of x[rows, hidden] (out in x's dtype, or float32 sums with out_f32).
+    void forward(Out out, In x) const {
+        check_same_dtype(float_dtype(x, "x"), dt_, "x", "the experts'");
+        const bool out_f32 = out_f32_or_same(float_dtype(out, "out"), dt_);
+        Rows xr = as_rows(x, "x"), orow = as_rows(out, "out");
+        if (xr.cols != hidden_) fail_value("x has " + str(xr.cols) + " features, the experts " + str(hidden_));
+        if (orow.cols != hidden_ || orow.rows != xr.rows) fail_value("out must have x's shape");
+        nb::gil_scoped_release nogil;
+        moe_mlp(dt_, m_->w, out.data(), orow.stride, x.data(), xr.stride, xr.rows, hidden_, out_f32);
+    }
+
+  private:
+    DType dt_ = DType::f32;
+    int64_t hidden_ = 0;
+    std::unique_ptr<HeldMoe> m_;
+};
+
 class DecoderLayer {
   public:
-    DecoderLayer(nb::handle in_norm, nb::handle post_attn_norm, nb::handle pre_ff_norm, nb::handle post_ff_norm,
-                 nb::handle qkv_w, nb::handle qkv_b, nb::handle o_w, nb::handle o_b, nb::handle q_norm,
-                 nb::handle k_norm, nb::handle gate_up_w, nb::handle gate_up_b, nb::handle down_w,
-                 nb::handle down_b, nb::handle cos_sin, int64_t num_heads, int64_t num_kv_heads, int64_t head_size,
-                 const std::string &act, float eps, float scale, int64_t sliding_window, float soft_cap,
-                 bool packed) {
-        in_norm_ = hold(in_norm, "in_norm");
-        post_attn_norm_ = hold(post_attn_norm, "post_attn_norm");
-        pre_ff_norm_ = hold(pre_ff_norm, "pre_ff_norm");
-        post_ff_norm_ = hold(post_ff_norm, "post_ff_norm");
-        q_norm_ = hold(q_norm, "q_norm");
-        k_norm_ = hold(k_norm, "k_norm");
-        qkv_b_ = hold(qkv_b, "qkv_b");
-        o_b_ = hold(o_b, "o_b");
-        gate_up_b_ = hold(gate_up_b, "gate_up_b");
-        down_b_ = hold(down_b, "down_b");
-        cos_sin_ = hold(cos_sin, "cos_sin");
-        qkv_ = hold_linear(qkv_w, "qkv_w", packed);
-        o_ = hold_linear(o_w, "o_w", packed);
-        gate_up_ = hold_linear(gate_up_w, "gate_up_w", packed);
-        down_ = hold_linear(down_w, "down_w", packed);
+    // plan: a models/plan.py LayerPlan, read by field name: its norms, plan.attn (AttentionPlan) and plan.mlp
+    // (DenseMLP or MoEMLP, told apart by mlp.kind). Every weight is checked against the others once, here.
+    explicit DecoderLayer(nb::handle plan) {
+        const std::string L = "layer";
+        nb::object attn = field(plan, "attn", L), mlp = field(plan, "mlp", L);
+        const bool packed = nb::cast<bool>(field(plan, "packed", L));
+        const std::string kind = nb::cast<std::string>(field(mlp, "kind", "mlp"));
+        if (kind != "dense" && kind != "moe") fail_value("mlp.kind must be 'dense' or 'moe', got '" + kind + "'");
+        const bool moe = kind == "moe";
+        in_norm_ = hold(field(plan, "in_norm", L), "in_norm");
+        post_attn_norm_ = hold(field(plan, "post_attn_norm", L), "post_attn_norm");
+        pre_ff_norm_ = hold(field(plan, "pre_ff_norm", L), "pre_ff_norm");
+        post_ff_norm_ = hold(field(plan, "post_ff_norm", L), "post_ff_norm");
+        q_norm_ = hold(field(attn, "q_norm", "attn"), "attn.q_norm");
+        k_norm_ = hold(field(attn, "k_norm", "attn"), "attn.k_norm");
+        qkv_b_ = hold(field(attn, "qkv_b", "attn"), "attn.qkv_b");
+        o_b_ = hold(field(attn, "o_b", "attn"), "attn.o_b");
+        cos_sin_ = hold(field(attn, "cos_sin", "attn"), "attn.cos_sin");
+        sinks_ = hold(field(attn, "sinks", "attn"), "attn.sinks");
+        qkv_ = hold_linear(field(attn, "qkv_w", "attn"), "attn.qkv_w", packed);
+        o_ = hold_linear(field(attn, "o_w", "attn"), "attn.o_w", packed);
+        if (!moe) {
+            gate_up_b_ = hold(field(mlp, "gate_up_b", "mlp"), "mlp.gate_up_b");
+            down_b_ = hold(field(mlp, "down_b", "mlp"), "mlp.down_b");
+            gate_up_ = hold_linear(field(mlp, "gate_up_w", "mlp"), "mlp.gate_up_w", packed);
+            down_ = hold_linear(field(mlp, "down_w", "mlp"), "mlp.down_w", packed);
+        }
+        const int64_t num_heads = nb::cast<int64_t>(field(attn, "num_heads", "attn"));
+        const int64_t num_kv_heads = nb::cast<int64_t>(field(attn, "num_kv_heads", "attn"));
+        const int64_t head_size = nb::cast<int64_t>(field(attn, "head_size", "attn"));
+        const float eps = nb::cast<float>(field(plan, "eps", L));
+        const float scale = nb::cast<float>(field(attn, "scale", "attn"));
+        const int64_t sliding_window = nb::cast<int64_t>(field(attn, "sliding_window", "attn"));
+        const float soft_cap = nb::cast<float>(field(attn, "soft_cap", "attn"));
         if (!in_norm_.data) fail_value("in_norm is required");
         if (!post_attn_norm_.data) fail_value("post_attn_norm is required");
         if ((pre_ff_norm_.data == nullptr) != (post_ff_norm_.data == nullptr))
             fail_value("pre_ff_norm and post_ff_norm come together (Gemma's sandwich norms) or not at all");
         if ((q_norm_.data == nullptr) != (k_norm_.data == nullptr))
-            fail_value("q_norm and k_norm come together or not at all");
+            fail_value("attn.q_norm and attn.k_norm come together or not at all");
         // The run dtype: the activations'. Norms and biases are in it, and so are dense weights.
         const DType dt = in_norm_.dt;
         const std::pair<const Held *, const char *> same[] = {
-            {&post_attn_norm_, "post_attn_norm"}, {&pre_ff_norm_, "pre_ff_norm"}, {&post_ff_norm_, "post_ff_norm"},
-            {&q_norm_, "q_norm"}, {&k_norm_, "k_norm"}, {&qkv_b_, "qkv_b"}, {&o_b_, "o_b"},
-            {&gate_up_b_, "gate_up_b"}, {&down_b_, "down_b"}, {&qkv_.dense, "qkv_w"}, {&o_.dense, "o_w"},
-            {&gate_up_.dense, "gate_up_w"}, {&down_.dense, "down_w"}};
+            {&post_attn_norm_, "post_attn_norm"}, {&pre_ff_norm_, "pre_ff_norm"},
+            {&post_ff_norm_, "post_ff_norm"},     {&q_norm_, "attn.q_norm"},
+            {&k_norm_, "attn.k_norm"},            {&qkv_b_, "attn.qkv_b"},
+            {&o_b_, "attn.o_b"},                  {&gate_up_b_, "mlp.gate_up_b"},
+            {&down_b_, "mlp.down_b"},             {&qkv_.dense, "attn.qkv_w"},
+            {&o_.dense, "attn.o_w"},              {&gate_up_.dense, "mlp.gate_up_w"},
+            {&down_.dense, "mlp.down_w"}};
         for (const auto &[h, name] : same)
             if (h->data) check_same_dtype(h->dt, dt, name, "in_norm");
         if (num_heads < 1 || num_kv_heads < 1 || num_heads % num_kv_heads != 0)
-            fail_value("num_heads (" + str(num_heads) + ") must be a positive multiple of num_kv_heads (" +
+            fail_value("attn.num_heads (" + str(num_heads) + ") must be a positive multiple of attn.num_kv_heads (" +
                        str(num_kv_heads) + ")");
-        const int64_t H = o_.rows, q = num_heads * head_size, kv = num_kv_heads * head_size, I = down_.cols;
+        const int64_t H = o_.rows, q = num_heads * head_size, kv = num_kv_heads * head_size;
         auto shape2 = [&](const HeldLinear &l, const char *name, int64_t r, int64_t c) {
             if (l.rows != r || l.cols != c)
                 fail_value(std::string(name) + " must be [" + str(r) + ", " + str(c) + "], got " + str(l.rows) +
@@ -132,34 +286,38 @@ class DecoderLayer {
             if (h.data && (h.ndim != 1 || h.cols != n))
                 fail_value(std::string(name) + " must be 1-D with " + str(n) + " elements");
         };
-        shape2(qkv_, "qkv_w", q + 2 * kv, H);
-        shape2(o_, "o_w", H, q);
-        shape2(gate_up_, "gate_up_w", 2 * I, H);
-        shape2(down_, "down_w", H, I);
+        shape2(qkv_, "attn.qkv_w", q + 2 * kv, H);
+        shape2(o_, "attn.o_w", H, q);
+        int64_t I = 0;
+        if (moe) {
+            moe_ = hold_moe(mlp, packed, dt, H);
+        } else {
+            I = down_.cols;
+            shape2(gate_up_, "mlp.gate_up_w", 2 * I, H);
+            shape2(down_, "mlp.down_w", H, I);
+            shape1(down_b_, "mlp.down_b", H);
+            shape1(gate_up_b_, "mlp.gate_up_b", 2 * I);
+        }
         shape1(in_norm_, "in_norm", H);
         shape1(post_attn_norm_, "post_attn_norm", H);
         shape1(pre_ff_norm_, "pre_ff_norm", H);
         shape1(post_ff_norm_, "post_ff_norm", H);
-        shape1(o_b_, "o_b", H);
-        shape1(down_b_, "down_b", H);
-        shape1(qkv_b_, "qkv_b", q + 2 * kv);
-        shape1(q_norm_, "q_norm", head_size);
-        shape1(k_norm_, "k_norm", head_size);
-        shape1(gate_up_b_, "gate_up_b", 2 * I);
-        Activation a;
-        if (act == "silu") a = Activation::silu;
-        else if (act == "gelu") a = Activation::gelu;
-        else if (act == "gelu_tanh") a = Activation::gelu_tanh;
-        else fail_value("act must be 'silu', 'gelu' or 'gelu_tanh', got '" + act + "'");
+        shape1(o_b_, "attn.o_b", H);
+        shape1(qkv_b_, "attn.qkv_b", q + 2 * kv);
+        shape1(q_norm_, "attn.q_norm", head_size);
+        shape1(k_norm_, "attn.k_norm", head_size);
+        shape1(sinks_, "attn.sinks", num_heads);
+        if (sinks_.data && sinks_.dt != DType::f32) fail_type("attn.sinks must be float32");
+        const Activation a = moe ? moe_->w.act : parse_act(nb::cast<std::string>(field(mlp, "act", "mlp")), "mlp.act");
         if (!(eps >= 0.0f)) fail_value("eps must be a non-negative number");
         int64_t rot_dim = 0;
         if (cos_sin_.data) {
             if (cos_sin_.dt != DType::f32 && cos_sin_.dt != dt)
-                fail_type(std::string("cos_sin must be float32 or the weights' dtype (") + dtype_label(dt) + ")");
-            if (cos_sin_.ndim != 2) fail_value("cos_sin must be [max_positions, rot_dim]");
+                fail_type(std::string("attn.cos_sin must be float32 or the weights' dtype (") + dtype_label(dt) + ")");
+            if (cos_sin_.ndim != 2) fail_value("attn.cos_sin must be [max_positions, rot_dim]");
             rot_dim = cos_sin_.cols;
             if (rot_dim % 2 != 0 || rot_dim <= 0 || rot_dim > head_size)
-                fail_value("cos_sin rows have " + str(rot_dim) + " entries; rot_dim must be even and at most " +
+                fail_value("attn.cos_sin rows have " + str(rot_dim) + " entries; rot_dim must be even and at most " +
                            "head_size " + str(head_size));
         }
         w_.dt = dt;
@@ -176,6 +334,7 @@ class DecoderLayer {
         w_.o = o_.w;
         w_.gate_up = gate_up_.w;
         w_.down = down_.w;
+        w_.moe = moe ? &moe_->w : nullptr;
         w_.qkv_b = qkv_b_.data;
         w_.o_b = o_b_.data;
         w_.gate_up_b = gate_up_b_.data;
@@ -191,6 +350,7 @@ class DecoderLayer {
         w_.scale = scale;
         w_.soft_cap = soft_cap;
         w_.sliding_window = sliding_window;
+        w_.sinks = static_cast<const float *>(sinks_.data);
         // The attention settings against a cache of this layer's geometry.
         CacheShape c{dt, 1, num_kv_heads, 16, head_size};
         check_attention_settings(c, num_heads, head_size, scale, sliding_window, soft_cap);
@@ -289,24 +449,23 @@ class DecoderLayer {
     }
 
     Held in_norm_, post_attn_norm_, pre_ff_norm_, post_ff_norm_, q_norm_, k_norm_;
-    Held qkv_b_, o_b_, gate_up_b_, down_b_, cos_sin_;
+    Held qkv_b_, o_b_, gate_up_b_, down_b_, cos_sin_, sinks_;
     HeldLinear qkv_, o_, gate_up_, down_;
+    std::unique_ptr<HeldMoe> moe_;  // a MoE layer's router and experts (null: a dense MLP)
     nb::object comm_;  // the ShmComm the all-reduce hook calls, kept alive
     DecoderLayerWeights w_{};
 };
 
 inline void bind_decoder(nb::module_ &m) {
+    nb::class_<MoE>(m, "MoE", "A mixture-of-experts MLP (router, top-k, grouped expert GEMMs) as one kernel call.")
+        .def(nb::init<nb::handle, bool>(), nb::arg("mlp"), nb::arg("packed") = false,
+             "mlp: a MoEMLP plan (cpuinfer.models.plan), read by field name; packed: its weights are packed.")
+        .def("forward", &MoE::forward, nb::arg("out"), nb::arg("x"),
+             "out[rows, hidden] = the MoE MLP of x (out float32: the unrounded f32 sums).");
     nb::class_<DecoderLayer>(m, "DecoderLayer",
-                             "One pre-norm decoder layer (Llama family, Qwen2/3, Gemma 3) as a single kernel call.")
-        .def(nb::init<nb::handle, nb::handle, nb::handle, nb::handle, nb::handle, nb::handle, nb::handle, nb::handle,
-                      nb::handle, nb::handle, nb::handle, nb::handle, nb::handle, nb::handle, nb::handle, int64_t,
-                      int64_t, int64_t, const std::string &, float, float, int64_t, float, bool>(),
-             nb::arg("in_norm"), nb::arg("post_attn_norm"), nb::arg("pre_ff_norm").none(),
-             nb::arg("post_ff_norm").none(), nb::arg("qkv_w"), nb::arg("qkv_b").none(), nb::arg("o_w"),
-             nb::arg("o_b").none(), nb::arg("q_norm").none(), nb::arg("k_norm").none(), nb::arg("gate_up_w"),
-             nb::arg("gate_up_b").none(), nb::arg("down_w"), nb::arg("down_b").none(), nb::arg("cos_sin").none(),
-             nb::arg("num_heads"), nb::arg("num_kv_heads"), nb::arg("head_size"), nb::arg("act"), nb::arg("eps"),
-             nb::arg("scale"), nb::arg("sliding_window") = 0, nb::arg("soft_cap") = 0.0f, nb::arg("packed") = false)
+                             "One pre-norm decoder layer, dense or mixture-of-experts, as a single kernel call; "
+                             "built from a layer plan (cpuinfer.models.plan.LayerPlan) read by field name.")
+        .def(nb::init<nb::handle>(), nb::arg("plan"))
         .def("forward", &DecoderLayer::forward, nb::arg("h"), nb::arg("residual"), nb::arg("first"),
              nb::arg("positions"), nb::arg("slot_mapping"), nb::arg("query_start_loc"), nb::arg("seq_lens"),
              nb::arg("block_tables"), nb::arg("key_cache"), nb::arg("value_cache"), nb::arg("keep").none() = nb::none(),

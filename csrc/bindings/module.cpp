@@ -272,6 +272,9 @@ NB_MODULE(CPUINFER_MODULE(CPUINFER_VARIANT), m) {
           nb::arg("out"), nb::arg("input"), "out = gelu(x[..., :d]) * x[..., d:] (exact erf form).");
     m.def("gelu_tanh_and_mul", [](Out out, In input) { py_act_and_mul(Activation::gelu_tanh, out, input); },
           nb::arg("out"), nb::arg("input"), "out = gelu_tanh(x[..., :d]) * x[..., d:].");
+    m.def("swiglu_oai_and_mul", [](Out out, In input) { py_act_and_mul(Activation::swiglu_oai, out, input); },
+          nb::arg("out"), nb::arg("input"),
+          "gpt-oss's clamped SwiGLU: out = (clamp(up, -7, 7) + 1) * g * sigmoid(1.702 g), g = min(gate, 7).");
     bind_attention(m);
     bind_decoder(m);
     bind_quant(m);

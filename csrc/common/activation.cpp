@@ -24,11 +24,11 @@ void run(T *out, int64_t out_stride, const T *in, int64_t in_stride, int64_t row
             T *o = out + r * out_stride;
             int64_t i = c0;
             for (; i + 2 * W <= c1; i += 2 * W) {
-                vec::store2(o + i, vec::mul(activate<A>(vec::load2a(x + i)), vec::load2a(x + d + i)),
-                            vec::mul(activate<A>(vec::load2b(x + i)), vec::load2b(x + d + i)));
+                vec::store2(o + i, gated<A>(vec::load2a(x + i), vec::load2a(x + d + i)),
+                            gated<A>(vec::load2b(x + i), vec::load2b(x + d + i)));
             }
             for (; i + W <= c1; i += W) {
-                vec::store(o + i, vec::mul(activate<A>(vec::load(x + i)), vec::load(x + d + i)));
+                vec::store(o + i, gated<A>(vec::load(x + i), vec::load(x + d + i)));
             }
             if (i < c1) {
                 int64_t n = c1 - i;
@@ -36,7 +36,7 @@ void run(T *out, int64_t out_stride, const T *in, int64_t in_stride, int64_t row
                     gate[j] = j < n ? to_f32(x[i + j]) : 0.f;
                     up[j] = j < n ? to_f32(x[d + i + j]) : 0.f;
                 }
-                vec::store(gate, vec::mul(activate<A>(vec::load(gate)), vec::load(up)));
+                vec::store(gate, gated<A>(vec::load(gate), vec::load(up)));
                 for (int64_t j = 0; j < n; ++j) o[i + j] = from_f32<T>(gate[j]);
             }
         }

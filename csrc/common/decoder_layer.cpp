@@ -27,7 +27,7 @@ constexpr int64_t kMlpRows = 1024;
 // epilogue (the same bits as GEMM + act_and_mul), so the [n, 2I] output is never written and read back.
 // Measured on Sapphire Rapids, 2 threads, SmolLM2 bf16: a 32 x 128-token prefill step ~785 -> ~760 ms.
 bool fused_gate_up(const DecoderLayerWeights &w) {
-    return w.gate_up.parts == 0 && w.gate_up.packed && w.intermediate % linear_pack_cols() == 0;
+    return !w.moe && w.gate_up.parts == 0 && w.gate_up.packed && w.intermediate % linear_pack_cols() == 0;
 }
 
 struct Layout {
@@ -173,6 +173,7 @@ void decoder_layer(const DecoderLayerWeights &w, const DecoderBatch &b, void *h,
     a.scale = w.scale;
     a.sliding_window = w.sliding_window;
     a.soft_cap = w.soft_cap;
+    a.sinks = w.sinks;
     paged_attention(a);
     row_parallel(w, h, attn, q_size, w.o, w.o_b, T, q_size, partial);
 
@@ -187,13 +188,21 @@ void decoder_layer(const DecoderLayerWeights &w, const DecoderBatch &b, void *h,
     for (int64_t t0 = 0; t0 < T; t0 += kMlpRows) {
         const int64_t n = std::min(kMlpRows, T - t0);
         char *ht = hb + t0 * H * es;
-        if (glu) {
+        if (w.moe) {  // in place: moe_mlp has read every row before it writes one
+            if (w.all_reduce) {
+                moe_mlp(dt, *w.moe, partial, H, ht, H, n, H, /*out_f32=*/true);
+                w.all_reduce(w.all_reduce_ctx, partial, n * H, DType::f32);
+                round_to(dt, ht, partial, n * H);
+            } else {
+                moe_mlp(dt, *w.moe, ht, H, ht, H, n, H);
+            }
+        } else if (glu) {
             linear_glu(dt, w.act, act, I, ht, H, w.gate_up.dense, w.gate_up_b, n, I, H);
         } else {
             linear_weight(dt, gate_up, 2 * I, ht, H, w.gate_up, w.gate_up_b, n, 2 * I, H);
             act_and_mul(dt, w.act, act, I, gate_up, 2 * I, n, I);
         }
-        row_parallel(w, ht, act, I, w.down, w.down_b, n, I, partial);  // elementwise: chunks give the same bits
+        if (!w.moe) row_parallel(w, ht, act, I, w.down, w.down_b, n, I, partial);  // row by row: chunks give the same bits
         if (w.post_ff_norm) rms_norm(dt, ht, H, ht, H, w.post_ff_norm, n, H, w.eps);
     }
 }

@@ -26,9 +26,10 @@ void rotary_embedding(DType dt, const int64_t *positions, int64_t tokens, void *
                       int64_t q_heads, void *k, int64_t k_stride, int64_t k_heads, int64_t head_size,
                       const void *cos_sin, DType cache_dt, int64_t rot_dim, bool neox);
 
-enum class Activation : int { silu = 0, gelu = 1, gelu_tanh = 2 };
+// swiglu_oai: gpt-oss's clamped SwiGLU (activation.h: gated), whose up half enters as clamp(up) + 1.
+enum class Activation : int { silu = 0, gelu = 1, gelu_tanh = 2, swiglu_oai = 3 };
 
-// out[r, i] = act(in[r, i]) * in[r, d + i] for i < d.
+// out[r, i] = act(in[r, i]) * in[r, d + i] for i < d (swiglu_oai: activation.h's gated()).
 void act_and_mul(DType dt, Activation act, void *out, int64_t out_stride, const void *in, int64_t in_stride,
                  int64_t rows, int64_t d);
 
@@ -67,6 +68,9 @@ struct PagedAttentionArgs {  // filled field by field, never by position
     float scale;
     int64_t sliding_window;  // 0 = off
     float soft_cap;          // 0 = off
+    // Attention sinks (gpt-oss): one logit per query head that joins every row's softmax denominator and
+    // contributes no value; null = none.
+    const float *sinks = nullptr;
 };
 void paged_attention(const PagedAttentionArgs &args);
 
@@ -170,6 +174,36 @@ struct LinearWeight {
 void linear_weight(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_stride, const LinearWeight &w,
                    const void *bias, int64_t M, int64_t N, int64_t K, bool out_f32 = false);
 
+// Mixture of experts. How a row's router logits choose its experts and weigh them:
+enum class MoeScoring : int {
+    softmax = 0,       // softmax over every expert, then the top k (renormalized to sum 1 if asked): Qwen3-MoE, Mixtral
+    topk_softmax = 1,  // the top k logits, then a softmax over those k: gpt-oss
+};
+
+struct MoeWeights {  // filled field by field (the binding names each)
+    int64_t num_experts = 0, top_k = 0;
+    int64_t intermediate = 0;             // each expert's
+    LinearWeight router;                  // [num_experts, hidden]
+    const void *router_b = nullptr;       // [num_experts] (run dtype) or null
+    const LinearWeight *gate_up = nullptr;  // num_experts weights, each [2 intermediate, hidden]
+    const LinearWeight *down = nullptr;     // num_experts weights, each [hidden, intermediate]
+    const void *const *gate_up_b = nullptr;  // num_experts biases [2 intermediate] (run dtype), or null (none)
+    const void *const *down_b = nullptr;     // num_experts biases [hidden], or null
+    MoeScoring scoring = MoeScoring::softmax;
+    bool renormalize = true;              // softmax scoring: the k weights divided by their sum
+    Activation act = Activation::silu;
+};
+
+// Each row's experts (ids[r * top_k + j], largest weight first, ties to the lower index) and their
+// f32 weights, from f32 router logits [rows, num_experts].
+void moe_route(const MoeWeights &m, const float *logits, int64_t rows, int32_t *ids, float *weights);
+
+// out[r] = sum over row r's experts e, in expert-index order, of weight_e * down_e(act(gate_e(x)) * up_e(x)),
+// summed in f32 and rounded once to dt (out_f32: the f32 sums, a tensor-parallel share); out may be x. Rows are grouped by
+// expert and each expert is one linear call over its rows, so a row's result depends on that row alone.
+void moe_mlp(DType dt, const MoeWeights &m, void *out, int64_t out_stride, const void *x, int64_t x_stride,
+             int64_t rows, int64_t hidden, bool out_f32 = false);
+
 // Which tile quant_linear runs on this build ("avx512vnni", "avx2", "neon_i8mm",
 // "neon_dotprod", "sve_dotprod", "vxe", "portable").
 const char *quant_tile_impl();
@@ -194,8 +228,9 @@ struct DecoderLayerWeights {  // filled field by field (the binding names each)
     const void *post_ff_norm = nullptr;    // [hidden] or null
     LinearWeight qkv;                      // [q + 2 kv, hidden]
     LinearWeight o;                        // [hidden, q]
-    LinearWeight gate_up;                  // [2 intermediate, hidden]
-    LinearWeight down;                     // [hidden, intermediate]
+    LinearWeight gate_up;                  // [2 intermediate, hidden] (a dense MLP)
+    LinearWeight down;                     // [hidden, intermediate] (a dense MLP)
+    const MoeWeights *moe = nullptr;       // a mixture-of-experts MLP instead of gate_up/down, or null
     const void *qkv_b = nullptr, *o_b = nullptr;          // [q + 2 kv], [hidden] or null
     const void *gate_up_b = nullptr, *down_b = nullptr;   // [2 intermediate], [hidden] or null
     const void *q_norm = nullptr, *k_norm = nullptr;      // [head_size] or null (per-head RMS norm before rotary)
@@ -206,6 +241,7 @@ struct DecoderLayerWeights {  // filled field by field (the binding names each)
     Activation act = Activation::silu;
     float eps = 0.0f, scale = 1.0f, soft_cap = 0.0f;
     int64_t sliding_window = 0;
+    const float *sinks = nullptr;  // [num_heads] f32 attention sinks (gpt-oss), or null
     // Tensor parallelism: o_proj's and down_proj's outputs are partial sums over the ranks: each rank's share
     // stays f32, this call (a ShmComm's all-reduce) sums them in place, and the sum is rounded once to dt
     // before the residual adds it (so a run dtype's rounding is the one rank's); null on a single rank.

@@ -158,7 +158,7 @@ void run(O *out, int64_t os, const T *x, int64_t xs, const T *w, const T *bias, 
                             // this discarded branch of the plain instantiation.)
                             constexpr Activation kAct = Activation(kGlu ? Act : 0);
                             for (int h = 0; h < 2 * W; h += W)
-                                vec::store(o + h, vec::mul(activate<kAct>(vec::load(g + h)), vec::load(u + h)));
+                                vec::store(o + h, gated<kAct>(vec::load(g + h), vec::load(u + h)));
                             continue;
                         }
                         if constexpr (std::is_same_v<O, float> && !std::is_same_v<T, float>) {

@@ -262,7 +262,7 @@ struct Runner {
             const Acc o = dst ? Acc{dst, dst + rows, dst + 2 * rows} : Acc{m, l, acc};
             const auto [k0, k1] = keys_of(g, p, p + 1);
             attend(g, sc, o, k0, k1, whole, ahead.n ? &ahead : nullptr);
-            if (!results) write_rows(g, l, acc);  // the group's one partition: its rows out
+            if (!results) write_rows(g, m, l, acc);  // the group's one partition: its rows out
         }
         if (results && g.units == 1) merge(g, results, acc);  // acc is free again: the partitions are in results
     }
@@ -365,14 +365,22 @@ struct Runner {
     }
 
     // A one-partition group's rows out: acc / l, rounded to T.
-    void write_rows(const Group &g, const float *l, float *acc) {
+    void write_rows(const Group &g, const float *m, const float *l, float *acc) {
         const int64_t h = g.kv_head, qs = a.query_start_loc[g.seq];
         T *out = static_cast<T *>(a.out);
         for (int64_t r = 0; r < g.rows; ++r) {
             const int64_t t = (g.row0 + r) / G, qh = h * G + (g.row0 + r) % G;
+            const float lr = l[r] + sink_weight(qh, m[r]);
             store_row(out + (qs + t) * a.out_token_stride + qh * a.out_head_stride, acc + r * D,
-                      l[r] > 0.f ? 1.f / l[r] : 0.f);
+                      lr > 0.f ? 1.f / lr : 0.f);
         }
+    }
+
+    // A query head's attention sink as a term of its rows' softmax sum, relative to their running max mx
+    // (the sum and the max are m's units: natural-log logits after the scale and any soft-cap).
+    float sink_weight(int64_t qh, float mx) const {
+        if (!a.sinks) return 0.f;
+        return mx == kNegInf ? 1.f : std::exp(a.sinks[qh] - mx);
     }
 
     // Scores of the tile's rows (from r0) against keys [j0, j1) of block kb: from the raw bf16 rows and the
@@ -488,6 +496,7 @@ struct Runner {
                 for (int64_t d = 0; d < D; ++d) acc[d] += w * pa[d];
             }
             const int64_t t = (g.row0 + r) / G, qh = h * G + (g.row0 + r) % G;
+            l += sink_weight(qh, mx);
             store_row(out + (qs + t) * a.out_token_stride + qh * a.out_head_stride, acc, l > 0.f ? 1.f / l : 0.f);
         }
     }

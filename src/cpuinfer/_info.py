@@ -171,4 +171,5 @@ def show(report: dict[str, Any]) -> str:
         m = report["model"]
         lines.append(f"Model:      {m['path']}")
         lines.append(f"Quantized:  {m['quantization']}: {m['linear layers']} ({m['kernel']})")
+        lines += [f"  {line}" for line in m.get("layers", [])]
     return "\n".join(lines)

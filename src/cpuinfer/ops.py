@@ -69,6 +69,12 @@ def gelu_and_mul(x: torch.Tensor, approximate: str = "none", out: torch.Tensor |
     raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
 
 
+def swiglu_oai_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """gpt-oss's clamped SwiGLU: (clamp(up, -7, 7) + 1) * g * sigmoid(1.702 g), g = min(gate, 7), for
+    x = [gate | up]."""
+    return _act(_C.swiglu_oai_and_mul, x, out)
+
+
 def cache_view(cache: torch.Tensor) -> torch.Tensor:
     """A KV cache as the kernels take it (float8_e5m2 caches as their uint8 bytes)."""
     # DLPack has no portable float8 code: fp8 caches cross as their bytes, and
@@ -102,8 +108,10 @@ def paged_attention(
     scale: float,
     sliding_window: int = 0,
     soft_cap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> None:
-    """Causal GQA attention of a mixed decode/prefill batch over the paged KV cache, written into out."""
+    """Causal GQA attention of a mixed decode/prefill batch over the paged KV cache, written into out (sinks: a
+    float32 logit per query head that joins each row's softmax sum, gpt-oss's attention sinks)."""
     _C.paged_attention(
         out,
         query,
@@ -115,6 +123,7 @@ def paged_attention(
         float(scale),
         int(sliding_window),
         float(soft_cap),
+        sinks,
     )
 
 
@@ -252,6 +261,12 @@ def packed_rows(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def DecoderLayer(**weights_and_config):  # named for the kernel class it constructs
-    """One pre-norm decoder layer as a single kernel call; see cpuinfer.models.layers.fused_layer."""
-    return _C.DecoderLayer(**weights_and_config)
+def DecoderLayer(plan):  # named for the kernel class it constructs
+    """One pre-norm decoder layer (a models.plan.LayerPlan, read by field name) as a single kernel call; see
+    cpuinfer.models.executor.fused_layer."""
+    return _C.DecoderLayer(plan)
+
+
+def MoE(mlp, packed: bool = False):  # named for the kernel class it constructs
+    """A mixture-of-experts MLP (a models.plan.MoEMLP, read by field name) as one kernel call: .forward(out, x)."""
+    return _C.MoE(mlp, packed)

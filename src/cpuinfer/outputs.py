@@ -16,6 +16,8 @@ class Logprob:
 
 # One dict per generated token: candidate token id -> Logprob (the sampled token is always included).
 SampleLogprobs = list[dict[int, Logprob]]
+# The same per prompt token, None for the first (nothing precedes it), as vLLM's.
+PromptLogprobs = list[dict[int, Logprob] | None]
 
 
 @dataclass
@@ -44,7 +46,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool
-    prompt_logprobs: None = None
+    prompt_logprobs: PromptLogprobs | None = None
     num_cached_tokens: int = 0
     metrics: dict = field(default_factory=dict)
     # Set when the request failed inside the engine (its samples end with finish_reason "error"):

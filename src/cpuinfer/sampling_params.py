@@ -23,6 +23,8 @@ MAX_REPETITION_PENALTY = 1e4  # > 0; 1 = no penalty
 MAX_TEMPERATURE = 1e6  # anything past ~100 is already uniform sampling
 INT32_MAX = 2**31 - 1  # token ids, token counts, top_k, logprobs
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # seed: what torch.Generator.manual_seed takes
+LOGIT_BIAS_RANGE = (-100.0, 100.0)  # OpenAI's bound on each logit_bias value
+MAX_LOGIT_BIAS = 1024  # entries of logit_bias (OpenAI allows 300; vLLM does not bound it)
 
 
 @dataclass
@@ -106,6 +108,8 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     structured_outputs: StructuredOutputsParams | None = None
+    # Added to the logits of these token ids before sampling (OpenAI's logit_bias; -100 bans, 100 forces).
+    logit_bias: dict[int, float] | None = None
     # Filled by the engine: the model's end-of-sequence ids (stop unless ignore_eos).
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
 
@@ -164,16 +168,27 @@ class SamplingParams:
             v = getattr(self, name)
             if v is not None and (not is_int(v) or not 0 <= v <= INT32_MAX):
                 raise bad(name, "must be an integer >= 0 or None")
-        if self.prompt_logprobs is not None:
-            raise bad("prompt_logprobs", "is not supported yet; leave it None")
         if any(not isinstance(s, str) or s == "" for s in self.stop):
             raise bad("stop", "must be non-empty strings")
         if any(not is_int(t) or not 0 <= t <= INT32_MAX for t in self.stop_token_ids):
             raise bad("stop_token_ids", f"must be token ids in [0, {INT32_MAX}]")
+        if self.logit_bias is not None:
+            self._verify_logit_bias(bad)
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
             raise bad("structured_outputs", "must be a StructuredOutputsParams or None")
         if not isinstance(self.output_kind, RequestOutputKind):
             raise bad("output_kind", "must be a RequestOutputKind")
+
+    def _verify_logit_bias(self, bad) -> None:
+        bias = self.logit_bias
+        lo, hi = LOGIT_BIAS_RANGE
+        if not isinstance(bias, dict) or len(bias) > MAX_LOGIT_BIAS:
+            raise bad("logit_bias", f"must be a dict of at most {MAX_LOGIT_BIAS} token id -> bias entries")
+        for k, v in bias.items():
+            if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= INT32_MAX:
+                raise bad("logit_bias", f"has key {k!r}: keys must be token ids in [0, {INT32_MAX}]")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+                raise bad("logit_bias", f"has value {v!r} for token {k}: values must be in [{lo:g}, {hi:g}]")
 
     @property
     def greedy(self) -> bool:

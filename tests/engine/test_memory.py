@@ -53,6 +53,8 @@ def mapping_of(addr: int) -> dict:
 def test_zeros_huge_advises_the_mapping_and_is_zero():
     t = zeros_huge((4, 8, 16, 128, 128), torch.bfloat16)  # 16 MiB
     assert t.shape == (4, 8, 16, 128, 128) and t.dtype == torch.bfloat16
+    # Not faulted in up front: resident memory follows the KV blocks written, not the cache's size.
+    assert int(mapping_of(t.data_ptr())["Rss"].split()[0]) == 0
     assert torch.count_nonzero(t) == 0
     flags = mapping_of(t.data_ptr() + t.nbytes // 2)["VmFlags"].split()
     assert "hg" in flags, f"MADV_HUGEPAGE not set on the cache's mapping: {flags}"
@@ -82,6 +84,33 @@ def test_huge_page_bytes_is_a_mapping_of_its_own_backed_by_huge_pages():
         if thp_fault_fallbacks() > fallbacks:
             pytest.skip("the kernel had no free huge page (thp_fault_fallback rose)")
         raise AssertionError("no huge page in an advised, aligned, written 16 MiB range")
+
+
+@linux_thp
+def test_zeros_huge_faults_in_only_what_is_written():
+    t = zeros_huge((64, HUGE_PAGE // 4), torch.float32)  # 128 MiB, one huge page per row
+    fallbacks = thp_fault_fallbacks()
+    t[3].fill_(1.0)
+    m = mapping_of(t.data_ptr())
+    assert 0 < int(m["Rss"].split()[0]) <= 2 * HUGE_PAGE // 1024, m["Rss"]
+    # The row written is backed by a huge page (the advantage the cache was advised for), unless the kernel
+    # had none free.
+    if int(m["AnonHugePages"].split()[0]) == 0 and thp_fault_fallbacks() == fallbacks:
+        raise AssertionError("the first write to an advised cache row got no huge page")
+
+
+def test_too_large_kv_cache_is_one_line_naming_the_variable(monkeypatch):
+    from cpuinfer.platform.memory import fit_kv_cache
+
+    monkeypatch.setattr("cpuinfer.platform.memory.available_memory_bytes", lambda: 2 << 30)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "100")
+    with pytest.raises(ValueError, match=r"VLLM_CPU_KVCACHE_SPACE=100 GiB.*2\.00 GiB of memory available"):
+        fit_kv_cache(100 * 1024, 1 << 20, 100.0)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE")
+    monkeypatch.delenv("CPUINFER_KVCACHE_SPACE", raising=False)
+    # The default shrinks to half of what is available (a warning says so) instead of failing.
+    assert fit_kv_cache(4 * 1024, 1 << 20, 4.0) == 1024
+    assert fit_kv_cache(512, 1 << 20, 4.0) == 512
 
 
 def test_small_tensors_are_plain_zeros():
@@ -205,8 +234,14 @@ def test_model_runner_packs_its_weights_in_huge_pages(monkeypatch):
     monkeypatch.setenv("CPUINFER_GGUF_DEQUANTIZE", "1")  # dense bf16 weights, packed for the GEMM
     runner = ModelRunner(load_model_spec(default_model_path(), "bfloat16"), 16, 8, torch.bfloat16)
     layer = runner.model.layers[0]
-    assert layer.attn.packed and runner.model.head.packed
-    for w in (layer.attn.qkv_w, layer.attn.o_w, layer.mlp.gate_up_w, layer.mlp.down_w, runner.model.head.lm_head):
+    assert layer.plan.packed and runner.model.head.packed
+    for w in (
+        layer.plan.attn.qkv_w,
+        layer.plan.attn.o_w,
+        layer.plan.mlp.gate_up_w,
+        layer.plan.mlp.down_w,
+        runner.model.head.lm_head,
+    ):
         assert w.dtype == torch.bfloat16
         flags = mapping_of(w.data_ptr())["VmFlags"].split()
         assert "hg" in flags, f"a packed weight {tuple(w.shape)} is not in huge-page memory: {flags}"

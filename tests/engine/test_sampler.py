@@ -165,3 +165,21 @@ def test_invalid_sampling_params(kw, match):
 def test_params_defaults_like_vllm():
     p = SamplingParams(stop="x", top_k=-1)
     assert p.stop == ["x"] and p.top_k == 0 and p.max_tokens == 16 and p.n == 1 and p.temperature == 1.0
+
+
+def test_logit_bias_shifts_the_named_logits_only_for_its_row():
+    torch.manual_seed(0)
+    logits = torch.randn(2, V)
+    top = int(logits[0].argmax())
+    biased = SamplingParams(temperature=0.0, logit_bias={top: -100.0, 7: 100.0})
+    out = Sampler(0)(logits.clone(), [req(biased, rid="a"), req(SamplingParams(temperature=0.0), rid="b")])
+    assert out.token_ids == [7, int(logits[1].argmax())]
+    # A sampled row too: +100 leaves essentially all of the probability on token 7.
+    sampled = SamplingParams(temperature=1.0, seed=3, logit_bias={7: 100.0})
+    assert Sampler(0)(logits.clone(), [req(sampled)]).token_ids == [7]
+
+
+@pytest.mark.parametrize("bias", [{1: 101.0}, {-1: 1.0}, {"3": 1.0}, {1: float("nan")}, [1]])
+def test_bad_logit_bias_is_refused(bias):
+    with pytest.raises(ValueError, match="logit_bias"):
+        SamplingParams(logit_bias=bias)

@@ -52,13 +52,15 @@ def run(*args: str, timeout: float = 240, env: dict | None = None) -> dict:
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    return {name: str(_checkpoint(tmp_path_factory, name)[0]) for name in ("llama", "qwen2", "gemma3", "opt")}
+    names = ("llama", "qwen2", "gemma3", "opt", "qwen3_moe", "mixtral", "gpt_oss")
+    return {name: str(_checkpoint(tmp_path_factory, name)[0]) for name in names}
 
 
 # llama: 2 heads, 1 KV head (replicated on both ranks), tied embedding; qwen2: 4 heads, 2 KV heads (split),
 # q/k/v biases, head size 32 (torch attention); gemma3: sandwich norms, soft-capped logits; opt: LayerNorm,
-# fc1/fc2 with biases, learned positions.
-@pytest.mark.parametrize("name", ["llama", "qwen2", "gemma3", "opt"])
+# fc1/fc2 with biases, learned positions; qwen3_moe, mixtral: every expert's intermediate features split over
+# the ranks, the MoE output's f32 shares summed; gpt_oss: each rank its heads' sinks, expert biases added once.
+@pytest.mark.parametrize("name", ["llama", "qwen2", "gemma3", "opt", "qwen3_moe", "mixtral", "gpt_oss"])
 def test_float32_tp2_gives_tp1_tokens(checkpoints, name):
     """float32: token for token, with chunked prefill mixed with decodes (greedy()'s batched mode)."""
     one = run("runner", checkpoints[name], "float32", "1")
@@ -67,7 +69,7 @@ def test_float32_tp2_gives_tp1_tokens(checkpoints, name):
     torch.testing.assert_close(torch.tensor(two["first"]), torch.tensor(one["first"]), atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("name", ["llama", "gemma3"])
+@pytest.mark.parametrize("name", ["llama", "gemma3", "qwen3_moe"])
 def test_bfloat16_tp2_stays_close_to_tp1(checkpoints, name):
     """bf16 (the fused decoder layer, with its all-reduces in the kernel): one rank's greedy tokens, and
     first-token logits within 1% of its (each rank's row-parallel share stays f32 and the sum is rounded once,

@@ -113,7 +113,9 @@ def smol_tp3(path: str, tp: int) -> dict:
     tokens, first = greedy(runner, prompts, 4, batched=True, chunk=5)
     model = runner_model(runner)
     weights = [
-        w for layer in model.layers for w in (layer.attn.qkv_w, layer.attn.o_w, layer.mlp.gate_up_w, layer.mlp.down_w)
+        w
+        for layer in model.layers
+        for w in (layer.plan.attn.qkv_w, layer.plan.attn.o_w, layer.plan.mlp.gate_up_w, layer.plan.mlp.down_w)
     ]
     quantized = all(is_quantized(w) for w in weights) and is_quantized(model.head.lm_head)
     close(runner)

@@ -83,9 +83,14 @@ def gather(cache: torch.Tensor, table: torch.Tensor, ctx: int, dtype: torch.dtyp
 
 
 def ref_paged_attention(
-    b: PagedBatch, sliding_window: int = 0, soft_cap: float = 0.0, dtype: torch.dtype = torch.float32
+    b: PagedBatch,
+    sliding_window: int = 0,
+    soft_cap: float = 0.0,
+    dtype: torch.dtype = torch.float32,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Output [T, Hq, D] of causal GQA attention with optional window and soft-cap, computed in dtype
+    """Output [T, Hq, D] of causal GQA attention with optional window, soft-cap and attention sinks (a logit
+    per query head as an extra softmax column with no value, as transformers' gpt-oss), computed in dtype
     (float32 by default; float64 for an exact reference)."""
     T, Hq, D = b.query.shape
     Hkv = b.key_cache.shape[1]
@@ -107,5 +112,10 @@ def ref_paged_attention(
         if sliding_window > 0:
             visible &= qpos - kpos < sliding_window
         logits = logits.masked_fill(~visible, float("-inf"))
-        out[q0:q1] = torch.einsum("hlk,khd->lhd", torch.softmax(logits, dim=-1), v)
+        if sinks is not None:
+            column = sinks.to(dtype)[:, None, None].expand(Hq, L, 1)
+            probs = torch.softmax(torch.cat([logits, column], dim=-1), dim=-1)[..., :ctx]
+        else:
+            probs = torch.softmax(logits, dim=-1)
+        out[q0:q1] = torch.einsum("hlk,khd->lhd", probs, v)
     return out

@@ -263,3 +263,40 @@ def test_a_row_does_not_depend_on_its_batch(kernels, dtype, cache_dtype, window)
         assert torch.equal(run_kernel(kernels, one, sliding_window=window), out[s : s + 1]), (
             f"sequence {s} of the batch differs alone"
         )
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_attention_sinks(kernels, dtype):
+    """gpt-oss's sinks: a logit per query head in every row's softmax sum. Decodes over long contexts (their
+    partitions merged), a prefill long enough for the matrix-tile path and chunks over a cached prefix, with a
+    sliding window and GQA; the torch fallback (torch_paged) against the same reference."""
+    from cpuinfer.attention import torch_paged
+    from cpuinfer.attention.metadata import AttentionMetadata
+
+    seqs = [(1, 3000), (1, 700), (600, 600), (37, 900), (1, 1)]
+    b = make_batch(seqs, 8, 2, 64, 16, dtype, dtype)
+    sinks = torch.randn(8, generator=torch.Generator().manual_seed(3)) * 3
+    for window in (0, 128):
+        out = run_kernel(kernels, b, sliding_window=window, sinks=sinks)
+        ref = ref_paged_attention(b, window, sinks=sinks)
+        torch.testing.assert_close(out.float(), ref, **TOL[dtype])
+        assert not torch.allclose(ref, ref_paged_attention(b, window), **TOL[dtype])  # the sinks matter here
+    with pytest.raises(ValueError, match="one logit per query head"):
+        run_kernel(kernels, b, sinks=sinks[:4])
+    with pytest.raises(TypeError, match="float32"):
+        run_kernel(kernels, b, sinks=sinks.bfloat16())
+    if dtype == torch.float32 and kernels.VARIANT == "generic":  # the torch fallback, once
+        qsl, lens = b.query_start_loc.tolist(), b.seq_lens.tolist()
+        meta = AttentionMetadata(
+            slot_mapping=torch.empty(0, dtype=torch.int64),
+            query_start_loc=b.query_start_loc,
+            seq_lens=b.seq_lens,
+            block_tables=b.block_tables,
+            block_size=16,
+            query_lens=[qsl[i + 1] - qsl[i] for i in range(len(lens))],
+            context_lens=lens,
+            max_query_len=max(qsl[i + 1] - qsl[i] for i in range(len(lens))),
+        )
+        out = torch.empty_like(b.query)
+        torch_paged.paged_attention(out, b.query, b.key_cache, b.value_cache, meta, b.scale, 0, 0.0, sinks)
+        torch.testing.assert_close(out, ref_paged_attention(b, 0, sinks=sinks), **TOL[dtype])

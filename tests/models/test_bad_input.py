@@ -153,3 +153,81 @@ def test_unsupported_gguf_tensor_type(tmp_path):
         r"read; supported types: F32, F16, BF16, Q4_0",
     ):
         ModelRunner(spec, 16, 4, torch.float32)
+
+
+@pytest.fixture(scope="module")
+def tiny_moe_dir(tmp_path_factory):
+    config = transformers.Qwen3MoeConfig(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=64,
+        moe_intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        head_dim=64,
+        num_experts=4,
+        num_experts_per_tok=2,
+    )
+    path = tmp_path_factory.mktemp("tiny_moe")
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    return path
+
+
+def _edit_config(path, **changes):
+    cfg = json.loads((path / "config.json").read_text())
+    cfg.update(changes)
+    (path / "config.json").write_text(json.dumps(cfg))
+
+
+def _edit_weights(path, edit):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(path / "model.safetensors")
+    edit(tensors)
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (dict(num_experts_per_tok=5), "num_experts_per_tok = 5 is not at most the expert count"),
+        (dict(num_experts_per_tok=0), "num_experts_per_tok = 0 is not a positive integer"),
+        (dict(scoring_func="sigmoid"), "scoring_func = 'sigmoid'"),
+        (dict(n_shared_experts=1), "n_shared_experts = 1"),
+        (dict(rope_parameters={"rope_type": "longrope-x", "rope_theta": 1e4}), "RoPE scaling type 'longrope-x'"),
+    ],
+)
+def test_moe_config_errors(tiny_moe_dir, tmp_path, change, match):
+    """A bad MoE config is a ModelLoadError naming the key and the file, within seconds."""
+    path = _copy(tiny_moe_dir, tmp_path)
+    _edit_config(path, **change)
+    with pytest.raises(ModelLoadError, match=match) as e:
+        ModelRunner(load_model_spec(str(path), "float32"), 16, 4, torch.float32)
+    assert str(path) in str(e.value)
+
+
+def test_moe_missing_expert_tensor(tiny_moe_dir, tmp_path):
+    path = _copy(tiny_moe_dir, tmp_path)
+    _edit_weights(path, lambda t: t.pop("model.layers.0.mlp.experts.3.up_proj.weight"))
+    with pytest.raises(ModelLoadError, match=r"'model.layers.0.mlp.experts.3.up_proj.weight' is missing") as e:
+        ModelRunner(load_model_spec(str(path), "float32"), 16, 4, torch.float32)
+    assert str(path) in str(e.value)
+
+
+def test_moe_mismatched_expert_shapes(tiny_moe_dir, tmp_path):
+    def shrink(t):
+        t["model.layers.0.mlp.experts.2.down_proj.weight"] = t["model.layers.0.mlp.experts.2.down_proj.weight"][
+            :, :16
+        ].contiguous()
+        t["model.layers.0.mlp.experts.2.gate_proj.weight"] = t["model.layers.0.mlp.experts.2.gate_proj.weight"][:16]
+        t["model.layers.0.mlp.experts.2.up_proj.weight"] = t["model.layers.0.mlp.experts.2.up_proj.weight"][:16]
+
+    path = _copy(tiny_moe_dir, tmp_path)
+    _edit_weights(path, shrink)
+    with pytest.raises(ModelLoadError, match=r"expert 2's weights have mismatched shapes.*intermediate size is 32"):
+        ModelRunner(load_model_spec(str(path), "float32"), 16, 4, torch.float32)
+    path = _copy(tiny_moe_dir, tmp_path / "b")
+    _edit_weights(path, lambda t: t.update({"model.layers.0.mlp.gate.weight": t["model.layers.0.mlp.gate.weight"][:3]}))
+    with pytest.raises(ModelLoadError, match=r"mlp.gate.weight has 3 rows; the config says 4 experts"):
+        ModelRunner(load_model_spec(str(path), "float32"), 16, 4, torch.float32)

@@ -49,7 +49,7 @@ def _weights(runner: ModelRunner) -> list:
     model = runner.model
     out = [model.head.lm_head, model.head.embed]
     for layer in model.layers:
-        out += [layer.attn.qkv_w, layer.attn.o_w, layer.mlp.gate_up_w, layer.mlp.down_w]
+        out += [layer.plan.attn.qkv_w, layer.plan.attn.o_w, layer.plan.mlp.gate_up_w, layer.plan.mlp.down_w]
     return out
 
 

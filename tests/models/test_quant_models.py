@@ -114,7 +114,7 @@ def test_quantized_run_matches_transformers(case):
     name, _, opts, path, model = case
     runner = _runner(path, "bfloat16")
     layer = runner.model.layers[0]
-    weights = (layer.attn.qkv_w, layer.attn.o_w, layer.mlp.gate_up_w, layer.mlp.down_w)
+    weights = (layer.plan.attn.qkv_w, layer.plan.attn.o_w, layer.plan.mlp.gate_up_w, layer.plan.mlp.down_w)
     assert all(is_quantized(w) for w in weights), name
     if opts.get("act_order") and opts["group"] != -1:  # k in more than one group: read through a perm
         assert all((p.perm is not None) == (p.k > opts["group"]) for w in weights for p in w.parts)

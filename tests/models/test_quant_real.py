@@ -52,7 +52,9 @@ def test_smollm2_quantized_near_transformers(smollm2_hf, tmp_path, method):
     spec = load_model_spec(path, "bfloat16")
     assert spec.quantization == method
     runner = ModelRunner(spec, block_size=16, num_blocks=32, cache_dtype=torch.bfloat16)
-    assert all(is_quantized(layer.mlp.down_w) and is_quantized(layer.attn.qkv_w) for layer in runner.model.layers)
+    assert all(
+        is_quantized(layer.plan.mlp.down_w) and is_quantized(layer.plan.attn.qkv_w) for layer in runner.model.layers
+    )
     model = transformers.AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).eval()
     prompts = _prompts(spec)
     _, first = greedy(runner, prompts, 1)

@@ -66,6 +66,76 @@ CASES = {
             final_logit_softcapping=20.0,
         ),
     ),
+    # Mixture of experts: 8 experts, top 2; Qwen3-MoE with one dense layer (mlp_only_layers) and unnormalized
+    # top-k weights, Mixtral renormalized.
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        dict(
+            COMMON,
+            head_dim=64,
+            moe_intermediate_size=64,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=False,
+            decoder_sparse_step=1,
+            mlp_only_layers=[1],
+        ),
+    ),
+    "mixtral": ("MixtralConfig", dict(COMMON, intermediate_size=64, num_local_experts=8, num_experts_per_tok=2)),
+    # gpt-oss: attention sinks, biases, alternating sliding window, YaRN; biased router (top-k logits then
+    # softmax), biased experts, the clamped SwiGLU
+    "gpt_oss": (
+        "GptOssConfig",
+        dict(
+            COMMON,
+            intermediate_size=64,
+            num_attention_heads=4,
+            head_dim=64,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            sliding_window=16,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 150000.0,
+                "factor": 4.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "original_max_position_embeddings": 128,
+                "truncate": False,
+            },
+        ),
+    ),
+    "phi3": ("Phi3Config", dict(COMMON, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # LongRoPE's short factors (the whole 512-token context is the original one) and a partial rotary dimension
+    # (Phi-4-mini's 3/4 of each head); the long factors and their attention factor: test_longrope_long_context.
+    "phi3_longrope": (
+        "Phi3Config",
+        dict(
+            COMMON,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+            original_max_position_embeddings=512,
+            rope_parameters={
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.75,
+                "short_factor": [1.0 + 0.05 * i for i in range(24)],
+                "long_factor": [1.0 + 0.5 * i for i in range(24)],
+            },
+        ),
+    ),
+    "gemma2": (
+        "Gemma2Config",
+        dict(
+            COMMON,
+            head_dim=64,
+            sliding_window=16,
+            query_pre_attn_scalar=24,
+            attn_logit_softcapping=20.0,
+            final_logit_softcapping=20.0,
+        ),
+    ),
     "opt": (
         "OPTConfig",
         dict(
@@ -147,7 +217,10 @@ def test_low_precision_runs_stay_close(tmp_path_factory, cache_dtype):
         assert (logits - ref).abs().max() <= tol * ref.abs().max()
 
 
-@pytest.mark.parametrize("name", ["llama_bias_linear_rope", "mistral", "qwen3", "gemma3"])
+@pytest.mark.parametrize(
+    "name",
+    ["llama_bias_linear_rope", "mistral", "qwen3", "gemma3", "gemma2", "phi3", "qwen3_moe", "mixtral", "gpt_oss"],
+)
 @pytest.mark.parametrize("dtype,cache_dtype", [("bfloat16", torch.bfloat16), ("float16", torch.float8_e5m2)])
 def test_fused_layers_equal_the_per_op_path(tmp_path_factory, monkeypatch, name, dtype, cache_dtype):
     """bf16/f16 runs go through one fused kernel call per layer; it must equal the per-op path bit for bit.
@@ -271,41 +344,100 @@ def test_fused_layer_rejects_bad_calls(tmp_path_factory):
         )
     with pytest.raises(ValueError, match="overlap"):
         layer.forward(h, h, True, pos, slots, qsl, lens, table, k, v)
-    # Construction checks the weights against the configuration once, naming the tensor.
-    attn, mlp = runner.model.layers[0].attn, runner.model.layers[0].mlp
+    # Construction checks the plan's weights against each other once, naming the field.
+    import dataclasses
+
     from cpuinfer import ops
 
-    good = dict(
-        in_norm=runner.model.layers[0].in_norm,
-        post_attn_norm=runner.model.layers[0].post_norm,
-        pre_ff_norm=None,
-        post_ff_norm=None,
-        qkv_w=attn.qkv_w,
-        qkv_b=None,
-        o_w=attn.o_w,
-        o_b=None,
-        q_norm=None,
-        k_norm=None,
-        gate_up_w=mlp.gate_up_w,
-        gate_up_b=None,
-        down_w=mlp.down_w,
-        down_b=None,
-        cos_sin=attn.cos_sin,
-        num_heads=2,
-        num_kv_heads=1,
-        head_size=64,
-        act="silu",
-        eps=1e-6,
-        scale=0.125,
-    )
-    ops.DecoderLayer(**good)
+    plan = runner.model.layers[0].plan
+    ops.DecoderLayer(plan)
+
+    def changed(**fields):
+        attn = dataclasses.replace(plan.attn, **fields.pop("attn", {}))
+        mlp = dataclasses.replace(plan.mlp, **fields.pop("mlp", {}))
+        return dataclasses.replace(plan, attn=attn, mlp=mlp, **fields)
+
     for change, error, match in [
-        (dict(o_w=attn.o_w[:, :64].contiguous()), ValueError, "o_w must be"),
-        (dict(num_heads=3, num_kv_heads=2), ValueError, "multiple of num_kv_heads"),
-        (dict(act="relu"), ValueError, "act must be"),
-        (dict(head_size=32, num_heads=4, num_kv_heads=2), ValueError, "head_size 32"),
-        (dict(down_w=mlp.down_w.half()), TypeError, "down_w has dtype float16"),
-        (dict(pre_ff_norm=good["in_norm"]), ValueError, "come together"),
+        (dict(attn=dict(o_w=plan.attn.o_w[:, :64].contiguous())), ValueError, "attn.o_w must be"),
+        (dict(attn=dict(num_heads=3, num_kv_heads=2)), ValueError, "multiple of attn.num_kv_heads"),
+        (dict(mlp=dict(act="relu")), ValueError, "mlp.act must be"),
+        (dict(attn=dict(head_size=32, num_heads=4, num_kv_heads=2)), ValueError, "head_size 32"),
+        (dict(mlp=dict(down_w=plan.mlp.down_w.half())), TypeError, "mlp.down_w has dtype float16"),
+        (dict(pre_ff_norm=plan.in_norm), ValueError, "come together"),
+        (dict(mlp=dict(kind="sparse")), ValueError, "mlp.kind must be"),
     ]:
         with pytest.raises(error, match=match):
-            ops.DecoderLayer(**{**good, **change})
+            ops.DecoderLayer(changed(**change))
+    with pytest.raises(ValueError, match="attn has no field 'q_norm'"):
+        ops.DecoderLayer(dataclasses.replace(plan, attn=object()))
+
+
+def test_info_lists_each_layers_plan(tmp_path_factory):
+    """`cpuinfer info --model M --layers`: each layer's kind, format and executor (Qwen3-MoE: a MoE layer and
+    a dense one, as its mlp_only_layers say)."""
+    from cpuinfer.cli.info import layer_plans
+
+    path, _ = _checkpoint(tmp_path_factory, "qwen3_moe")
+    lines = layer_plans(str(path))
+    assert len(lines) == 2
+    assert lines[0].startswith("layer 0: attention 2q/1kv x 64, full, q/k norm; silu MoE 8 experts top-2 (softmax)")
+    assert lines[0].endswith("bfloat16 packed; pre-norm; fused C++ layer")
+    assert lines[1].startswith("layer 1: ") and "silu dense bfloat16 packed" in lines[1]
+
+
+@pytest.mark.parametrize("name", ["qwen3_moe", "mixtral"])
+def test_moe_engine_preemption_and_prefix_caching(tmp_path_factory, name):
+    """A bf16 MoE model through the engine: preempted (a 4-block pool) and prefix-cached runs give each
+    prompt's tokens run alone, and a mixed batch does too (a token's experts' sums do not depend on its step)."""
+    from tests.engine.test_engine_e2e import engine_on, run
+
+    path, _ = _checkpoint(tmp_path_factory, name)
+    spec = load_model_spec(str(path), "bfloat16")
+    runner = ModelRunner(spec, block_size=16, num_blocks=32, cache_dtype=torch.bfloat16)
+    prompts = [[7 + i, 30 + 3 * i, 99, 5, 250 - i, 41, 7, 8, 120 + i, 33, 2, 64, 91, 11] for i in range(4)]
+    alone = [run(engine_on(runner, spec, caching=False), [p])[0] for p in prompts]
+    for caching in (False, True):
+        eng = engine_on(runner, spec, num_blocks=4, caching=caching)
+        assert run(eng, prompts) == alone
+        assert eng.get_stats().num_preemptions > 0
+    eng = engine_on(runner, spec, batched=16)  # a mixed batch, in chunks of 16 tokens
+    long = [p * 3 for p in prompts[:2]]  # 42 tokens: two full blocks to share
+    first = run(eng, long)
+    assert run(eng, prompts + long) == alone + first
+    assert eng.get_stats().prefix_cache_hits >= 2 * 32
+
+
+def test_longrope_long_context(tmp_path_factory):
+    """A context past LongRoPE's original one runs on the long factors at every position (as llama.cpp): the
+    first token of a prompt longer than the original context equals transformers' (which switches to them
+    for the whole sequence then)."""
+    cls, kwargs = CASES["phi3_longrope"]
+    config = getattr(transformers, cls)(
+        **dict(kwargs, max_position_embeddings=512, original_max_position_embeddings=32)
+    )
+    torch.manual_seed(1234)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().eval()
+    path = tmp_path_factory.mktemp("longrope")
+    model.save_pretrained(path)
+    runner = ModelRunner(load_model_spec(str(path), "float32"), block_size=16, num_blocks=16, cache_dtype=torch.float32)
+    prompt = PROMPTS[1] + PROMPTS[0]  # 57 tokens
+    _, (first,) = greedy(runner, [prompt], 1)
+    _, ref = hf_greedy(model, prompt, 1)
+    torch.testing.assert_close(first, ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("prepack", ["0", "1"])
+def test_moe_prepack_setting(tmp_path_factory, monkeypatch, prepack):
+    """CPUINFER_MOE_PREPACK (vLLM's VLLM_CPU_MOE_PREPACK): 1 packs a MoE layer's experts at load, 0 keeps them
+    row-major (the GEMV kernel); either way the fused layer runs and stays within bf16 accuracy of transformers."""
+    monkeypatch.setenv("VLLM_CPU_MOE_PREPACK", prepack)
+    path, model = _checkpoint(tmp_path_factory, "mixtral")
+    runner = ModelRunner(
+        load_model_spec(str(path), "bfloat16"), block_size=16, num_blocks=16, cache_dtype=torch.bfloat16
+    )
+    for layer in runner.model.layers:
+        assert layer.plan.packed == (prepack == "1") and layer.fused is not None
+    _, first = greedy(runner, PROMPTS[:2], 1)
+    for prompt, logits in zip(PROMPTS[:2], first, strict=True):
+        _, ref = hf_greedy(model, prompt, 1)
+        assert (logits - ref).abs().max() <= 0.05 * ref.abs().max()

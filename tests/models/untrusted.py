@@ -141,7 +141,7 @@ def check_huge_context(path: str):
     before = rss_mb()
     runner = ModelRunner(config.spec, config.block_size, config.num_blocks, config.cache_dtype)
     assert rss_mb() - before < 200, "building the runner allocated far more than a tiny model needs"
-    assert runner.model.layers[0].attn.cos_sin.shape[0] == 64
+    assert runner.model.layers[0].plan.attn.cos_sin.shape[0] == 64
 
 
 def rss_mb() -> float:

@@ -4,6 +4,7 @@ Retry-After while /health still answers, and at shutdown every stream ends with 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import signal
@@ -12,6 +13,9 @@ import time
 
 import httpx
 import pytest
+
+from cpuinfer.entrypoints.openai.api_server import ServerConfig, ServerState, build_app
+from cpuinfer.entrypoints.openai.guard import GuardConfig
 
 from .conftest import HOST, running_server
 from .test_lifecycle import raw_stream, wait_running
@@ -154,3 +158,26 @@ def test_sigterm_ends_every_stream_with_an_error_event_and_done():
     assert events[-1] == "data: [DONE]", events[-3:]
     err = json.loads(events[-2][len("data: ") :])["error"]
     assert err["code"] == 503 and "shutting down" in err["message"], err
+
+
+def test_behind_a_root_path_the_key_the_request_limit_and_the_bounds_all_see_the_route():
+    # uvicorn's --root-path puts the prefix in front of every path (as the ASGI spec asks); ASGITransport does too.
+    async def answers(limit: int | None) -> list[httpx.Response]:
+        state = ServerState(ServerConfig(["m"], api_key="k", guard=GuardConfig(limit_concurrency=limit)))
+        transport = httpx.ASGITransport(app=build_app(state), root_path="/llm")
+        key = {"Authorization": "Bearer k"}
+        many = {"input": [{"role": "user", "content": "hi"}] * 3000}
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            return [
+                await c.get("/llm/health"),
+                await c.post("/llm/v1/responses", json={"input": "hi"}),
+                await c.post("/llm/v1/responses", json=many, headers=key),
+            ]
+
+    health, no_key, many = asyncio.run(answers(None))
+    assert health.json()["status"] == "loading", health.text  # a probe: open, and past the guard
+    assert no_key.status_code == 401, no_key.text
+    assert many.status_code == 400 and many.json()["error"]["param"] == "input", many.text
+    health, _, limited = asyncio.run(answers(0))
+    assert health.json()["status"] == "loading", health.text  # never refused by the request limit
+    assert limited.status_code == 503 and "--limit-concurrency" in limited.text, limited.text

@@ -89,6 +89,12 @@ HOSTILE = {
     "7mb_tool_description": ("/chat/completions", chat(tools=[tool("d" * 7_000_000)]), "tools"),
     "string_bomb_template": ("/chat/completions", chat(chat_template="{{ 'hello ' * 1500000 }}"), "messages"),
     "62kb_regex": ("/completions", {"prompt": "Pick one:", "max_tokens": 6, "guided_regex": BIG_REGEX}, None),
+    # /v1/responses is the chat route in another shape: its input items are the messages, bounded the same way.
+    "250k_empty_response_items": (
+        "/responses",
+        {"input": [{"role": "user", "content": ""}] * 250_000, "max_output_tokens": 2},
+        "input",
+    ),
 }
 
 
@@ -158,6 +164,12 @@ def test_a_small_request_is_not_queued_behind_a_huge_one(server):
         ({"prompt": ["a b"] * 9, "n": 2, "max_tokens": 2}, "prompt", ["18 sequences", "--max-request-sequences"]),
         ({"prompt": ["word " * 200] * 12, "max_tokens": 2}, "prompt", ["--max-request-prompt-tokens"]),
         ({"prompt": ["a b"] * 8, "max_tokens": 100, "logprobs": 20}, "logprobs", ["--max-retained-logprobs"]),
+        # Each prompt's ~100 x 21 prompt logprobs fit, the 9 prompts' do not.
+        (
+            {"prompt": ["word " * 100] * 9, "max_tokens": 2, "prompt_logprobs": 20},
+            "prompt_logprobs",
+            ["--max-retained-logprobs"],
+        ),
         # More sequences than --max-num-seqs + --max-waiting-requests ever hold: a 400, not a retryable 503.
         ({"prompt": "a b", "n": 13, "max_tokens": 2}, "n", ["--max-waiting-requests"]),
     ],
@@ -187,6 +199,50 @@ def test_bad_values_get_our_own_words(server, body, param):
     err = r.json()["error"]
     assert err["param"] == param, err
     assert "TextEncodeInput" not in err["message"]
+
+
+@pytest.mark.parametrize(
+    "path, body, param",
+    [
+        ("/completions", {"prompt": "hi", "prompt_logprobs": True}, "prompt_logprobs"),
+        ("/chat/completions", chat(prompt_logprobs="1"), "prompt_logprobs"),
+        ("/responses", {"input": "hi", "max_output_tokens": True}, "max_output_tokens"),
+    ],
+)
+def test_integer_fields_of_every_route_refuse_booleans_and_strings(server, path, body, param):
+    r = post(server, path, body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param, r.text
+
+
+SCHEMA_70KB = {"enum": ["x" * 100] * 700}
+
+
+@pytest.mark.parametrize(
+    "path, body, param, flag",
+    [
+        ("/responses", {"input": [{"role": "user", "content": "hi"}] * 2049}, "input", "--max-chat-messages"),
+        (
+            "/responses",
+            {"input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": SCHEMA_70KB}}},
+            "text.format.schema",
+            "--max-grammar-bytes",
+        ),
+        ("/responses", {"input": "hi", "tools": [{"type": "function", "name": "f"}] * 129}, "tools", "--max-tools"),
+        (
+            "/chat/completions",
+            chat(response_format={"type": "json_schema", "schema": SCHEMA_70KB}),
+            "response_format.schema",
+            "--max-grammar-bytes",
+        ),
+        ("/completions", {"prompt": "hi", "logit_bias": {str(i): 1 for i in range(1025)}}, "logit_bias", "1024"),
+    ],
+)
+def test_the_newer_request_shapes_are_bounded_before_any_work(server, path, body, param, flag):
+    r = post(server, path, body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and flag in err["message"], err
 
 
 def test_a_chunked_body_over_the_limit_gets_413_like_a_sized_one(server):

@@ -36,8 +36,10 @@ def paged_attention(
     scale: float,
     sliding_window: int = 0,
     soft_cap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> None:
-    """out[T, q_heads, hs] = attention of query [T, q_heads, hs] over one layer's paged cache."""
+    """out[T, q_heads, hs] = attention of query [T, q_heads, hs] over one layer's paged cache (sinks: a float32
+    logit per query head joining each row's softmax sum, or None)."""
     if uses_kernels(key_cache.shape[3], key_cache.shape[2]):
         ops.paged_attention(
             out,
@@ -50,6 +52,7 @@ def paged_attention(
             scale,
             sliding_window,
             soft_cap,
+            sinks,
         )
     else:
-        torch_paged.paged_attention(out, query, key_cache, value_cache, meta, scale, sliding_window, soft_cap)
+        torch_paged.paged_attention(out, query, key_cache, value_cache, meta, scale, sliding_window, soft_cap, sinks)

@@ -66,8 +66,11 @@ def paged_attention(
     scale: float,
     sliding_window: int = 0,
     soft_cap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> None:
-    """out[T, q_heads, hs] = causal attention of query over the cached keys/values, computed in float32."""
+    """out[T, q_heads, hs] = causal attention of query over the cached keys/values, computed in float32.
+
+    sinks: a logit per query head that joins each row's softmax sum and contributes no value (gpt-oss)."""
     num_kv_heads, _block_size, head_size = key_cache.shape[1:]
     q_heads = query.shape[1]
     group = q_heads // num_kv_heads
@@ -86,7 +89,12 @@ def paged_attention(
         mask = _mask(meta, s, sliding_window)
         if mask is not None:
             scores = scores.view(num_kv_heads, group, qlen, ctx).add_(mask).view(num_kv_heads, group * qlen, ctx)
-        probs = torch.softmax(scores, dim=-1)
+        if sinks is not None:  # one more column per row, dropped after the softmax
+            sink = sinks.float().view(num_kv_heads, group, 1, 1).expand(num_kv_heads, group, qlen, 1)
+            scores = torch.cat([scores, sink.reshape(num_kv_heads, group * qlen, 1)], dim=-1)
+            probs = torch.softmax(scores, dim=-1)[..., :ctx]
+        else:
+            probs = torch.softmax(scores, dim=-1)
         o = torch.bmm(probs, v).view(num_kv_heads, group, qlen, head_size).permute(2, 0, 1, 3)
         out[start : start + qlen] = o.reshape(qlen, q_heads, head_size).to(out.dtype)
         start += qlen

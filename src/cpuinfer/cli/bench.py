@@ -1,4 +1,5 @@
-"""`cpuinfer bench latency|throughput`: vLLM's offline benchmarks (random token prompts), printing tokens/s."""
+"""`cpuinfer bench latency|throughput`: vLLM's offline benchmarks (random token prompts), printing tokens/s;
+`cpuinfer bench serve`: its serving benchmark against a running server (bench_serve.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from cpuinfer.sampling_params import SamplingParams
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`bench latency` and `bench throughput` with vLLM's flag names."""
-    sub = parser.add_subparsers(dest="bench", metavar="{latency,throughput}", required=True)
+    from cpuinfer.cli import bench_serve
+
+    sub = parser.add_subparsers(dest="bench", metavar="{latency,throughput,serve}", required=True)
     lat = sub.add_parser("latency", help="Time one batch end to end (prefill + decode).")
     lat.add_argument("--input-len", type=int, default=32)
     lat.add_argument("--output-len", type=int, default=128)
@@ -30,6 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     thr.add_argument("--num-prompts", type=int, default=100)
     thr.add_argument("--output-json", default=None, help="Write the results to this JSON file.")
     EngineArgs.add_cli_args(thr)
+    srv = sub.add_parser("serve", help="Benchmark a running OpenAI-compatible server (as `vllm bench serve`).")
+    bench_serve.add_arguments(srv)
 
 
 def random_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
@@ -48,6 +53,10 @@ def _run_batch(engine, prompts: list[list[int]], output_len: int) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the chosen benchmark and print its numbers."""
+    if args.bench == "serve":
+        from cpuinfer.cli import bench_serve
+
+        return bench_serve.run(args)
     for name in ("input_len", "output_len", "batch_size", "num_prompts", "num_iters"):
         v = getattr(args, name, 1)
         if v < 1:

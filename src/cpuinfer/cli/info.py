@@ -16,6 +16,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "path its linear layers take",
     )
     parser.add_argument(
+        "--layers",
+        action="store_true",
+        help="with --model: load it (bfloat16) and list each layer's plan: attention kind, MLP kind (dense or "
+        "mixture of experts), weight format and the executor that runs it",
+    )
+    parser.add_argument(
         "-dp",
         "--data-parallel-size",
         type=int,
@@ -53,6 +59,10 @@ def run(args: argparse.Namespace) -> int:
         from cpuinfer.quantization.checkpoint import describe
 
         report["model"] = describe(args.model)
+        if args.layers:
+            report["model"]["layers"] = layer_plans(args.model)
+    elif args.layers:
+        raise SystemExit("cpuinfer info: --layers needs --model")
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -60,3 +70,25 @@ def run(args: argparse.Namespace) -> int:
 
         print(show(report))
     return 0
+
+
+def layer_plans(model: str) -> list[str]:
+    """Each layer's plan in one line, consecutive equal layers merged ("layers 0-5: ...")."""
+    import torch
+
+    from cpuinfer.model_loader import load_model_spec
+    from cpuinfer.models.plan import describe
+    from cpuinfer.worker import ModelRunner
+
+    runner = ModelRunner(load_model_spec(model, "bfloat16"), block_size=16, num_blocks=1, cache_dtype=torch.bfloat16)
+    lines = [
+        describe(layer.plan, "fused C++ layer" if layer.fused is not None else "Python reference executor")
+        for layer in runner.model.layers
+    ]
+    out, start = [], 0
+    for i in range(1, len(lines) + 1):
+        if i == len(lines) or lines[i] != lines[start]:
+            span = f"layer {start}" if i - 1 == start else f"layers {start}-{i - 1}"
+            out.append(f"{span}: {lines[start]}")
+            start = i
+    return out

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
+
+from cpuinfer.cli.parser import Parser, chosen_parser
 
 # name -> module with add_arguments(parser) and run(args) -> int
 COMMANDS = {
@@ -18,15 +19,18 @@ COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `cpuinfer` console script."""
-    parser = argparse.ArgumentParser(prog="cpuinfer", description="CPU-first LLM inference.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser = Parser(prog="cpuinfer", description="CPU-first LLM inference.")
+    parser.add_argument("--version", action="version", version=f"cpuinfer {version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     modules = {}
     for name, (module_name, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         module = importlib.import_module(module_name)
         module.add_arguments(p)
         modules[name] = module
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # named by the (sub)command's own parser, with its flags as suggestions
+        chosen_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command is None:
         parser.print_help()
         return 2
@@ -39,6 +43,21 @@ def main(argv: list[str] | None = None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+
+
+def version() -> str:
+    """The installed cpuinfer's version (the source tree's when it is not installed)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("cpuinfer")
+    except PackageNotFoundError:
+        try:
+            from cpuinfer._version import version as v
+        except ImportError:
+            return "unknown (not installed)"
+        return v
 
 
 if __name__ == "__main__":

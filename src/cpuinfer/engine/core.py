@@ -18,6 +18,7 @@ from cpuinfer.engine.messages import AddRequest, EngineStats, SeqOutput
 from cpuinfer.engine.request import Request
 from cpuinfer.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from cpuinfer.errors import EngineBrokenError, InvalidRequestError, new_error_id
+from cpuinfer.sampling.prompt_logprobs import prompt_token_logprobs
 from cpuinfer.sampling.sampler import Sampler, SampleResult
 from cpuinfer.structured.manager import MaskJob, StructuredOutputManager
 
@@ -163,6 +164,8 @@ class EngineCore:
             if masks is not None:
                 masks.done.exception()  # wait: the states must not be read while the next step runs
             return self._isolate_runner_failure(sched, exc)
+        if any(seq.prompt_logits for seq in sched.seqs):
+            logits = self._take_prompt_logprobs(sched, logits)
         tokens, lps, failed = self._sample(logits, sched.sampled, masks)
         if failed:
             sched = _without(sched, {id(req) for req, _ in failed})
@@ -189,10 +192,34 @@ class EngineCore:
                     req.num_prefix_hit_tokens,
                 )
             )
+            if req.prompt_logprobs is not None and len(req.output_token_ids) == 1:
+                outputs[-1].prompt_logprobs = req.prompt_logprobs
         for req in finished:
             self.requests.pop(req.request_id, None)
         self.step_seconds += time.perf_counter() - t0
         return outputs + failures
+
+    @staticmethod
+    def _take_prompt_logprobs(sched: SchedulerOutput, logits: torch.Tensor) -> torch.Tensor:
+        """Record the prompt logprobs of the chunks that asked for every row's logits; returns the sample rows.
+
+        Row i of a chunk starting at position p predicts prompt token p + i + 1. A chunk computed again (after a
+        preemption) adds nothing: each request's list grows only at its end."""
+        sample_rows, row = [], 0
+        for req, seq in zip(sched.requests, sched.seqs, strict=True):
+            n = seq.logit_rows
+            if seq.prompt_logits:
+                prompt = req.prompt_token_ids
+                first = len(req.prompt_logprobs) - 1 - seq.start_pos  # the chunk's first row not yet recorded
+                last = min(n, len(prompt) - 1 - seq.start_pos)  # rows that predict a prompt token
+                if 0 <= first < last:
+                    next_ids = prompt[seq.start_pos + first + 1 : seq.start_pos + last + 1]
+                    k = req.params.prompt_logprobs
+                    req.prompt_logprobs += prompt_token_logprobs(logits[row + first : row + last], next_ids, k)
+            if seq.sample:
+                sample_rows.append(row + n - 1)
+            row += n
+        return logits[sample_rows]
 
     # ---- one request's failure ------------------------------------------------------------------
     def _sample(

@@ -133,11 +133,13 @@ def validate_request(
             "stop_token_ids",
         )
     check_token_ids(stop_ids, limits.vocab_size, "stop_token_ids")
-    if params.logprobs is not None and params.logprobs > limits.max_logprobs:
-        raise InvalidRequestError(
-            f"logprobs={params.logprobs} is more than the server's limit of {limits.max_logprobs} (--max-logprobs)",
-            "logprobs",
-        )
+    check_token_ids(list(params.logit_bias or ()), limits.vocab_size, "logit_bias")
+    for name in ("logprobs", "prompt_logprobs"):
+        k = getattr(params, name)
+        if k is not None and k > limits.max_logprobs:
+            raise InvalidRequestError(
+                f"{name}={k} is more than the server's limit of {limits.max_logprobs} (--max-logprobs)", name
+            )
     _check_sequences(params.n, 1, limits)
     total = params.n * max_tokens
     if total > limits.max_request_tokens:
@@ -156,6 +158,15 @@ def validate_request(
                 "lower n, max_tokens or logprobs",
                 "logprobs",
             )
+    if (
+        params.prompt_logprobs is not None
+        and params.n * n * (params.prompt_logprobs + 1) > limits.max_retained_logprobs
+    ):
+        raise InvalidRequestError(
+            f"n={params.n} x {n} prompt tokens x (prompt_logprobs={params.prompt_logprobs} + 1) is more than the "
+            f"{limits.max_retained_logprobs} logprob entries allowed (--max-retained-logprobs): lower one of them",
+            "prompt_logprobs",
+        )
     if params.structured_outputs is not None:
         # The grammar decides where a constrained output ends: past its end only end-of-sequence is allowed.
         for name, value in (("min_tokens", params.min_tokens), ("ignore_eos", params.ignore_eos)):
@@ -223,4 +234,14 @@ def validate_batch(
                 f"keep {retained} logprob entries; at most {limits.max_retained_logprobs} are allowed "
                 "(--max-retained-logprobs): lower n, max_tokens or logprobs, or send fewer prompts",
                 "logprobs",
+            )
+    if params.prompt_logprobs is not None:
+        retained = params.n * prompt_tokens * (params.prompt_logprobs + 1)
+        if retained > limits.max_retained_logprobs:
+            raise InvalidRequestError(
+                f"{len(prompt_lengths)} prompts of {prompt_tokens} tokens in all x n={params.n} x "
+                f"(prompt_logprobs={params.prompt_logprobs} + 1) would keep {retained} logprob entries; at most "
+                f"{limits.max_retained_logprobs} are allowed (--max-retained-logprobs): lower one of them, or send "
+                "fewer prompts",
+                "prompt_logprobs",
             )

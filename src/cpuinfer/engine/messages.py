@@ -61,6 +61,8 @@ class SeqOutput:
     # With error_id, when the request itself is at fault: a message safe for the client, and its field.
     error_reason: str | None = None
     error_param: str | None = None
+    # With the first token of a request that asked for prompt logprobs: one entry per prompt token (None first).
+    prompt_logprobs: list | None = None
 
 
 @dataclass

@@ -45,6 +45,8 @@ class _RequestState:
     error_id: str | None = None
     error_reason: str | None = None
     error_param: str | None = None
+    prompt_logprobs: list | None = None  # PromptLogprobs, once the core has sent them
+    prompt_logprobs_sent: bool = False  # for DELTA outputs: they go out once
 
 
 class OutputProcessor:
@@ -147,6 +149,11 @@ class OutputProcessor:
         """One sequence's new tokens: logprobs, detokenization, stop strings, finish reason."""
         state.num_cached_tokens = max(state.num_cached_tokens, o.num_cached_tokens)
         p = state.params
+        if o.prompt_logprobs is not None and state.prompt_logprobs is None:  # every sample sends them: keep one
+            prompt = state.prompt_token_ids
+            state.prompt_logprobs = [None] + [
+                self._logprob_dict(tok, lp) for tok, lp in zip(prompt[1:], o.prompt_logprobs[1:], strict=True)
+            ]
         for k, tok in enumerate(o.new_token_ids):
             s.token_ids.append(tok)
             if o.new_logprobs is not None and s.logprobs is not None:
@@ -205,12 +212,19 @@ class OutputProcessor:
                 text = s.detok.streamable(done) if s.detok else ""
                 ids, lps = list(s.token_ids), (list(s.logprobs) if s.logprobs is not None else None)
             outs.append(CompletionOutput(s.index, text, ids, s.cumulative_logprob, lps, s.finish_reason, s.stop_reason))
+        prompt_logprobs = state.prompt_logprobs
+        if delta and prompt_logprobs is not None:
+            prompt_logprobs, state.prompt_logprobs_sent = (
+                (None if state.prompt_logprobs_sent else prompt_logprobs),
+                True,
+            )
         return RequestOutput(
             state.request_id,
             state.prompt,
             state.prompt_token_ids,
             outs,
             finished,
+            prompt_logprobs=prompt_logprobs,
             num_cached_tokens=state.num_cached_tokens,
             error_id=state.error_id,
             error_reason=state.error_reason,

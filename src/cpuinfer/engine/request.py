@@ -46,8 +46,13 @@ class Request:
     stop_ids: tuple[int, ...] = ()
     # Where a structured-output request is in its grammar (advanced by every sampled token); None: unconstrained.
     grammar: GrammarState | None = None
+    # With params.prompt_logprobs: one entry per prompt token computed so far (None for the first, which has no
+    # context), each (logprob, rank, top ids, top logprobs) as the sampler's; handed out with the first token.
+    prompt_logprobs: list | None = None
 
     def __post_init__(self) -> None:
+        if self.params.prompt_logprobs is not None and self.prompt_logprobs is None:
+            self.prompt_logprobs = [None]
         if not self.all_token_ids:
             self.all_token_ids = list(self.prompt_token_ids)
         stops = set(self.params.stop_token_ids)

@@ -107,7 +107,8 @@ class Scheduler:
             req = self.waiting[0]
             hit_blocks: list[int] = []
             fresh = not req.block_ids and req.num_computed_tokens == 0
-            if fresh and self.pool.enable_caching:
+            # A request for prompt logprobs computes its whole prompt (as vLLM): cached blocks have no logits.
+            if fresh and self.pool.enable_caching and req.params.prompt_logprobs is None:
                 # At least the last token is computed, so its logits exist.
                 n_lookup = (req.num_tokens - 1) // self.block_size
                 hit_blocks = self.pool.lookup(req.block_hashes[:n_lookup], req.all_token_ids)
@@ -137,7 +138,10 @@ class Scheduler:
             sample = start + n == req.num_tokens
             out.requests.append(req)
             out.num_tokens.append(n)
-            out.seqs.append(ScheduledSeq(req.all_token_ids[start : start + n], start, req.block_ids, sample))
+            prompt_logits = req.prompt_logprobs is not None and start < len(req.prompt_token_ids)
+            out.seqs.append(
+                ScheduledSeq(req.all_token_ids[start : start + n], start, req.block_ids, sample, prompt_logits)
+            )
             if sample:
                 out.sampled.append(req)
         return out

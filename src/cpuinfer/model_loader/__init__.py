@@ -135,19 +135,27 @@ def load_weights(spec: ModelSpec) -> tuple[dict[str, torch.Tensor], dict]:
         from .gguf_file import GGUFFile
 
         g = GGUFFile(spec.path)
-        tensors = dict(g.tensors(spec.dtype, spec.hf_config))
+        tensors = dict(_progress(g.tensors(spec.dtype, spec.hf_config), len(g.reader.tensors)))
         return tensors, {"rope_freq_factors": g.rope_freq_factors()}
     from .hf_dir import safetensors_tensors
 
     if spec.quantization is not None:
         from ..quantization.checkpoint import quantized_weights
 
-        raw = dict(safetensors_tensors(spec.path, None))  # packed integers and f16 scales as stored
+        raw = dict(_progress(safetensors_tensors(spec.path, None)))  # packed integers and f16 scales as stored
         tensors = quantized_weights(spec.quantization, spec.hf_config, raw, spec.dtype, spec.path)
     else:
-        tensors = dict(safetensors_tensors(spec.path, spec.dtype))
+        tensors = dict(_progress(safetensors_tensors(spec.path, spec.dtype)))
     _check_hf_vocab(spec, tensors)
     return tensors, {}
+
+
+def _progress(items, total: int | None = None):
+    """The checkpoint's tensors with a tqdm bar on stderr (as vLLM and transformers show), shown only once the
+    load has taken a second: the bundled model loads quietly, a large one shows how far it is."""
+    from tqdm.auto import tqdm
+
+    return tqdm(items, total=total, desc="Loading weights", unit=" tensors", delay=1.0, dynamic_ncols=True)
 
 
 def _check_hf_vocab(spec: ModelSpec, tensors: dict[str, torch.Tensor]) -> None:

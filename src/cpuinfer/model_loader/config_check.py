@@ -25,6 +25,11 @@ _POSITIVE_INTS = (
     "vocab_size",
     "max_position_embeddings",
     "original_max_position_embeddings",
+    "num_experts",  # Qwen3-MoE
+    "num_local_experts",  # Mixtral, gpt-oss
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "decoder_sparse_step",
 )
 _POSITIVE_FLOATS = ("rms_norm_eps", "rope_theta", "factor")
 _NON_NEGATIVE_FLOATS = ("final_logit_softcapping", "attn_logit_softcapping")  # 0 = no soft-capping
@@ -71,6 +76,9 @@ def check_config(config: dict, source: str, names: dict[str, str] | None = None)
                 or value == least
             ):
                 raise bad(key, value, want)
+    experts, top_k = config.get("num_experts") or config.get("num_local_experts"), config.get("num_experts_per_tok")
+    if experts is not None and top_k is not None and top_k > experts:
+        raise bad("num_experts_per_tok", top_k, f"at most the expert count ({experts})")
     heads, kv_heads = config.get("num_attention_heads"), config.get("num_key_value_heads")
     if heads is not None and kv_heads is not None and heads % kv_heads:
         raise bad("num_key_value_heads", kv_heads, f"a divisor of the {heads} attention heads")

@@ -48,7 +48,10 @@ GGUF_ARCHITECTURES = {
     "qwen2": ("Qwen2ForCausalLM", "qwen2"),
     "qwen3": ("Qwen3ForCausalLM", "qwen3"),
     "gemma3": ("Gemma3ForCausalLM", "gemma3_text"),
+    "qwen3moe": ("Qwen3MoeForCausalLM", "qwen3_moe"),
 }
+# llama.cpp writes Mixtral as "llama" with experts (llama.expert_count).
+_MIXTRAL = ("MixtralForCausalLM", "mixtral")
 
 _CONFIG_KEYS = {
     "context_length": "max_position_embeddings",
@@ -64,6 +67,9 @@ _CONFIG_KEYS = {
     "vocab_size": "vocab_size",
     "final_logit_softcapping": "final_logit_softcapping",
     "attn_logit_softcapping": "attn_logit_softcapping",
+    "expert_count": "num_experts",
+    "expert_used_count": "num_experts_per_tok",
+    "expert_feed_forward_length": "moe_intermediate_size",
 }
 
 _LAYER_NAMES = {
@@ -85,6 +91,15 @@ _GEMMA_LAYER_NAMES = dict(
     post_attention_norm="post_attention_layernorm",
     post_ffw_norm="post_feedforward_layernorm",
 )
+# Mixture-of-experts layers: the router, and each projection of every expert stacked in one 3-D tensor
+# [experts, out, in] (split into the Hugging Face per-expert names at load).
+_MOE_ROUTER = "ffn_gate_inp"
+_MOE_STACKS = {"ffn_gate_exps": 0, "ffn_up_exps": 1, "ffn_down_exps": 2}  # -> gate, up, down
+# (router name, expert name pattern, (gate, up, down) names) per Hugging Face architecture
+_MOE_HF_NAMES = {
+    "Qwen3MoeForCausalLM": ("mlp.gate", "mlp.experts.{}", ("gate_proj", "up_proj", "down_proj")),
+    "MixtralForCausalLM": ("block_sparse_moe.gate", "block_sparse_moe.experts.{}", ("w1", "w3", "w2")),
+}
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
@@ -104,19 +119,27 @@ class GGUFFile:
                 f"{path}: GGUF architecture {self.arch!r} is not supported; supported: {', '.join(GGUF_ARCHITECTURES)}"
             )
         self.tensor_names = {t.name for t in self.reader.tensors}
+        self.architecture, self.model_type = self._architecture()
+        self._moe_names = _MOE_HF_NAMES.get(self.architecture)  # a MoE architecture's tensor names
 
     def get(self, key: str, default=None):
         """The metadata value for key (python scalar, str or list), or default."""
         return self.fields.get(key, default)
 
+    def _architecture(self) -> tuple[str, str]:
+        """(HF architecture, model_type) the metadata declares."""
+        architecture, model_type = GGUF_ARCHITECTURES[self.arch]
+        name = str(self.get("general.name", "") or "").lower()
+        if self.arch == "llama" and "mistral" in name:
+            architecture, model_type = GGUF_ARCHITECTURES["mistral"]
+        if self.arch == "llama" and self.get("llama.expert_count"):
+            architecture, model_type = _MIXTRAL
+        return architecture, model_type
+
     def config(self) -> dict:
         """A Hugging Face style config dict built from the metadata."""
-        arch = self.arch
-        architecture, model_type = GGUF_ARCHITECTURES[arch]
-        name = str(self.get("general.name", "") or "").lower()
-        if arch == "llama" and "mistral" in name:
-            architecture, model_type = GGUF_ARCHITECTURES["mistral"]
-        cfg: dict = {"architectures": [architecture], "model_type": model_type}
+        arch, architecture = self.arch, self.architecture
+        cfg: dict = {"architectures": [architecture], "model_type": self.model_type}
         for key, hf_key in _CONFIG_KEYS.items():
             value = self.get(f"{arch}.{key}")
             if value is not None:
@@ -148,6 +171,12 @@ class GGUFFile:
             }
         else:
             cfg["hidden_act"] = "silu"
+            if "num_experts" in cfg:
+                # llama.cpp renormalizes the top-k weights of both (build_moe_ffn's norm_w); Mixtral's count
+                # goes by its own name.
+                cfg["norm_topk_prob"] = True
+                if architecture == _MIXTRAL[0]:
+                    cfg["num_local_experts"] = cfg.pop("num_experts")
             if rope_scaling:
                 cfg["rope_scaling"] = rope_scaling
         for tok_key, hf_key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id")):
@@ -256,6 +285,8 @@ class GGUFFile:
         m = _BLOCK.match(name)
         if m is None:
             return None
+        if m.group(2) == _MOE_ROUTER and self._moe_names:
+            return f"model.layers.{m.group(1)}.{self._moe_names[0]}.{m.group(3)}"
         names = _GEMMA_LAYER_NAMES if self.arch == "gemma3" else _LAYER_NAMES
         part = names.get(m.group(2))
         if part is None:
@@ -277,6 +308,10 @@ class GGUFFile:
         kept: Counter = Counter()
         dequantized: Counter = Counter()
         for t in self.reader.tensors:
+            m = _BLOCK.match(t.name)
+            if m is not None and m.group(2) in _MOE_STACKS:
+                yield from self._experts(t, m, keep, kept, dequantized, dtype)
+                continue
             hf = self.hf_name(t.name)
             if hf is None:
                 continue
@@ -325,6 +360,39 @@ class GGUFFile:
                 str(dtype).removeprefix("torch."),
                 why,
             )
+
+    def _experts(self, t, m, keep: bool, kept: Counter, dequantized: Counter, dtype: torch.dtype):
+        """A stacked expert tensor [experts, out, in] as one (hf_name, weight) per expert; each expert's rows
+        are a contiguous run of the file's blocks, so a kept quantized type is sliced, never dequantized."""
+        if self._moe_names is None or len(t.shape) != 3:
+            raise ModelLoadError(
+                f"{self.path}: tensor {t.name!r} has shape {list(t.shape)}: expert stacks must be 3-D "
+                f"[experts, out, in] in a mixture-of-experts architecture; the file is corrupt or not supported"
+            )
+        _, pattern, parts = self._moe_names
+        layer, experts, rows, cols = m.group(1), *(int(d) for d in t.shape)
+        part = parts[_MOE_STACKS[m.group(2)]]
+        type_name = _type_name(t.type_id)
+        names = [f"model.layers.{layer}.{pattern.format(e)}.{part}.{m.group(3)}" for e in range(experts)]
+        if keep and type_name in KEPT_TYPES and cols % 32 == 0:
+            per_expert = t.data.reshape(experts, -1)
+            for e, name in enumerate(names):
+                try:
+                    w = gguf_blocks.unpack(type_name, per_expert[e], rows, cols, None)
+                except ValueError as err:
+                    raise ModelLoadError(
+                        f"{self.path}: tensor {t.name!r} ({type_name}), expert {e}: {err}; the file is corrupt: "
+                        "re-download or re-convert it"
+                    ) from None
+                yield name, w
+            kept[type_name] += experts
+            return
+        if type_name not in ("F32", "F16", "BF16"):
+            dequantized[type_name] += experts
+        stack = self._dequantize(t, dtype)
+        for e, name in enumerate(names):
+            yield name, stack[e].clone()
+        del stack
 
     def _dequantize(self, t, dtype: torch.dtype) -> torch.Tensor:
         from gguf import GGMLQuantizationType, dequantize

@@ -22,6 +22,8 @@ def layer_types(config: dict, num_layers: int) -> list[str]:
     if model_type.startswith("gemma3"):
         pattern = int(config.get("sliding_window_pattern") or config.get("_sliding_window_pattern") or 6)
         return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
+    if model_type == "gemma2":  # every other layer, from the first
+        return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(num_layers)]
     if model_type == "qwen2":
         if not config.get("use_sliding_window") or window is None:
             return ["full_attention"] * num_layers

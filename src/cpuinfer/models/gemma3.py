@@ -1,112 +1,80 @@
-"""Gemma 3 (text): sandwich norms with (1 + w), GELU-tanh gating, q/k norm, scaled embeddings,
-sliding-window local layers with their own rope base, optional attention / final logit soft-caps."""
+"""Gemma 2 and 3 (text): sandwich norms with (1 + w), GELU-tanh gating, scaled embeddings, alternating
+sliding-window layers, attention and final logit soft-caps; Gemma 3 adds q/k norm and a rope base per
+layer type."""
 
 from __future__ import annotations
 
 import torch
 
-from .. import ops
-from ..attention import AttentionMetadata
 from .config_utils import head_dim, layer_types
-from .layers import (
-    Attention,
-    GatedMLP,
-    WeightBag,
-    final_rows,
-    finish_layer,
-    input_norm,
-    norm_weight,
-    stage_head,
-    stage_layer_ids,
-    stage_norm,
-    stage_stack,
-)
-from .llama import _Layer
+from .decoder import DecoderModel
+from .layers import WeightBag, attention_plan, dense_mlp_plan, norm_weight
+from .plan import LayerPlan
 from .rotary import cos_sin_cache, rope_parameters
 
 
-class Gemma3ForCausalLM:
+class Gemma3ForCausalLM(DecoderModel):
     """Gemma 3 text decoder."""
 
+    tied_default = True
+    norm_offset = 1.0
+    qk_norm = True
+
     def __init__(self, config: dict, bag: WeightBag, max_positions: int, rope_freq_factors=None):  # noqa: ARG002 - the registry's one signature
-        n_layers = config["num_hidden_layers"]
-        self.eps = float(config.get("rms_norm_eps", 1e-6))
-        heads = config["num_attention_heads"]
-        kv_heads = config.get("num_key_value_heads") or heads
-        hs = head_dim(config)
-        scale = float(config.get("query_pre_attn_scalar") or hs) ** -0.5
-        soft_cap = float(config.get("attn_logit_softcapping") or 0.0)
+        n_layers = int(config["num_hidden_layers"])
+        self.heads = config["num_attention_heads"]
+        self.kv_heads = config.get("num_key_value_heads") or self.heads
+        self.head_size = hs = head_dim(config)
+        self.scale = float(config.get("query_pre_attn_scalar") or hs) ** -0.5
+        self.soft_cap = float(config.get("attn_logit_softcapping") or 0.0)
         self.final_soft_cap = float(config.get("final_logit_softcapping") or 0.0)
-        window = int(config.get("sliding_window") or 0)
-        types = layer_types(config, n_layers)
-        tables = {t: cos_sin_cache(rope_parameters(config, t), hs, max_positions) for t in set(types)}
-        bias = bool(config.get("attention_bias", False))
+        self.window = int(config.get("sliding_window") or 0)
+        self.types = layer_types(config, n_layers)
+        self.tables = {t: cos_sin_cache(self.rope(config, t), hs, max_positions) for t in set(self.types)}
         # transformers multiplies by sqrt(hidden) cast to the run dtype; do the same so bf16 matches.
         self.embed_scale = torch.tensor(config["hidden_size"] ** 0.5, dtype=bag.dtype)
-        self.stage = bag.pp
-        self.carry_shape = (2, int(config["hidden_size"]))  # h and the residual stream, between pipeline stages
-        self.layers = []
-        for i in stage_layer_ids(bag, n_layers, "model.layers.{}"):
-            kind = types[i]
-            p = f"model.layers.{i}"
-            layer = _Layer()
-            layer.in_norm = norm_weight(bag, f"{p}.input_layernorm.weight", 1.0)
-            layer.post_norm = norm_weight(bag, f"{p}.post_attention_layernorm.weight", 1.0)
-            layer.pre_ff_norm = norm_weight(bag, f"{p}.pre_feedforward_layernorm.weight", 1.0)
-            layer.post_ff_norm = norm_weight(bag, f"{p}.post_feedforward_layernorm.weight", 1.0)
-            layer.attn = Attention(
+        super().__init__(config, bag, float(config.get("rms_norm_eps", 1e-6)))
+
+    @staticmethod
+    def rope(config: dict, layer_type: str) -> dict:
+        """The rope settings of a layer type (Gemma 3: local layers have their own base)."""
+        return rope_parameters(config, layer_type)
+
+    def layer_plan(self, bag: WeightBag, i: int) -> LayerPlan:
+        """Layer i: (1 + w) RMSNorms around both blocks (the sandwich), attention, GELU-tanh MLP."""
+        p, kind = f"model.layers.{i}", self.types[i]
+        bias = bool(self.config.get("attention_bias", False))
+        return LayerPlan(
+            in_norm=norm_weight(bag, f"{p}.input_layernorm.weight", 1.0),
+            post_attn_norm=norm_weight(bag, f"{p}.post_attention_layernorm.weight", 1.0),
+            pre_ff_norm=norm_weight(bag, f"{p}.pre_feedforward_layernorm.weight", 1.0),
+            post_ff_norm=norm_weight(bag, f"{p}.post_feedforward_layernorm.weight", 1.0),
+            attn=attention_plan(
                 bag,
                 f"{p}.self_attn",
-                heads,
-                kv_heads,
-                hs,
-                tables[kind],
-                scale,
+                self.heads,
+                self.kv_heads,
+                self.head_size,
+                self.tables[kind],
+                self.scale,
                 bias=bias,
                 o_bias=bias,
-                qk_norm=True,
-                norm_eps=self.eps,
+                qk_norm=self.qk_norm,
                 norm_offset=1.0,
-                sliding_window=window if kind == "sliding_attention" else 0,
-                soft_cap=soft_cap,
-            )
-            layer.mlp = GatedMLP(bag, f"{p}.mlp", config.get("hidden_activation") or "gelu_pytorch_tanh")
-            finish_layer(layer, self.eps)
-            self.layers.append(layer)
-        self.norm = stage_norm(bag, "model.norm.weight", 1.0)
-        tied = config.get("tie_word_embeddings", True)
-        self.head = stage_head(bag, "model.embed_tokens.weight", "lm_head.weight", tied)
+                sliding_window=self.window if kind == "sliding_attention" else 0,
+                soft_cap=self.soft_cap,
+            ),
+            mlp=dense_mlp_plan(bag, f"{p}.mlp", self.config.get("hidden_activation") or "gelu_pytorch_tanh"),
+            eps=self.eps,
+        )
 
-    @torch.inference_mode()
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        meta: AttentionMetadata,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        sample_idx: torch.Tensor | None,
-        carry: tuple[torch.Tensor, ...] | None = None,
-    ):
-        """float32 logits for the tokens at sample_idx (all tokens when None); on a pipeline stage, carry and the
-        result of a stage before the last are (h, residual), as LlamaForCausalLM.forward's."""
-        if carry is None:
-            h, residual = self.head.embed_tokens(input_ids) * self.embed_scale, None
-        else:
-            h, residual = carry
 
-        def per_op(layer, h, residual, kv):
-            h, residual = input_norm(h, residual, layer.in_norm, self.eps)
-            h = layer.attn(h, positions, meta, kv)
-            h = ops.rms_norm(h, layer.post_norm, self.eps, out=h)
-            ops.fused_add_rms_norm(h, residual, layer.pre_ff_norm, self.eps)
-            h = layer.mlp(h)
-            return ops.rms_norm(h, layer.post_ff_norm, self.eps, out=h), residual
+class Gemma2ForCausalLM(Gemma3ForCausalLM):
+    """Gemma 2: Gemma 3's layer without q/k norm, one rope base, every other layer sliding (from layer 0)."""
 
-        keep = sample_idx if self.stage.last else None  # a stage before the last hands on every row
-        h, residual, rows = stage_stack(self.layers, h, residual, positions, meta, kv_caches, per_op, keep)
-        if not self.stage.last:
-            return h, residual
-        logits = self.head.logits(final_rows(h, residual, rows, self.norm, self.eps))
-        if self.final_soft_cap > 0.0:
-            logits = torch.tanh(logits / self.final_soft_cap) * self.final_soft_cap
-        return logits
+    qk_norm = False
+
+    @staticmethod
+    def rope(config: dict, layer_type: str) -> dict:  # noqa: ARG004 - one base for both layer types
+        """One rope setting for every layer."""
+        return rope_parameters(config)

@@ -8,7 +8,8 @@ import torch.nn.functional as F
 from .. import ops
 from ..attention import AttentionMetadata
 from ..model_loader.errors import ModelLoadError
-from .layers import Attention, WeightBag, row_parallel, select_rows, stage_head, stage_layer_ids
+from .executor import attention, row_parallel
+from .layers import WeightBag, attention_plan, select_rows, stage_head, stage_layer_ids
 
 _ACTS = {"relu": F.relu, "gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh")}
 POSITION_OFFSET = 2  # OPT's learned position table starts at index 2 (a fairseq padding leftover)
@@ -53,7 +54,7 @@ class OPTForCausalLM:
             layer = _OPTLayer()
             layer.attn_ln = ln(f"{lp}.self_attn_layer_norm")
             layer.ff_ln = ln(f"{lp}.final_layer_norm")
-            layer.attn = Attention(
+            layer.attn = attention_plan(
                 bag,
                 f"{lp}.self_attn",
                 heads,
@@ -107,7 +108,7 @@ class OPTForCausalLM:
             (h,) = carry
         for layer, kv in zip(self.layers, kv_caches, strict=True):
             x = self._ln(h, layer.attn_ln) if self.pre_norm else h
-            h = h + layer.attn(x, positions, meta, kv)
+            h = h + attention(layer.attn, False, self.tp, x, positions, meta, kv)
             if not self.pre_norm:
                 h = self._ln(h, layer.attn_ln)
             x = self._ln(h, layer.ff_ln) if self.pre_norm else h

@@ -16,6 +16,11 @@ ARCHITECTURES = {
     "Qwen2ForCausalLM": ("llama", "Qwen2ForCausalLM"),
     "Qwen3ForCausalLM": ("llama", "Qwen3ForCausalLM"),
     "Gemma3ForCausalLM": ("gemma3", "Gemma3ForCausalLM"),
+    "Gemma2ForCausalLM": ("gemma3", "Gemma2ForCausalLM"),
+    "Phi3ForCausalLM": ("phi3", "Phi3ForCausalLM"),
+    "Qwen3MoeForCausalLM": ("moe", "Qwen3MoeForCausalLM"),
+    "MixtralForCausalLM": ("moe", "MixtralForCausalLM"),
+    "GptOssForCausalLM": ("gpt_oss", "GptOssForCausalLM"),
     "OPTForCausalLM": ("opt", "OPTForCausalLM"),
 }
 
@@ -65,7 +70,12 @@ def build_model(spec, tensors: dict[str, torch.Tensor], extras: dict, tp=None, p
     module, name = ARCHITECTURES[spec.architecture]
     cls = getattr(importlib.import_module(f"{__package__}.{module}"), name)
     bag = WeightBag(tensors, spec.dtype, spec.path, tp or SINGLE, pp or SINGLE_STAGE)
-    model = cls(spec.hf_config, bag, spec.max_model_len, extras.get("rope_freq_factors"))
+    try:
+        model = cls(spec.hf_config, bag, spec.max_model_len, extras.get("rope_freq_factors"))
+    except ModelLoadError as e:  # every load error names the file (some checks deep in a builder cannot)
+        if spec.path in str(e):
+            raise
+        raise ModelLoadError(f"{spec.path}: {e}") from None
     leftover = [n for n in bag.tensors if not n.endswith("rotary_emb.inv_freq")]
     if leftover:
         raise ModelLoadError(

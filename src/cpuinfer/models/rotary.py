@@ -12,7 +12,7 @@ import torch
 
 from ..model_loader.errors import ModelLoadError
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "dynamic", "yarn")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "dynamic", "yarn", "longrope")
 
 
 def rope_parameters(config: dict, layer_type: str | None = None) -> dict:
@@ -35,11 +35,28 @@ def rope_parameters(config: dict, layer_type: str | None = None) -> dict:
             out = {"rope_theta": config["rope_local_base_freq"]}
     out["rope_type"] = out.get("rope_type", out.get("type", "default")) or "default"
     out.setdefault("rope_theta", 10000.0)
+    if out["rope_type"] == "longrope":  # Phi-3: the model's declared and original contexts set the scaling
+        out.setdefault("original_max_position_embeddings", config.get("original_max_position_embeddings"))
+        out["max_position_embeddings"] = config.get("max_position_embeddings")
+        if not out["original_max_position_embeddings"] or "short_factor" not in out or "long_factor" not in out:
+            raise ModelLoadError(
+                "longrope scaling needs original_max_position_embeddings, short_factor and long_factor in the config"
+            )
     if out["rope_type"] == "yarn" and not out.get("original_max_position_embeddings"):
         # From the model's declared context, not the table length: that follows --max-model-len.
         factor = float(out.get("factor", 1.0) or 1.0)
         out["original_max_position_embeddings"] = (config.get("max_position_embeddings") or 2048) / factor
     return out
+
+
+def rotary_dim(config: dict, head_size: int) -> int:
+    """Features of each head that rotate (partial_rotary_factor: Phi-4-mini rotates 3/4 of each head)."""
+    params = config.get("rope_parameters") if isinstance(config.get("rope_parameters"), dict) else {}
+    factor = float(params.get("partial_rotary_factor") or config.get("partial_rotary_factor") or 1.0)
+    dim = int(head_size * factor)
+    if dim % 2 or not 0 < dim <= head_size:
+        raise ModelLoadError(f"partial_rotary_factor = {factor} gives {dim} rotary features of {head_size}")
+    return dim
 
 
 def _inv_freq(params: dict, rot_dim: int) -> tuple[torch.Tensor, float]:
@@ -64,6 +81,13 @@ def _inv_freq(params: dict, rot_dim: int) -> tuple[torch.Tensor, float]:
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
         inv_freq = torch.where(medium, smoothed, scaled)
+    elif rope_type == "longrope":  # the short factors here; cos_sin_cache switches to the long ones past old_len
+        inv_freq = _longrope_inv_freq(params, "short_factor", rot_dim)
+        attention_factor = params.get("attention_factor")
+        if attention_factor is None:
+            old_len = float(params["original_max_position_embeddings"])
+            factor = float(params.get("max_position_embeddings") or old_len) / old_len
+            attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(old_len))
     elif rope_type == "yarn":
         old_len = float(params["original_max_position_embeddings"])
         beta_fast, beta_slow = float(params.get("beta_fast") or 32), float(params.get("beta_slow") or 1)
@@ -109,6 +133,22 @@ def cos_sin_cache(
                 f"{rot_dim} has {inv_freq.numel()} frequencies; re-convert the model file"
             )
         inv_freq = inv_freq / freq_factors.float()
+    if params["rope_type"] == "longrope" and max_positions > int(params["original_max_position_embeddings"]):
+        # A context past the original one takes the long factors at every position, as llama.cpp decides by
+        # its context size (transformers switches a sequence once it outgrows the original context, so its
+        # keys depend on how the sequence was chunked; vLLM picks per position).
+        inv_freq = _longrope_inv_freq(params, "long_factor", rot_dim)
     freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
     cache = torch.cat([freqs.cos() * attention_factor, freqs.sin() * attention_factor], dim=-1)
     return cache.contiguous()
+
+
+def _longrope_inv_freq(params: dict, key: str, rot_dim: int) -> torch.Tensor:
+    """LongRoPE's frequencies with the divisors under key (rot_dim / 2 of them), computed as transformers does."""
+    factors = torch.tensor(params[key], dtype=torch.float32)
+    if factors.shape != (rot_dim // 2,):
+        raise ModelLoadError(
+            f"longrope {key} has {factors.numel()} entries; the rotary dimension {rot_dim} needs {rot_dim // 2}"
+        )
+    exponent = torch.arange(0, rot_dim, 2, dtype=torch.int64).float() / rot_dim
+    return 1.0 / (factors * float(params["rope_theta"]) ** exponent)

@@ -126,7 +126,9 @@ def describe(path: str) -> dict[str, str]:
 
     from .gguf_blocks import KEPT_TYPES
 
-    types = Counter(GGMLQuantizationType(t.tensor_type).name for t in GGUFReader(path).tensors if len(t.shape) == 2)
+    types = Counter(
+        GGMLQuantizationType(t.tensor_type).name for t in GGUFReader(path).tensors if len(t.shape) in (2, 3)
+    )
     kept = {k: n for k, n in types.items() if k in KEPT_TYPES}
     rest = {k: n for k, n in types.items() if k not in KEPT_TYPES}
     parts = [f"{n} {k}" for k, n in sorted(kept.items())] + [f"{n} {k} (dequantized)" for k, n in sorted(rest.items())]

@@ -1,6 +1,6 @@
 """Turn one step's logits into tokens: penalties, temperature, min-p, top-k, top-p, seeded sampling, logprobs.
 
-Order as in vLLM: stop tokens masked until min_tokens; repetition / frequency /
+Order as in vLLM: stop tokens masked until min_tokens; logit_bias added; repetition / frequency /
 presence penalties; then greedy rows take the argmax, the others are divided
 by their temperature, filtered by min-p, top-k and top-p, and sampled with the
 exponential-race trick (argmax of p / q, q ~ Exp(1)), which equals sampling from
@@ -118,6 +118,13 @@ class Sampler:
                     logits = logits.clone()
                     masked = True
                 logits[i, list(r.stop_ids)] = float("-inf")
+        for i, p in enumerate(params):
+            if p.logit_bias:
+                if not masked:
+                    logits = logits.clone()
+                    masked = True
+                ids = torch.tensor(list(p.logit_bias), dtype=torch.long)
+                logits[i, ids] += torch.tensor(list(p.logit_bias.values()), dtype=logits.dtype)
         for i, (r, p) in enumerate(zip(reqs, params, strict=False)):
             if p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
                 if not masked:

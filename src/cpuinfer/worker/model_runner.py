@@ -30,6 +30,13 @@ class ScheduledSeq:
     start_pos: int  # tokens of this sequence already in the KV cache (= position of token_ids[0])
     block_table: list[int]  # physical block ids covering positions [0, start_pos + len(token_ids))
     sample: bool  # True -> return logits for the last token of this chunk
+    # True -> return logits for every token of this chunk (prompt logprobs); the last is the sample row.
+    prompt_logits: bool = False
+
+    @property
+    def logit_rows(self) -> int:
+        """How many rows of the step's logits are this sequence's."""
+        return len(self.token_ids) if self.prompt_logits else int(self.sample)
 
 
 class ModelRunner:
@@ -115,7 +122,9 @@ class ModelRunner:
             context_lens=ctx,
             max_query_len=max(qlens),
         )
-        sample_rows = [int(qsl[i + 1]) - 1 for i, s in enumerate(seqs) if s.sample]
+        sample_rows = [
+            row for i, s in enumerate(seqs) for row in range(int(qsl[i + 1]) - s.logit_rows, int(qsl[i + 1]))
+        ]
         sample_idx = None if len(sample_rows) == total else torch.tensor(sample_rows, dtype=torch.int64)
         return input_ids, torch.from_numpy(positions), meta, sample_idx, len(sample_rows)
 
@@ -132,7 +141,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, seqs: list[ScheduledSeq], checked: bool = False) -> torch.Tensor:
-        """Run one flat step; float32 logits [number of seqs with sample=True, vocab], in order."""
+        """Run one flat step; float32 logits [sum of the seqs' logit_rows, vocab]: per sequence in order, its last
+        token's row (sample=True) or every token's (prompt_logits=True)."""
         if not seqs:
             return torch.empty(0, self.spec.vocab_size, dtype=torch.float32)
         if not checked:
@@ -167,7 +177,7 @@ class ModelRunner:
                 outs.append(out)
             else:
                 pp.send(out)
-        n_sample = sum(s.sample for s in seqs)
+        n_sample = sum(s.logit_rows for s in seqs)
         if pp.last:
             logits = torch.cat(outs) if len(outs) > 1 else outs[0]
             if pp.logits is not None:

@@ -33,10 +33,11 @@ from fastapi import Body, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from cpuinfer.engine.messages import EngineStats
+from cpuinfer.entrypoints.openai.client_errors import LogClientErrors
 from cpuinfer.entrypoints.openai.connections import guarded_protocol
 from cpuinfer.entrypoints.openai.engine_adapter import EngineAdapter
 from cpuinfer.entrypoints.openai.errors import APIError, error_body, error_response, install_error_handlers
-from cpuinfer.entrypoints.openai.guard import PROBE_ROUTES, GuardConfig, RequestGuard
+from cpuinfer.entrypoints.openai.guard import PROBE_ROUTES, GuardConfig, RequestGuard, route_path
 from cpuinfer.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
 from cpuinfer.entrypoints.openai.prep_pool import PrepPool
 from cpuinfer.entrypoints.openai.protocol import (
@@ -53,6 +54,7 @@ from cpuinfer.entrypoints.openai.protocol import (
     TokenizeResponse,
     dump,
 )
+from cpuinfer.entrypoints.openai.responses_protocol import ResponsesRequest
 from cpuinfer.entrypoints.openai.serving import OpenAIServing
 from cpuinfer.errors import EngineDeadError
 
@@ -75,6 +77,8 @@ class ServerConfig:
     tool_call_parser: str | None = None  # set by --enable-auto-tool-choice --tool-call-parser: tool_choice "auto"
     chat_template: str | None = None  # --chat-template: replaces the model's
     guard: GuardConfig = field(default_factory=GuardConfig)  # in-flight limit, body limits, request bounds
+    log_prompts: bool = False  # --enable-log-requests: each request's prompt and parameters as it arrives
+    max_log_len: int | None = None  # --max-log-len: most characters / ids of a logged prompt
 
 
 @dataclass
@@ -113,7 +117,7 @@ class APIKeyAuth:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or self.expected is None:
             return await self.app(scope, receive, send)
-        if scope["path"] not in self.open and scope["method"] != "OPTIONS":
+        if route_path(scope) not in self.open and scope["method"] != "OPTIONS":
             got = dict(scope.get("headers") or []).get(b"authorization", b"")
             if not secrets.compare_digest(got, self.expected):
                 what = "missing" if not got else "invalid"
@@ -145,9 +149,11 @@ def build_app(state: ServerState, start_engine: Callable[[], Awaitable[EngineAda
     app = FastAPI(title="cpuinfer OpenAI-compatible server", version=_version(), lifespan=lifespan)
     app.state.server = state
     install_error_handlers(app)
-    # The last added runs first: the key is checked before the guard reads any body.
+    # The last added runs first: the key is checked before the guard reads any body, and every 4xx (the key's,
+    # the guard's, the routes') is logged with its request id.
     app.add_middleware(RequestGuard, config=state.config.guard, char_limits=lambda: _char_limits(state))
     app.add_middleware(APIKeyAuth, config=state.config)
+    app.add_middleware(LogClientErrors)
 
     @app.get("/health", responses={503: {"model": ErrorResponse}})
     async def health() -> Response:
@@ -194,6 +200,11 @@ def build_app(state: ServerState, start_engine: Callable[[], Awaitable[EngineAda
     async def chat_completions(req: ChatCompletionRequest, raw: Request):
         """OpenAI chat completions with the model's chat template; `stream: true` answers with SSE."""
         return await state.require_serving().chat(req, raw)
+
+    @app.post("/v1/responses", responses=ERRORS)
+    async def create_response(req: ResponsesRequest, raw: Request):
+        """OpenAI Responses API (text, function calls, structured output); `stream: true` answers with SSE events."""
+        return await state.require_serving().responses(req, raw)
 
     @app.post("/tokenize", response_model=TokenizeResponse, responses=ERRORS)
     async def tokenize(req: Annotated[TokenizeCompletionRequest | TokenizeChatRequest, Body()]):
@@ -289,6 +300,8 @@ async def _load(state: ServerState, start_engine: Callable[[], Awaitable[EngineA
         prep,
         state.draining,
         bounds.window_sequences,
+        log_prompts=state.config.log_prompts,
+        max_log_len=state.config.max_log_len,
     )
     state.background.append(asyncio.create_task(_watch_engine(state)))
     logger.info(
@@ -379,12 +392,14 @@ def run_server(
     sock=None,
     http_header_timeout: float = 10.0,
     max_idle_connections: int = 1024,
+    **uvicorn_options,
 ) -> int:
     """Serve until SIGINT/SIGTERM; in-flight requests get `shutdown_timeout` seconds to finish, then are aborted.
 
     Returns the exit code: 1 if the engine failed to load or died while serving, else 0.
     The in-flight request limit is the guard's (ServerConfig.guard); connections are bounded by
     `http_header_timeout` and `max_idle_connections` (connections.py).
+    `uvicorn_options`: more uvicorn.Config settings (TLS files, root_path: vllm_server_flags.uvicorn_options).
     """
     app = build_app(state, start_engine)
     config = uvicorn.Config(
@@ -397,6 +412,7 @@ def run_server(
         lifespan="on",
         timeout_keep_alive=5,
         http=guarded_protocol(http_header_timeout, max_idle_connections),
+        **uvicorn_options,
     )
     server = _Server(config)
     server.drain_after = shutdown_timeout

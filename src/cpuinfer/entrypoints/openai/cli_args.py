@@ -8,6 +8,7 @@ import os
 
 from cpuinfer.entrypoints.openai.request_bounds import add_bounds_arguments
 from cpuinfer.entrypoints.openai.tool_parsers import TOOL_PARSERS
+from cpuinfer.entrypoints.openai.vllm_server_flags import add_vllm_server_arguments
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,7 +20,8 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="?",
         default=None,
         metavar="MODEL",
-        help="HF model directory or .gguf file (default: the bundled SmolLM2-135M-Instruct); same as --model",
+        help="HF model directory, .gguf file or Hugging Face model id (default: the bundled SmolLM2-135M-Instruct); "
+        "same as --model",
     )
     add_engine_arguments(parser)
     g = parser.add_argument_group("HTTP server")
@@ -109,6 +111,7 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["debug", "info", "warning", "error", "critical"],
         help="log level of the server and uvicorn",
     )
+    add_vllm_server_arguments(parser)
 
 
 def resolve_model(args: argparse.Namespace) -> None:
@@ -139,11 +142,19 @@ def tool_call_parser(args: argparse.Namespace) -> str | None:
 
 
 def read_chat_template(args: argparse.Namespace) -> str | None:
-    """--chat-template: a file's text, or the argument itself when it is no file."""
+    """--chat-template: a file's text, or the argument itself when it is a template.
+
+    As vLLM: a value with no template syntax (no braces, no newline) is a path, and one that does not exist is
+    an error (it used to become the template: every chat rendered to the path's text)."""
     value = args.chat_template
     if value and os.path.isfile(value):
         with open(value, encoding="utf-8") as f:
             return f.read()
+    if value and not any(c in value for c in "{}\n"):
+        raise SystemExit(
+            f"cpuinfer serve: --chat-template {value!r}: no such file (a template given inline must contain "
+            "Jinja syntax such as {{ messages }})"
+        )
     return value
 
 

@@ -25,6 +25,7 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: list[tuple[int, float]] = field(default_factory=list)
+    rank: int | None = None  # of token_id in the distribution (1 = most likely)
 
 
 @dataclass
@@ -37,6 +38,8 @@ class ChoiceDelta:
     logprobs: list[TokenLogprob] | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    # With the first delta of a request that asked for prompt logprobs: one per prompt token (None first).
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass

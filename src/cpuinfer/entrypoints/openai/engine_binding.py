@@ -40,7 +40,8 @@ def _logprobs(entries) -> list[TokenLogprob] | None:
     out = []
     for chosen_id, table in entries:
         top = sorted(((tid, lp) for tid, lp in table.items() if lp.rank is not None), key=lambda x: x[1].rank)
-        out.append(TokenLogprob(chosen_id, table[chosen_id].logprob, [(tid, lp.logprob) for tid, lp in top]))
+        chosen = table[chosen_id]
+        out.append(TokenLogprob(chosen_id, chosen.logprob, [(tid, lp.logprob) for tid, lp in top], chosen.rank))
     return out
 
 
@@ -98,6 +99,10 @@ class AsyncLLMAdapter(EngineAdapter):
         try:
             async for out in stream:
                 deltas = []
+                prompt_lps = None
+                if out.prompt_logprobs is not None:
+                    pairs = zip(out.prompt_token_ids[1:], out.prompt_logprobs[1:], strict=True)
+                    prompt_lps = [None, *_logprobs(list(pairs))]
                 for o in out.outputs:
                     if o.index in done_choices:
                         continue  # a finished choice is repeated while its siblings run; report it once
@@ -106,7 +111,9 @@ class AsyncLLMAdapter(EngineAdapter):
                     lps = None
                     if o.logprobs is not None:
                         lps = _logprobs(list(zip(o.token_ids, o.logprobs, strict=False)))
-                    deltas.append(ChoiceDelta(o.index, o.text, list(o.token_ids), lps, o.finish_reason, o.stop_reason))
+                    deltas.append(
+                        ChoiceDelta(o.index, o.text, list(o.token_ids), lps, o.finish_reason, o.stop_reason, prompt_lps)
+                    )
                 finished = out.finished
                 if deltas:
                     yield deltas

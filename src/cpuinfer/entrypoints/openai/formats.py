@@ -25,6 +25,7 @@ from cpuinfer.entrypoints.openai.protocol import (
     CompletionRequest,
     CompletionResponse,
     DeltaMessage,
+    PromptLogprob,
     SamplingFields,
     TopLogprob,
     UsageInfo,
@@ -59,15 +60,16 @@ class ResponseFormat:
         """Chunks sent before the first delta."""
         return []
 
-    def chunk(self, d: ChoiceDelta) -> dict | None:
-        """The chunk for one delta (called before the delta is absorbed), or None when it carries nothing."""
+    def chunk(self, d: ChoiceDelta) -> dict | list[dict] | None:
+        """The chunk for one delta (called before the delta is absorbed), a list of events where one delta is
+        several, or None when it carries nothing."""
         raise NotImplementedError
 
     def usage_chunk(self, usage: UsageInfo) -> dict:
         """The final usage-only chunk."""
         raise NotImplementedError
 
-    def response(self) -> BaseModel:
+    def response(self) -> BaseModel | dict:
         """The whole non-streaming response."""
         raise NotImplementedError
 
@@ -78,6 +80,9 @@ class CompletionFormat(ResponseFormat):
     def __init__(self, job: Job, model_name: str, tokenization: Tokenization, req: CompletionRequest):
         super().__init__(job, model_name, tokenization)
         self.req = req
+        # echo with logprobs: the echo waits for the prompt's logprobs, which come with the first delta.
+        self.echo_with_logprobs = req.echo and req.logprobs is not None
+        self.echoed: set[int] = set()
 
     def _body(self, choices: list[CompletionChoice], usage: UsageInfo | None) -> dict:
         return dump(
@@ -89,35 +94,68 @@ class CompletionFormat(ResponseFormat):
     def _echo(self, i: int) -> str:
         return (self.job.prompts[i // self.job.n].text or "") if self.req.echo else ""
 
-    def _logprobs(self, entries: list[TokenLogprob], offset: int) -> CompletionLogProbs | None:
-        """Legacy completions logprobs of generated tokens, text offsets from `offset`."""
+    def _logprobs(
+        self, entries: list[TokenLogprob], offset: int, prompt: tuple[list[int], list] | None = None
+    ) -> CompletionLogProbs | None:
+        """Legacy completions logprobs of generated tokens, text offsets from `offset`; with `prompt` (its token
+        ids and prompt logprobs: echo), the prompt's tokens first, from offset 0 (the first has no logprob)."""
         k = self.req.logprobs
         if k is None:
             return None
         token_text = self.tokenization.token_text
         out = CompletionLogProbs()
+        if prompt is not None:
+            at = 0
+            for tok, e in zip(*prompt, strict=True):
+                text = token_text(tok)
+                out.tokens.append(text)
+                out.token_logprobs.append(None if e is None else _lp(e.logprob))
+                out.top_logprobs.append(None if e is None else self._top(e, text, k))
+                out.text_offset.append(at)
+                at += len(text)
         for e in entries:
             text = token_text(e.token_id)
             out.tokens.append(text)
             out.token_logprobs.append(_lp(e.logprob))
-            top = {token_text(t): _lp(lp) for t, lp in e.top[:k]}
-            top.setdefault(text, _lp(e.logprob))
-            out.top_logprobs.append(top)
+            out.top_logprobs.append(self._top(e, text, k))
             out.text_offset.append(offset)
             offset += len(text)
         return out
 
+    def _top(self, e: TokenLogprob, text: str, k: int) -> dict[str, float]:
+        token_text = self.tokenization.token_text
+        top = {token_text(t): _lp(lp) for t, lp in e.top[:k]}
+        top.setdefault(text, _lp(e.logprob))
+        return top
+
+    def _prompt_part(self, i: int, prompt_lps: list | None) -> tuple[list[int], list] | None:
+        """(prompt token ids, their logprobs) of choice i, for echo with logprobs."""
+        if not self.echo_with_logprobs or prompt_lps is None:
+            return None
+        return self.job.prompts[i // self.job.n].token_ids, prompt_lps
+
     def opening(self) -> list[dict]:
-        if not self.req.echo:
+        if not self.req.echo or self.echo_with_logprobs:
             return []
         return [self._body([CompletionChoice(index=i, text=self._echo(i))], None) for i in range(len(self.job.states))]
 
     def chunk(self, d: ChoiceDelta) -> dict | None:
-        lp = self._logprobs(d.logprobs or [], len(self.job.states[d.index].text))
-        if not (d.text or d.finish_reason is not None or (lp and lp.tokens)):
+        prefix, prompt = "", None
+        if self.echo_with_logprobs and d.index not in self.echoed:
+            self.echoed.add(d.index)
+            prefix, prompt = self._echo(d.index), self._prompt_part(d.index, d.prompt_logprobs)
+        offset = len(self._echo(d.index)) + len(self.job.states[d.index].text)
+        lp = self._logprobs(d.logprobs or [], offset, prompt)
+        plp = vllm_prompt_logprobs(d.prompt_logprobs, self.req.prompt_logprobs, self.tokenization)
+        if not (prefix or d.text or d.finish_reason is not None or (lp and lp.tokens) or plp):
             return None
         choice = CompletionChoice(
-            index=d.index, text=d.text, logprobs=lp, finish_reason=d.finish_reason, stop_reason=d.stop_reason
+            index=d.index,
+            text=prefix + d.text,
+            logprobs=lp,
+            finish_reason=d.finish_reason,
+            stop_reason=d.stop_reason,
+            prompt_logprobs=plp,
         )
         return self._body([choice], None)
 
@@ -128,15 +166,44 @@ class CompletionFormat(ResponseFormat):
         choices = []
         for i, s in enumerate(self.job.states):
             prefix = self._echo(i)
-            lp = self._logprobs(s.logprobs, len(prefix))
+            lp = self._logprobs(s.logprobs, len(prefix), self._prompt_part(i, s.prompt_logprobs))
             choices.append(
                 CompletionChoice(
-                    index=i, text=prefix + s.text, logprobs=lp, finish_reason=s.finish_reason, stop_reason=s.stop_reason
+                    index=i,
+                    text=prefix + s.text,
+                    logprobs=lp,
+                    finish_reason=s.finish_reason,
+                    stop_reason=s.stop_reason,
+                    prompt_logprobs=vllm_prompt_logprobs(
+                        s.prompt_logprobs, self.req.prompt_logprobs, self.tokenization
+                    ),
                 )
             )
         return CompletionResponse(
             id=self.job.request_id, model=self.model_name, choices=choices, usage=self.job.usage()
         )
+
+
+def vllm_prompt_logprobs(entries: list | None, k: int | None, tokenization: Tokenization) -> list | None:
+    """vLLM's prompt_logprobs field: per prompt token None or {token id: {logprob, rank, decoded_token}} with the
+    k most likely tokens and the prompt's own; None unless the request asked for them (k)."""
+    if k is None or entries is None:
+        return None
+    token_text = tokenization.token_text
+    out: list = []
+    for e in entries:
+        if e is None:
+            out.append(None)
+            continue
+        table = {
+            str(t): PromptLogprob(logprob=_lp(lp), rank=r, decoded_token=token_text(t))
+            for r, (t, lp) in enumerate(e.top[:k], start=1)
+        }
+        table.setdefault(
+            str(e.token_id), PromptLogprob(logprob=_lp(e.logprob), rank=e.rank, decoded_token=token_text(e.token_id))
+        )
+        out.append(table)
+    return out
 
 
 def chat_chunk_json(chunk: ChatCompletionChunk) -> dict:
@@ -242,5 +309,11 @@ class ChatFormat(ResponseFormat):
                 )
             )
         return ChatCompletionResponse(
-            id=self.job.request_id, model=self.model_name, choices=choices, usage=self.job.usage()
+            id=self.job.request_id,
+            model=self.model_name,
+            choices=choices,
+            usage=self.job.usage(),
+            prompt_logprobs=vllm_prompt_logprobs(
+                self.job.states[0].prompt_logprobs, self.req.prompt_logprobs, self.tokenization
+            ),
         )

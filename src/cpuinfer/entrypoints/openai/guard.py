@@ -23,7 +23,7 @@ from cpuinfer.entrypoints.openai.request_bounds import RequestBounds, check_body
 logger = logging.getLogger("cpuinfer.server")
 
 PROBE_ROUTES = ("/health", "/ping")
-CHECKED_ROUTES = ("/v1/completions", "/v1/chat/completions", "/tokenize")
+CHECKED_ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/tokenize")
 LARGE_BODY = 1024 * 1024  # bytes: after requests this large, freed heap is given back to the OS
 
 
@@ -35,6 +35,14 @@ class GuardConfig:
     body_timeout: float = 30.0  # seconds to receive a whole body
     limit_concurrency: int | None = None  # in-flight requests, probes not counted
     bounds: RequestBounds = field(default_factory=RequestBounds)
+
+
+def route_path(scope) -> str:
+    """The path the routes match: uvicorn puts --root-path in front of it (as the ASGI spec asks)."""
+    path, root = scope["path"], scope.get("root_path", "")
+    if root and path.startswith(root):
+        path = path[len(root) :] or "/"
+    return path
 
 
 class _TooLarge(Exception):
@@ -56,7 +64,7 @@ class RequestGuard:
         self._large_seen = False  # a body over LARGE_BODY was read since the heap was last released
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["path"] in PROBE_ROUTES:
+        if scope["type"] != "http" or route_path(scope) in PROBE_ROUTES:
             return await self.app(scope, receive, send)
         cfg = self.config
         if cfg.limit_concurrency is not None and self.in_flight >= cfg.limit_concurrency:
@@ -99,8 +107,9 @@ class RequestGuard:
                 msg = "The request body is JSON nested too deeply to decode; no field of this API needs it."
                 return await error_response(msg, 400)(scope, receive, send)
             try:
-                if scope["path"] in CHECKED_ROUTES:
-                    check_body(scope["path"], parsed, cfg.bounds, *self.char_limits())
+                route = route_path(scope)
+                if route in CHECKED_ROUTES:
+                    check_body(route, parsed, cfg.bounds, *self.char_limits())
             except APIError as e:
                 return await e.response()(scope, receive, send)
         replayed = False

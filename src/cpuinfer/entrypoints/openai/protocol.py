@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from cpuinfer.entrypoints.openai.ignored_fields import log_ignored
 
 # The same bounds as SamplingParams (one table, in cpuinfer.sampling_params): a value this schema
 # accepts is never refused later, after the response has started. Limits that depend on the engine
@@ -22,6 +24,8 @@ from cpuinfer.sampling_params import (
     INT32_MAX,
     INT64_MAX,
     INT64_MIN,
+    LOGIT_BIAS_RANGE,
+    MAX_LOGIT_BIAS,
     MAX_N,
     MAX_REPETITION_PENALTY,
     MAX_TEMPERATURE,
@@ -62,16 +66,40 @@ class JsonSchemaFormat(OpenAIModel):
 
 
 class ResponseFormat(OpenAIModel):
-    """`response_format`: text, any JSON object, or JSON following a schema."""
+    """`response_format`: text, any JSON object, or JSON following a schema.
+
+    The schema comes in OpenAI's `json_schema: {name, schema}` or, as older clients (instructor's
+    JSON_SCHEMA mode) send it, as a top-level `schema`; both mean the same."""
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
+    schema_: dict | None = Field(None, alias="schema")
 
     @model_validator(mode="after")
     def _check_schema(self):
+        if self.schema_ is not None:
+            if self.type != "json_schema":
+                raise ValueError(f"response_format.schema needs type json_schema, not {self.type}")
+            if self.json_schema is not None:
+                raise ValueError("response_format: give the schema once, in json_schema.schema or in schema")
+            self.json_schema = JsonSchemaFormat(name="response", schema=self.schema_)
         if self.type == "json_schema" and self.json_schema is None:
             raise ValueError("response_format of type json_schema needs a json_schema object")
         return self
+
+
+class TextContentPart(OpenAIModel):
+    """A text part of a message's content list."""
+
+    type: Literal["text"]
+    text: str
+
+
+class PredictionContent(OpenAIModel):
+    """`prediction`: OpenAI's predicted output (the text the answer is expected to resemble)."""
+
+    type: Literal["content"]
+    content: str | list[TextContentPart]
 
 
 class StreamOptions(OpenAIModel):
@@ -84,6 +112,7 @@ class StreamOptions(OpenAIModel):
 class SamplingFields(OpenAIModel):
     """Sampling fields shared by completions and chat (OpenAI's plus vLLM's extras)."""
 
+    ROUTE: ClassVar[str] = "request"
     model: str | None = None
     n: Annotated[int, Field(strict=True, ge=1, le=MAX_N)] = 1
     temperature: Annotated[float, Field(ge=0.0, le=MAX_TEMPERATURE, allow_inf_nan=False)] | None = None
@@ -104,8 +133,15 @@ class SamplingFields(OpenAIModel):
     include_stop_str_in_output: bool = False
     stream: bool | None = False
     stream_options: StreamOptions | None = None
+    # Accepted, logged once and ignored: they do not change the output (ignored_fields.py).
     user: str | None = None
-    logit_bias: dict[str, float] | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    prediction: PredictionContent | None = None  # the hook speculative decoding reads (its own issue)
+    logit_bias: dict[str, Annotated[float, Field(ge=LOGIT_BIAS_RANGE[0], le=LOGIT_BIAS_RANGE[1])]] | None = None
     # Constrained output: OpenAI's response_format, vLLM's structured_outputs and its older guided_* fields.
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsField | None = None
@@ -114,14 +150,28 @@ class SamplingFields(OpenAIModel):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _check_logit_bias(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        if bias is not None:
+            if len(bias) > MAX_LOGIT_BIAS:
+                raise ValueError(f"logit_bias has {len(bias)} entries; at most {MAX_LOGIT_BIAS} are allowed")
+            bad = [k for k in bias if not k.strip().isdigit()]
+            if bad:
+                raise ValueError(f'logit_bias keys must be token ids (e.g. "1234"); got {bad[0]!r}')
+        return bias
+
+    def logit_bias_ids(self) -> dict[int, float] | None:
+        """logit_bias with its keys as token ids (JSON object keys are strings)."""
+        return {int(k): float(v) for k, v in self.logit_bias.items()} if self.logit_bias else None
+
     @model_validator(mode="after")
     def _check_cross_fields(self):
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
-        if self.logit_bias:
-            raise ValueError("logit_bias is not supported by this server; remove it")
+        log_ignored(self.model_fields_set, self.ROUTE)
         stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         if any(s == "" for s in stops):
             raise ValueError("stop strings must not be empty")
@@ -131,6 +181,7 @@ class SamplingFields(OpenAIModel):
 class CompletionRequest(SamplingFields):
     """POST /v1/completions."""
 
+    ROUTE: ClassVar[str] = "/v1/completions"
     prompt: (
         str
         | list[str]
@@ -139,9 +190,10 @@ class CompletionRequest(SamplingFields):
     )
     max_tokens: Annotated[int, Field(strict=True, ge=1, le=INT32_MAX)] | None = 16
     echo: bool = False
-    # At most --max-logprobs (the engine's).
-    logprobs: Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)] | None = None
+    logprobs: Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)] | None = None  # at most --max-logprobs
     best_of: Annotated[int, Field(strict=True, ge=1, le=MAX_N)] | None = None
+    # vLLM's: the top-k logprobs of every prompt token, in each choice's prompt_logprobs (at most --max-logprobs)
+    prompt_logprobs: Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)] | None = None
     suffix: str | None = None
     add_special_tokens: bool = True
 
@@ -154,13 +206,6 @@ class CompletionRequest(SamplingFields):
         if isinstance(self.prompt, list) and len(self.prompt) == 0:
             raise ValueError("prompt must not be an empty list")
         return self
-
-
-class TextContentPart(OpenAIModel):
-    """A text part of a message's content list."""
-
-    type: Literal["text"]
-    text: str
 
 
 class ToolCallFunction(OpenAIModel):
@@ -251,6 +296,7 @@ class ChatMessage(OpenAIModel):
 class ChatCompletionRequest(SamplingFields):
     """POST /v1/chat/completions."""
 
+    ROUTE: ClassVar[str] = "/v1/chat/completions"
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(strict=True, ge=1, le=INT32_MAX)] | None = None
     logprobs: bool | None = False
@@ -262,7 +308,12 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = True
     chat_template: str | None = None  # vLLM's: a Jinja template used instead of the model's
+    # vLLM's: the top-k logprobs of every token of the rendered prompt, in the response (not with stream)
+    prompt_logprobs: Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)] | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # extra variables for the template (vLLM's)
+    # Passed to the chat template as the variable reasoning_effort (as vLLM does); templates that read it
+    # (gpt-oss, some Qwen / SmolLM3 variants) change their system prompt, the others ignore it.
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
 
     @model_validator(mode="after")
     def _check_chat(self):
@@ -270,8 +321,12 @@ class ChatCompletionRequest(SamplingFields):
             raise ValueError("top_logprobs requires logprobs to be true")
         if self.continue_final_message and self.add_generation_prompt:
             raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
+        if self.prompt_logprobs is not None and self.stream:
+            raise ValueError("prompt_logprobs are not available with stream: true (as in vLLM)")
         if self.continue_final_message and self.messages[-1].role != "assistant":
             raise ValueError("continue_final_message needs the last message to be from the assistant")
+        if self.reasoning_effort is not None:
+            self.chat_template_kwargs = {"reasoning_effort": self.reasoning_effort, **(self.chat_template_kwargs or {})}
         return self
 
     def output_limit(self) -> int | None:
@@ -345,6 +400,14 @@ class CompletionLogProbs(BaseModel):
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
+class PromptLogprob(BaseModel):
+    """vLLM's entry of prompt_logprobs: one candidate token's logprob, rank and text."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
 class CompletionChoice(BaseModel):
     """One choice of a completion (or one streamed piece of it)."""
 
@@ -353,6 +416,7 @@ class CompletionChoice(BaseModel):
     logprobs: CompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None  # with the request's (vLLM's)
 
 
 class CompletionResponse(BaseModel):
@@ -429,6 +493,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: UsageInfo
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None  # with the request's (vLLM's)
 
 
 class DeltaMessage(BaseModel):

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cpuinfer.entrypoints.openai.errors import APIError
+from cpuinfer.sampling_params import MAX_LOGIT_BIAS
 
 
 @dataclass(frozen=True)
@@ -145,17 +146,10 @@ def check_body(
         return
     messages = body.get("messages")
     if isinstance(messages, list):
-        if len(messages) > bounds.max_messages:
-            raise _too_big("messages", "has", len(messages), bounds.max_messages, "--max-chat-messages", " messages")
         chars = sum(text_chars(m.get("content")) for m in messages if isinstance(m, dict))
-        if chars_per_prompt is not None and chars > chars_per_prompt:
-            raise APIError(
-                f"messages hold {chars} characters of text, more than this model's maximum context length could "
-                f"ever hold ({chars_per_prompt} characters: the context length times the longest token's text); "
-                "shorten them",
-                400,
-                "messages",
-            )
+        _check_conversation("messages", len(messages), chars, bounds, chars_per_prompt)
+    if route == "/v1/responses":
+        _check_responses_input(body, bounds, chars_per_prompt)
     prompt = body.get("prompt")
     if route.endswith("/completions") or route == "/tokenize":
         texts = prompt if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt) else [prompt]
@@ -177,6 +171,9 @@ def check_body(
                 "prompt",
             )
     _check_constraints(body, bounds)
+    bias = body.get("logit_bias")
+    if isinstance(bias, dict) and len(bias) > MAX_LOGIT_BIAS:
+        raise APIError(f"logit_bias has {len(bias)} entries; at most {MAX_LOGIT_BIAS} are allowed", 400, "logit_bias")
     tools = body.get("tools")
     if isinstance(tools, list):
         if len(tools) > bounds.max_tools:
@@ -205,6 +202,48 @@ def check_body(
         )
 
 
+def _check_conversation(
+    field: str, messages: int, chars: int, bounds: RequestBounds, chars_per_prompt: int | None
+) -> None:
+    """A conversation's message count and characters of text."""
+    if messages > bounds.max_messages:
+        raise _too_big(field, "has", messages, bounds.max_messages, "--max-chat-messages", " messages")
+    if chars_per_prompt is not None and chars > chars_per_prompt:
+        raise APIError(
+            f"{field} hold{'' if field == 'messages' else 's'} {chars} characters of text, more than this model's "
+            f"maximum context length could ever hold ({chars_per_prompt} characters: the context length times the "
+            "longest token's text); shorten them",
+            400,
+            field,
+        )
+
+
+def _check_responses_input(body: dict, bounds: RequestBounds, chars_per_prompt: int | None) -> None:
+    """/v1/responses: `input` (a text or a list of items, each a message of the chat it means) and `instructions`
+    (one more message) as the conversation; `text.format.schema` as an output constraint."""
+    items = body.get("input")
+    instructions = body.get("instructions")
+    chars = len(instructions) if isinstance(instructions, str) else 0
+    count = 1 if instructions else 0
+    if isinstance(items, str):
+        chars += len(items)
+        count += 1
+    elif isinstance(items, list):
+        count += len(items)
+        for item in items:
+            if isinstance(item, dict):
+                chars += sum(text_chars(item.get(k)) for k in ("content", "arguments", "output"))
+    _check_conversation("input", count, chars, bounds, chars_per_prompt)
+    text = body.get("text")
+    fmt = text.get("format") if isinstance(text, dict) else None
+    if isinstance(fmt, dict) and fmt.get("schema") is not None:
+        size = json_size(fmt["schema"])
+        if size > bounds.max_grammar_bytes:
+            raise _too_big(
+                "text.format.schema", "takes", size, bounds.max_grammar_bytes, "--max-grammar-bytes", " bytes"
+            )
+
+
 def _check_constraints(body: dict, bounds: RequestBounds) -> None:
     """Choice count and grammar size of every field that can carry an output constraint."""
     so = body.get("structured_outputs")
@@ -214,8 +253,10 @@ def _check_constraints(body: dict, bounds: RequestBounds) -> None:
         fields += [(f"structured_outputs.{k}", so.get(k)) for k in ("json", "regex", "grammar")]
         choices.append(("structured_outputs.choice", so.get("choice")))
     rf = body.get("response_format")
-    if isinstance(rf, dict) and isinstance(rf.get("json_schema"), dict):
-        fields.append(("response_format.json_schema.schema", rf["json_schema"].get("schema")))
+    if isinstance(rf, dict):
+        if isinstance(rf.get("json_schema"), dict):
+            fields.append(("response_format.json_schema.schema", rf["json_schema"].get("schema")))
+        fields.append(("response_format.schema", rf.get("schema")))  # instructor's spelling
     for name, value in choices:
         if isinstance(value, list) and len(value) > bounds.max_choices:
             raise _too_big(name, "has", len(value), bounds.max_choices, "--max-structured-choices", " entries")

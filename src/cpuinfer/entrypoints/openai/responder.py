@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 from collections.abc import AsyncIterator, Coroutine
@@ -101,12 +102,16 @@ class Responder:
         log_requests: bool,
         draining: asyncio.Event | None = None,
         window_sequences: int = 16,
+        log_prompts: bool = False,
+        max_log_len: int | None = None,
     ):
         self.engine = engine
         self.metrics = metrics
         self.log_requests = log_requests
         self.draining = draining  # set when the shutdown grace period is over: running jobs end with a 503
         self.window_sequences = window_sequences  # sequences of one request in the engine at once
+        self.log_prompts = log_prompts  # --enable-log-requests
+        self.max_log_len = max_log_len
 
     def start(
         self,
@@ -119,6 +124,8 @@ class Responder:
         """Validate every prompt and start the first window of them on the engine, all or none; a refusal is the
         APIError naming the request's own field."""
         timer = RequestTimer(self.metrics)
+        if self.log_prompts:
+            self._log_received(request_id, prompts, params)
         streams: list[tuple[str, AsyncIterator[list[ChoiceDelta]]]] = []
         window = self.window(len(prompts), params.n)
         try:
@@ -158,13 +165,23 @@ class Responder:
                 await asyncio.sleep(delay)
                 delay = min(2 * delay, 0.5)
 
+    def _log_received(self, request_id: str, prompts: list[Prompt], params: SamplingParams) -> None:
+        """vLLM's request log line: the prompt, the sampling parameters and the prompt's token ids."""
+        cut = self.max_log_len
+        for i, p in enumerate(prompts):
+            rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
+            text = p.text if p.text is None or cut is None else p.text[:cut]
+            ids = p.token_ids if cut is None else p.token_ids[:cut]
+            logger.info("Received request %s: prompt: %r, params: %s, prompt_token_ids: %s", rid, text, params, ids)
+
     async def respond(self, raw: Request, req: SamplingFields, fmt: ResponseFormat) -> Response:
         """A started job as SSE (stream) or one JSON body."""
         if req.stream:
             return DisconnectAwareStream(self._events(fmt, req), media_type="text/event-stream")
         if not await run_until_disconnect(raw, self._collect(fmt.job)):
             return JSONResponse({}, status_code=499)  # the client left (nginx's code); nobody reads this
-        return JSONResponse(dump(fmt.response()))
+        body = fmt.response()
+        return JSONResponse(body if isinstance(body, dict) else dump(body))
 
     async def _events(self, fmt: ResponseFormat, req: SamplingFields) -> AsyncIterator[str]:
         """The server-sent events of a streaming response; always ends with [DONE] (after an error event if the
@@ -179,7 +196,10 @@ class Responder:
             async for d in self._until_drained(self._deltas(job)):
                 body = fmt.chunk(d)
                 job.states[d.index].absorb(d)
-                if body is not None:
+                if isinstance(body, list):  # a format whose delta is several typed events (/v1/responses)
+                    for event in body:
+                        yield sse(event)
+                elif body is not None:
                     if continuous:
                         body["usage"] = dump(job.usage())
                     yield sse(body)
@@ -265,9 +285,7 @@ class Responder:
                     raise item
                 job.timer.tokens(sum(len(d.token_ids) for d in item))
                 for d in item:
-                    yield ChoiceDelta(
-                        i * job.n + d.index, d.text, d.token_ids, d.logprobs, d.finish_reason, d.stop_reason
-                    )
+                    yield dataclasses.replace(d, index=i * job.n + d.index)
         finally:
             for t in tasks:
                 t.cancel()

@@ -20,7 +20,7 @@ from cpuinfer.entrypoints.openai.constraints import engine_param, request_constr
 from cpuinfer.entrypoints.openai.engine_adapter import EngineAdapter
 from cpuinfer.entrypoints.openai.errors import APIError, to_api_error
 from cpuinfer.entrypoints.openai.formats import ChatFormat, CompletionFormat
-from cpuinfer.entrypoints.openai.job import Prompt
+from cpuinfer.entrypoints.openai.job import Job, Prompt
 from cpuinfer.entrypoints.openai.metrics import ServerMetrics
 from cpuinfer.entrypoints.openai.prep_pool import PrepPool
 from cpuinfer.entrypoints.openai.protocol import (
@@ -37,7 +37,10 @@ from cpuinfer.entrypoints.openai.protocol import (
     random_id,
 )
 from cpuinfer.entrypoints.openai.responder import Responder
+from cpuinfer.entrypoints.openai.responses_api import ResponsesFormat, response_id
+from cpuinfer.entrypoints.openai.responses_protocol import ResponsesRequest
 from cpuinfer.entrypoints.openai.tool_calls import tool_constraint, tool_parser_for
+from cpuinfer.entrypoints.openai.tool_parsers import ToolParser
 from cpuinfer.errors import InvalidRequestError
 from cpuinfer.model_loader.chat_template import TemplateOutputTooLarge
 from cpuinfer.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
@@ -63,13 +66,17 @@ class OpenAIServing:
         prep: PrepPool | None = None,
         draining: asyncio.Event | None = None,
         window_sequences: int = 16,
+        log_prompts: bool = False,
+        max_log_len: int | None = None,
     ):
         self.engine = engine
         self.prep = prep  # worker processes for large prompts and request templates (None: threads)
         self.tool_call_parser = tool_call_parser  # tool_choice "auto" works only with one
         self.chat_template = chat_template
         self.model_names = served_model_names
-        self.responder = Responder(engine, metrics, log_requests, draining, window_sequences)
+        self.responder = Responder(
+            engine, metrics, log_requests, draining, window_sequences, log_prompts=log_prompts, max_log_len=max_log_len
+        )
 
     # ---- helpers -------------------------------------------------------------------------------
 
@@ -136,6 +143,7 @@ class OpenAIServing:
         defaults = self.engine.generation_defaults
         kw: dict[str, Any] = {
             "structured_outputs": constraint,
+            "logit_bias": req.logit_bias_ids(),
             "n": req.n,
             "presence_penalty": req.presence_penalty or 0.0,
             "frequency_penalty": req.frequency_penalty or 0.0,
@@ -190,11 +198,13 @@ class OpenAIServing:
         """POST /v1/completions."""
         self.check_model(req.model)
         self.check_ready()
-        if req.echo and req.logprobs is not None:
-            raise APIError("echo together with logprobs is not supported; drop one of them.", 400, "echo")
         prompts = await self._completion_prompts(req)
         constraint, source = request_constraint(req)
         params = self.sampling_params(req, req.max_tokens, req.logprobs, constraint)
+        # echo with logprobs shows the prompt tokens' logprobs too (OpenAI's legacy scoring, lm-eval's loglikelihood).
+        wanted = [k for k in (req.prompt_logprobs, req.logprobs if req.echo else None) if k is not None]
+        if wanted:
+            params = params.clone(prompt_logprobs=max(wanted))
         await self.compile_constraint(constraint, source)
         try:
             in_flight = self.responder.window(len(prompts), params.n) * params.n
@@ -251,6 +261,15 @@ class OpenAIServing:
 
     async def chat(self, req: ChatCompletionRequest, raw: Request) -> Response:
         """POST /v1/chat/completions."""
+        job, parser = await self.start_chat(req, random_id("chatcmpl"))
+        fmt = ChatFormat(job, self.model_name, self.engine.tokenization, req, parser)
+        return await self.responder.respond(raw, req, fmt)
+
+    async def start_chat(
+        self, req: ChatCompletionRequest, request_id: str, max_tokens_name: str | None = None
+    ) -> tuple[Job, ToolParser | None]:
+        """Check, render and start a chat request (also what /v1/responses runs); returns the running job and
+        the parser that finds tool calls in its reply (None: plain content)."""
         self.check_model(req.model)
         self.check_ready()
         parser = tool_parser_for(req, self.tool_call_parser)
@@ -263,11 +282,18 @@ class OpenAIServing:
         prompt = await self._chat_prompt(req, req.add_special_tokens, req.continue_final_message)
         k = (req.top_logprobs or 0) if req.logprobs else None
         params = self.sampling_params(req, req.output_limit(), k, constraint)
+        if req.prompt_logprobs is not None:
+            params = params.clone(prompt_logprobs=req.prompt_logprobs)
         await self.compile_constraint(constraint, source)
-        name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-        job = self.responder.start(random_id("chatcmpl"), [prompt], params, name, source)
-        fmt = ChatFormat(job, self.model_name, self.engine.tokenization, req, parser)
-        return await self.responder.respond(raw, req, fmt)
+        name = max_tokens_name or ("max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens")
+        return self.responder.start(request_id, [prompt], params, name, source), parser
+
+    async def responses(self, req: ResponsesRequest, raw: Request) -> Response:
+        """POST /v1/responses: the chat request it means, answered in the Responses API's shape."""
+        chat = req.chat_request()
+        job, parser = await self.start_chat(chat, response_id(), "max_output_tokens")
+        fmt = ResponsesFormat(job, self.model_name, self.engine.tokenization, req, parser)
+        return await self.responder.respond(raw, chat, fmt)
 
     # ---- models, tokenize ----------------------------------------------------------------------
 

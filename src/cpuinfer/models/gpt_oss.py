@@ -1,0 +1,98 @@
+"""gpt-oss (gpt-oss-20b, -120b): attention with sinks, biases and alternating sliding-window layers (YaRN
+rope), and a mixture of experts with a biased router (top-k logits, then a softmax over them), biased experts
+and a clamped SwiGLU."""
+
+from __future__ import annotations
+
+import torch
+
+from ..model_loader.errors import ModelLoadError
+from .layers import WeightBag, attention_plan, moe_plan, norm_weight
+from .llama import LlamaForCausalLM
+from .plan import LayerPlan, MoEMLP
+
+# The clamped SwiGLU's constants the kernels implement (csrc/common/activation.h).
+SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0
+_STACKS = ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")
+
+
+class GptOssForCausalLM(LlamaForCausalLM):
+    """gpt-oss from a checkpoint with 16-bit (or float32) experts."""
+
+    def __init__(self, config: dict, bag: WeightBag, max_positions: int, rope_freq_factors=None):
+        alpha, limit = float(config.get("swiglu_alpha", SWIGLU_ALPHA)), float(config.get("swiglu_limit", SWIGLU_LIMIT))
+        if (alpha, limit) != (SWIGLU_ALPHA, SWIGLU_LIMIT):
+            raise ModelLoadError(
+                f"{bag.source}: swiglu_alpha = {alpha}, swiglu_limit = {limit}: the kernels implement gpt-oss's "
+                f"{SWIGLU_ALPHA} and {SWIGLU_LIMIT} only"
+            )
+        if any(n.endswith(("_blocks", "_scales")) for n in bag.tensors):
+            raise ModelLoadError(
+                f"{bag.source}: the experts are MXFP4-quantized (*_blocks / *_scales tensors), which this version "
+                "cannot run yet; use a 16-bit checkpoint of the model (e.g. a BF16 export)"
+            )
+        super().__init__(config, bag, max_positions, rope_freq_factors)
+
+    def layer_plan(self, bag: WeightBag, i: int) -> LayerPlan:
+        """Layer i: RMSNorm, attention with sinks, RMSNorm, MoE."""
+        p = f"model.layers.{i}"
+        attn = attention_plan(
+            bag,
+            f"{p}.self_attn",
+            self.heads,
+            self.kv_heads,
+            self.head_size,
+            self.cos_sin,
+            self.head_size**-0.5,
+            bias=True,
+            o_bias=True,
+            sliding_window=self.windows[i],
+        )
+        sinks = bag.take(f"{p}.self_attn.sinks", torch.float32)
+        if sinks.shape != (self.heads,):
+            raise ModelLoadError(f"{bag.source}: {p}.self_attn.sinks has shape {list(sinks.shape)}, not [{self.heads}]")
+        if bag.tp.size > 1:
+            h0, n = bag.tp.share(self.heads)
+            sinks = sinks[h0 : h0 + n]
+        attn.sinks = sinks.contiguous()
+        return LayerPlan(
+            in_norm=norm_weight(bag, f"{p}.input_layernorm.weight"),
+            post_attn_norm=norm_weight(bag, f"{p}.post_attention_layernorm.weight"),
+            attn=attn,
+            mlp=self.moe(bag, p),
+            eps=self.eps,
+        )
+
+    def moe(self, bag: WeightBag, p: str) -> MoEMLP:
+        """The layer's experts, unstacked: transformers keeps them as [experts, in, out] tensors with the gate and
+        up features interleaved (even: gate, odd: up); each expert becomes a [out, in] gate, up and down."""
+        c = self.config
+        experts = int(c["num_local_experts"])
+        prefix = f"{p}.mlp.experts"
+        stacks = {}
+        for name in _STACKS:
+            t = bag.take(f"{prefix}.{name}", torch.float32 if name.endswith("bias") else None)
+            if t.shape[0] != experts:
+                raise ModelLoadError(
+                    f"{bag.source}: {prefix}.{name} holds {t.shape[0]} experts; the config says {experts}"
+                )
+            stacks[name] = t
+        gate_up, gate_up_b = stacks["gate_up_proj"], stacks["gate_up_proj_bias"]
+        for e in range(experts):
+            w = gate_up[e].t()
+            for part, rows in (("gate_proj", slice(0, None, 2)), ("up_proj", slice(1, None, 2))):
+                bag.tensors[f"{prefix}.{e}.{part}.weight"] = w[rows].contiguous()
+                bag.tensors[f"{prefix}.{e}.{part}.bias"] = gate_up_b[e][rows].contiguous()
+            bag.tensors[f"{prefix}.{e}.down_proj.weight"] = stacks["down_proj"][e].t().contiguous()
+            bag.tensors[f"{prefix}.{e}.down_proj.bias"] = stacks["down_proj_bias"][e].contiguous()
+        return moe_plan(
+            bag,
+            f"{p}.mlp",
+            num_experts=experts,
+            top_k=int(c["num_experts_per_tok"]),
+            act="swiglu_oai",
+            router="router",
+            scoring="topk_softmax",
+            router_bias=True,
+            expert_bias=True,
+        )
