@@ -113,6 +113,8 @@ class EngineArgs:
     max_stop_token_ids: int = 1024
     max_request_tokens: int = 2**19
     max_retained_logprobs: int = 2**20
+    max_request_prompt_tokens: int = 2**17
+    max_request_sequences: int = 1024
     max_waiting_requests: int = 1024
     engine_heartbeat_timeout: float = 30.0
     num_gpu_blocks_override: int | None = None  # vLLM's name; here: KV blocks instead of the GiB budget
@@ -269,7 +271,19 @@ class EngineArgs:
             "--max-retained-logprobs",
             type=int,
             default=2**20,
-            help="Most logprob entries one request may keep (n x max_tokens x (logprobs + 1)).",
+            help="Most logprob entries one request may keep (n x max_tokens x (logprobs + 1), all prompts).",
+        )
+        g.add_argument(
+            "--max-request-prompt-tokens",
+            type=int,
+            default=2**17,
+            help="Most prompt tokens one request may send in all (the sum over a completions request's prompts).",
+        )
+        g.add_argument(
+            "--max-request-sequences",
+            type=int,
+            default=1024,
+            help="Most sequences one request may start (prompts x n).",
         )
         g.add_argument(
             "--max-waiting-requests",
@@ -352,6 +366,8 @@ class EngineArgs:
             "max_stop_token_ids",
             "max_request_tokens",
             "max_retained_logprobs",
+            "max_request_prompt_tokens",
+            "max_request_sequences",
         ):
             positive(name, getattr(self, name))
         if not isinstance(self.max_logprobs, int) or self.max_logprobs < 0:

@@ -11,8 +11,17 @@ import httpx
 import openai
 import pytest
 
+from .conftest import running_server
+
 MODEL = "SmolLM2-135M-Instruct"
 ASK = [{"role": "user", "content": "Name a colour."}]
+
+
+@pytest.fixture(scope="module")
+def server():
+    """The module's server: test_reasoning_effort_reaches_the_chat_template sends its own chat template."""
+    with running_server("--trust-request-chat-template") as s:
+        yield s
 
 
 @pytest.fixture(scope="module")

@@ -125,7 +125,16 @@ def invalid(kind: str, detail: str) -> InvalidRequestError:
         "choice": "choice list",
         "json_object": "json_object",
     }[kind]
-    return InvalidRequestError(f"The {what} cannot be compiled: {detail}", f"structured_outputs.{kind}")
+    return InvalidRequestError(f"The {what} cannot be compiled: {client_detail(detail)}", f"structured_outputs.{kind}")
+
+
+def client_detail(detail: str) -> str:
+    """A compiler's message without what is only about its internals: a native panic's backtrace and build paths
+    (llguidance's assertion on a too-large grammar carries both) become one sentence."""
+    first = detail.strip().split("\n", 1)[0].strip()
+    if first.startswith("panic") or "assertion failed" in first or "<backtrace>" in detail or ".rs:" in first:
+        return "the grammar is too large or too complex for the grammar compiler; make it smaller"
+    return first[:500]
 
 
 def make_backend(name: str, tokenizer: Any, vocab_size: int, eos_token_ids: list[int]) -> GrammarBackend:

@@ -3,12 +3,14 @@ each choice has produced so far."""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from cpuinfer.entrypoints.openai.engine_adapter import ChoiceDelta, TokenLogprob
 from cpuinfer.entrypoints.openai.metrics import RequestTimer
 from cpuinfer.entrypoints.openai.protocol import CompletionTokensDetails, UsageInfo
+from cpuinfer.sampling_params import SamplingParams
 
 
 @dataclass
@@ -53,9 +55,11 @@ class Job:
     request_id: str
     prompts: list[Prompt]
     n: int
-    streams: list[tuple[str, AsyncIterator[list[ChoiceDelta]]]]  # (engine request id, its deltas)
+    streams: list[tuple[str, AsyncIterator[list[ChoiceDelta]]]]  # (engine request id, its deltas), prompt order
     timer: RequestTimer
     states: list[ChoiceState] = field(default_factory=list)
+    params: SamplingParams | None = None
+    pending: deque[int] = field(default_factory=deque)  # prompts validated but not started yet (the window)
 
     def __post_init__(self) -> None:
         self.states = [ChoiceState() for _ in range(self.n * len(self.prompts))]
