@@ -116,10 +116,14 @@ class EngineArgs:
     max_stop_token_ids: int = 1024
     max_request_tokens: int = 2**19
     max_retained_logprobs: int = 2**20
+    max_request_prompt_tokens: int = 2**17
+    max_request_sequences: int = 1024
     max_waiting_requests: int = 1024
     engine_heartbeat_timeout: float = 30.0
     num_gpu_blocks_override: int | None = None  # vLLM's name; here: KV blocks instead of the GiB budget
     structured_outputs_backend: str = "llguidance"  # cpuinfer.structured.backend.BACKENDS
+    # vLLM's speculative_config: a dict or its JSON (cpuinfer.spec_decode.config); None: no speculation.
+    speculative_config: str | dict[str, Any] | None = None
     # Where the model comes from (vLLM's names): MODEL / --tokenizer may be Hugging Face ids (model_loader.hub).
     tokenizer: str | None = None
     revision: str | None = None
@@ -281,6 +285,13 @@ class EngineArgs:
             help="Grammar backend of JSON-schema / regex / choice / grammar outputs (xgrammar needs "
             "pip install xgrammar).",
         )
+        g.add_argument(
+            "--speculative-config",
+            default=None,
+            help='Speculative decoding, as JSON with vLLM\'s keys: \'{"method": "ngram", "num_speculative_tokens": 4, '
+            '"prompt_lookup_min": 2, "prompt_lookup_max": 4}\' (prompt lookup) or \'{"model": "<draft path>", '
+            '"num_speculative_tokens": 4}\' (a draft model with the same tokenizer). Greedy output is unchanged.',
+        )
         add_gpu_flags(parser)
         g = parser.add_argument_group("request limits (a request over one gets a clear error, nothing starts)")
         g.add_argument("--max-stop-strings", type=int, default=64, help="Most stop strings per request.")
@@ -296,7 +307,19 @@ class EngineArgs:
             "--max-retained-logprobs",
             type=int,
             default=2**20,
-            help="Most logprob entries one request may keep (n x max_tokens x (logprobs + 1)).",
+            help="Most logprob entries one request may keep (n x max_tokens x (logprobs + 1), all prompts).",
+        )
+        g.add_argument(
+            "--max-request-prompt-tokens",
+            type=int,
+            default=2**17,
+            help="Most prompt tokens one request may send in all (the sum over a completions request's prompts).",
+        )
+        g.add_argument(
+            "--max-request-sequences",
+            type=int,
+            default=1024,
+            help="Most sequences one request may start (prompts x n).",
         )
         g.add_argument(
             "--max-waiting-requests",
@@ -379,6 +402,8 @@ class EngineArgs:
             "max_stop_token_ids",
             "max_request_tokens",
             "max_retained_logprobs",
+            "max_request_prompt_tokens",
+            "max_request_sequences",
         ):
             positive(name, getattr(self, name))
         if not isinstance(self.max_logprobs, int) or self.max_logprobs < 0:
@@ -410,6 +435,9 @@ class EngineArgs:
         model = resolve_model(self.model or default_model_path(), self.revision, self.download_dir)
         space_gib = envs.KVCACHE_SPACE.get()  # parse errors name the variable
 
+        from cpuinfer.spec_decode.config import SpeculativeConfig
+
+        speculative = SpeculativeConfig.parse(self.speculative_config)
         spec = _load_spec(model, self.dtype, self.quantization, os.path.getmtime(model))
         spec = self._apply_overrides(spec)
         cache_dtype = spec.dtype if self.kv_cache_dtype == "auto" else CACHE_DTYPES[self.kv_cache_dtype]
@@ -472,6 +500,7 @@ class EngineArgs:
             max_num_seqs=seqs,
             kv_bytes_per_token=per_token,
             pooler=pooler,
+            speculative=speculative,
         )
 
     def resolved_runner(self) -> str | None:
@@ -513,6 +542,8 @@ class EngineArgs:
             raise ValueError(
                 "the pooling runner runs on one rank: drop --tensor-parallel-size/--pipeline-parallel-size"
             )
+        if self.speculative_config is not None:
+            raise ValueError("the pooling runner does not decode, so it cannot speculate: drop --speculative-config")
         from cpuinfer.models.pooler import resolve_pooler
 
         return resolve_pooler(model, spec.hf_config, self.pooler_config)
@@ -540,6 +571,7 @@ class EngineConfig:
     max_num_seqs: int
     kv_bytes_per_token: int
     pooler: Any = None  # models.pooler.PoolerConfig under the pooling runner, else None
+    speculative: Any = None  # cpuinfer.spec_decode.config.SpeculativeConfig, or None: no speculation
 
     @property
     def runner(self) -> str:

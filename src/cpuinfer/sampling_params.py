@@ -135,6 +135,9 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     structured_outputs: StructuredOutputsParams | None = None
+    # OpenAI's predicted output ({"type": "content", "content": ...}'s text): the text the client expects
+    # back (a file being edited); it feeds the speculative proposer. Output is unchanged by it.
+    prediction: str | None = None
     # Added to the logits of these token ids before sampling (OpenAI's logit_bias; -100 bans, 100 forces).
     logit_bias: dict[int, float] | None = None
     # Set on a pooling model's requests (PoolingParams.as_sampling): the prompt's pooled hidden state comes
@@ -206,6 +209,8 @@ class SamplingParams:
             self._verify_logit_bias(bad)
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
             raise bad("structured_outputs", "must be a StructuredOutputsParams or None")
+        if self.prediction is not None and not isinstance(self.prediction, str):
+            raise bad("prediction", "must be a string or None")
         if not isinstance(self.output_kind, RequestOutputKind):
             raise bad("output_kind", "must be a RequestOutputKind")
 

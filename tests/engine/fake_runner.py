@@ -48,8 +48,10 @@ class FakeRunner:
             for j, t in enumerate(s.token_ids):
                 p = s.start_pos + j
                 self.cache[s.block_table[p // bs], p % bs] = t
-            if s.sample:
+            if s.logit_rows:
                 ctx = [int(self.cache[s.block_table[p // bs], p % bs]) for p in range(end)]
                 assert -1 not in ctx, "read an unwritten slot"
-                rows.append(reference_logits(ctx))
+                # Its last logit_rows rows: one to sample, num_spec + 1 to verify proposals, or every row.
+                for j in range(s.logit_rows - 1, -1, -1):
+                    rows.append(reference_logits(ctx[: end - j]))
         return torch.stack(rows) if rows else torch.empty(0, VOCAB)

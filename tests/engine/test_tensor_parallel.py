@@ -94,6 +94,16 @@ def test_engine_features_under_tp2(checkpoints, kv):
     assert two["preemptions"] > 0 and two["prefix_hits"] > 0
 
 
+def test_speculative_decoding_under_tp2(checkpoints):
+    """n-gram speculation on two ranks (the verification rows cross to the workers with the step): one rank's
+    plain greedy tokens, with proposals accepted."""
+    one = run("engine", checkpoints["llama"], "float32", "auto", "1")
+    ngram = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1})
+    two = run("engine", checkpoints["llama"], "float32", "auto", ngram, "2")
+    assert two["tokens"] == one["tokens"]
+    assert two["accepted"] > 0
+
+
 def test_quantized_gguf_shares_stay_quantized(smol_path):
     """SmolLM2's Q4_1 GGUF on 3 ranks (its 9 heads and 3 KV heads split 3 ways): every projection and the tied
     vocabulary-parallel table stay Q4_1 on every rank, one rank's greedy tokens, and logits within 2% of its.

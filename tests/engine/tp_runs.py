@@ -65,9 +65,10 @@ def runner_model(runner):
     return getattr(runner, "runner", runner).model
 
 
-def engine_greedy(path: str, dtype: str, kv: str, tp: int, pp: int = 1) -> dict:
+def engine_greedy(path: str, dtype: str, kv: str, tp: int, pp: int = 1, speculative: dict | None = None) -> dict:
     """The whole engine (LLM): prefix caching on shared prefixes, prefill chunked by a small token budget,
-    preemption from a small KV pool; greedy token ids and the number of preemptions."""
+    preemption from a small KV pool, speculative decoding if given; greedy token ids and the number of
+    preemptions."""
     from cpuinfer import LLM, SamplingParams
 
     shared = list(range(100, 140))  # 40 tokens: two full 16-token blocks shared by the first prompts
@@ -83,6 +84,7 @@ def engine_greedy(path: str, dtype: str, kv: str, tp: int, pp: int = 1) -> dict:
         max_model_len=128,
         max_num_batched_tokens=32,
         enable_prefix_caching=True,
+        speculative_config=speculative,
     )
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True), use_tqdm=False)
     stats = llm.llm_engine.get_stats()
@@ -90,6 +92,7 @@ def engine_greedy(path: str, dtype: str, kv: str, tp: int, pp: int = 1) -> dict:
         "tokens": [list(o.outputs[0].token_ids) for o in outs],
         "preemptions": stats.num_preemptions,
         "prefix_hits": stats.prefix_cache_hits,
+        "accepted": stats.spec_decode_num_accepted_tokens,
     }
 
 
@@ -132,8 +135,9 @@ def main() -> None:
         path, tp = args
         print(json.dumps(smol_tp3(path, int(tp))))
     elif mode == "engine":
-        path, dtype, kv, size = args
-        print(json.dumps(engine_greedy(path, dtype, kv, *ranks(size))))
+        path, dtype, kv, *speculative, size = args  # the ranks stay last (test_tensor_parallel.run reads them)
+        spec = json.loads(speculative[0]) if speculative else None
+        print(json.dumps(engine_greedy(path, dtype, kv, *ranks(size), speculative=spec)))
     else:
         raise SystemExit(f"unknown mode {mode}")
 

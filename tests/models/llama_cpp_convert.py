@@ -76,3 +76,51 @@ def convert(hf_dir: str, out: str, outtype: str = "f32") -> str:
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return out
+
+
+# Byte layout of the K-quant blocks (ggml's block_q4_K, block_q5_K, block_q6_K): (bytes per block of 256,
+# [(offset of an f16 scale, value)]). Random bytes elsewhere are valid blocks (6-bit scales, quants, high bits).
+_K_BLOCKS = {
+    "Q4_K": (144, [(0, 1e-4), (2, 2e-4)]),
+    "Q5_K": (176, [(0, 5e-5), (2, 1e-4)]),
+    "Q6_K": (210, [(208, 1e-5)]),
+}
+
+
+def with_random_k_quant_experts(src: str, dst: str, qtype: str, seed: int = 0) -> str:
+    """A copy of the GGUF file src whose expert stacks are random blocks of a K-quant type (gguf-py writes no
+    K-quants, and this tests the format's layout, not a quantizer): every block valid, its scales small."""
+    import numpy as np
+
+    sys.path.insert(0, str(llama_cpp_source() / "gguf-py"))
+    import gguf
+
+    reader = gguf.GGUFReader(src)
+    writer = gguf.GGUFWriter(dst, arch=reader.get_field(gguf.Keys.General.ARCHITECTURE).contents())
+    for field in reader.fields.values():
+        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
+            continue
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), vtype, sub_type=sub)
+    rng = np.random.default_rng(seed)
+    size, scales = _K_BLOCKS[qtype]
+    qt = gguf.GGMLQuantizationType[qtype]
+    out = []
+    for t in reader.tensors:
+        if "_exps." in t.name:
+            shape = [int(d) for d in reversed(t.shape)]  # torch order [experts, out, in]
+            blocks = rng.integers(0, 256, (int(np.prod(shape)) // 256, size), dtype=np.uint8)
+            for offset, value in scales:
+                blocks[:, offset : offset + 2] = np.frombuffer(np.float16(value).tobytes(), np.uint8)
+            data = blocks.reshape(*shape[:-1], shape[-1] // 256 * size)
+            out.append((t.name, data, qt))
+        else:
+            out.append((t.name, t.data, t.tensor_type))
+    for name, data, qtype_ in out:
+        writer.add_tensor(name, data, raw_dtype=qtype_)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst

@@ -94,6 +94,7 @@ def test_hf_tokenizer_smaller_than_vocab_is_padding(tiny_dir, tmp_path):
         (dict(num_attention_heads=0), r"config\.json: num_attention_heads = 0 is not a positive integer"),
         (dict(num_hidden_layers=2**40), r"num_hidden_layers = 1099511627776 is not a plausible layer count"),
         (dict(num_hidden_layers="2"), r"num_hidden_layers = '2' is not a positive integer"),
+        (dict(vocab_size=10**12), r"vocab_size = 1000000000000 is not a plausible vocabulary size"),
         (dict(num_attention_heads=3, num_key_value_heads=2), r"num_key_value_heads = 2 is not a divisor of the 3"),
         (dict(max_position_embeddings=-1), r"max_position_embeddings = -1 is not a positive integer"),
         (dict(rope_theta=float("inf")), r"rope_theta = inf is not a finite positive number"),

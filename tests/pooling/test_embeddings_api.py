@@ -136,3 +136,28 @@ def test_embeddings_are_counted_on_metrics(server):
         if line.startswith("vllm:request_success_total{") and 'finished_reason="stop"' in line
     ]
     assert count and count[0] >= 1
+
+
+def test_whole_request_caps_and_strict_integers(server):
+    """/v1/embeddings' many inputs meet the completions route's whole-request caps (sequences, prompt tokens),
+    named as `input`; its integer fields take JSON integers only."""
+    r = post(server, {"input": [[1]] * 1025})
+    assert r.status_code == 400 and "--max-request-sequences" in r.json()["error"]["message"], r.text
+    assert r.json()["error"]["param"] == "input"
+    r = post(server, {"input": [[5] * 300] * 500})  # 150,000 tokens, each input within the context
+    assert r.status_code == 400 and "--max-request-prompt-tokens" in r.json()["error"]["message"], r.text
+    assert r.json()["error"]["param"] == "input"
+    for body in (
+        {"input": "w1", "dimensions": "8"},
+        {"input": "w1", "dimensions": 8.0},
+        {"input": "w1", "truncate_prompt_tokens": "4"},
+        {"input": [1, 2.0]},
+        {"input": [[1, True]]},
+    ):
+        assert post(server, body).status_code == 400, body
+    # A window of inputs at a time, still one vector per input, in order.
+    ids = [[i + 1, EOS] for i in range(40)]
+    r = post(server, {"input": ids, "encoding_format": "float"})
+    assert r.status_code == 200 and [d["index"] for d in r.json()["data"]] == list(range(40))
+    one = post(server, {"input": ids[33], "encoding_format": "float"}).json()["data"][0]["embedding"]
+    torch.testing.assert_close(torch.tensor(r.json()["data"][33]["embedding"]), torch.tensor(one))

@@ -139,7 +139,8 @@ def test_a_huge_prompt_is_tokenized_off_the_event_loop(server):
     with HealthProbe(server) as probe:
         r = post(server, "/completions", {"prompt": text, "max_tokens": 4}, timeout=120)
     assert_400(r, "prompt", "maximum context length")
-    assert len(probe.latencies) > 3, "the probe never ran while the prompt was tokenized"
+    # Refused untokenized since issue 36 (longer than the context could ever hold), so the probe may run only once.
+    assert probe.latencies, "the probe never ran while the prompt was sent and refused"
     assert max(probe.latencies) < 1.0, sorted(probe.latencies)[-5:]
 
 

@@ -11,8 +11,17 @@ import httpx
 import openai
 import pytest
 
+from .conftest import running_server
+
 MODEL = "SmolLM2-135M-Instruct"
 ASK = [{"role": "user", "content": "Name a colour."}]
+
+
+@pytest.fixture(scope="module")
+def server():
+    """The module's server: test_reasoning_effort_reaches_the_chat_template sends its own chat template."""
+    with running_server("--trust-request-chat-template") as s:
+        yield s
 
 
 @pytest.fixture(scope="module")
@@ -39,10 +48,12 @@ def test_fields_that_do_not_change_the_output_are_accepted_logged_once_and_ignor
     c = client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, extra_body={"store": False})
     assert c.choices[0].text is not None
     log = server.log()
-    for name in ("store", "metadata", "service_tier", "prediction"):
+    for name in ("store", "metadata", "service_tier"):
         lines = [line for line in log.splitlines() if f"request field '{name}' is accepted and ignored" in line]
         assert len(lines) == 1, (name, lines)
         assert "WARNING" in lines[0]
+    # prediction is not ignored: it feeds the speculative proposer (tests/server/test_spec_decode_server.py).
+    assert "request field 'prediction'" not in log
 
 
 def output_ids(server, body: dict) -> list[int]:

@@ -30,7 +30,8 @@ def test_version():
     "args, hint",
     [
         (["serve", "--max-num-seq", "4"], "--max-num-seq: did you mean --max-num-seqs?"),
-        (["serve", "--max-num-sqs=4"], "did you mean --max-num-seqs?"),
+        # --max-request-sequences is close too: it may be offered after the best match.
+        (["serve", "--max-num-sqs=4"], "did you mean --max-num-seqs"),
         (["bench", "latency", "--input-lenn", "3"], "did you mean --input-len"),
     ],
 )

@@ -67,6 +67,12 @@ INVALID = [
     {"prompt": "hi" * 300, "max_tokens": 4},
     {"prompt": "hi", "max_tokens": 100000},
     {"prompt": "hi", "stop": [f"s{i}" for i in range(500)]},
+    # Issue 36's stalls, smaller: refused before any heavy work, or prepared in a worker process, then refused.
+    {"prompt": "pick", "guided_choice": [f"c{i}" for i in range(5000)]},
+    {"prompt": ["x " * 4000] * 100, "max_tokens": 2},
+    {"prompt": "x" * 100_000, "max_tokens": 2},
+    {"prompt": "hi", "n": True},
+    {"prompt": ["hi"] * 600, "n": 2, "max_tokens": 2},
 ]
 
 

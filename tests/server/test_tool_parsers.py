@@ -114,3 +114,34 @@ def test_streamed_pieces_add_up_to_the_final_calls(parser, text):
     ]
     for c in final_calls:
         json.loads(c.function.arguments)
+
+
+@pytest.mark.parametrize("parser", [HERMES, LLAMA], ids=["hermes", "llama3_json"])
+@pytest.mark.parametrize("where", ["name", "arguments"])
+def test_a_call_nested_past_the_depth_bound_is_content_not_an_error(parser, where):
+    deep = "[" * 1200 + "]" * 1200  # json.loads would raise RecursionError on it
+    call = {"name": deep, "arguments": {}} if where == "name" else {"name": "f", "arguments": {"x": 1}}
+    text = json.dumps(call).replace('"' + deep + '"', deep) if where == "name" else json.dumps(call)
+    if where == "arguments":
+        text = text.replace('{"x": 1}', '{"x": ' + deep + "}")
+    if parser is HERMES:
+        text = f"<tool_call>{text}</tool_call>"
+    out = parser.parse(text, final=True)
+    assert out.calls == [] and out.content == text  # returned as text, as vLLM does
+    stream = ToolCallStream(parser)  # streamed piece by piece it never raises either
+    for i in range(0, len(text), 50):
+        stream.feed(text[i : i + 50], final=i + 50 >= len(text))
+    assert stream.final_calls() == (text, [])
+
+
+def test_a_compiler_panic_is_one_sentence_without_its_backtrace():
+    from cpuinfer.structured.backend import invalid
+
+    panic = (
+        "panic: assertion failed: grammar.symbols.len() < u16::MAX\n<backtrace>\n  0: <unknown>\n"
+        "  1: /home/runner/.cargo/registry/src/index.crates.io/llguidance-1.0/src/grammar.rs:120"
+    )
+    err = invalid("choice", panic)
+    assert "backtrace" not in err.message and "u16::MAX" not in err.message and ".rs" not in err.message
+    assert err.param == "structured_outputs.choice" and "too large" in err.message
+    assert invalid("regex", "unclosed group at 3").message.endswith("unclosed group at 3")

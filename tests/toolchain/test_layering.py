@@ -1,6 +1,6 @@
 """The import direction of CONTRIBUTING.md, enforced over src/cpuinfer with ast:
 
-    entrypoints (cli, entrypoints) -> engine -> worker -> models (models, model_loader, quantization's
+    entrypoints (cli, entrypoints) -> engine -> worker, spec_decode -> models (models, model_loader, quantization's
     checkpoint formats, sampling, structured) -> attention / ops (and the kernel-facing weight type,
     quantization.weight) -> kernels (_C, the dispatcher)
 
@@ -22,6 +22,7 @@ LAYERS = {
     "entrypoints": 0,
     "engine": 1,
     "worker": 2,
+    "spec_decode": 2,
     "models": 3,
     "model_loader": 3,
     "quantization": 3,

@@ -20,6 +20,8 @@ def run(args: argparse.Namespace) -> int:
     from cpuinfer.entrypoints.openai.api_server import ServerConfig, ServerState, run_server
     from cpuinfer.entrypoints.openai.cli_args import read_chat_template, resolve_model, served_names, tool_call_parser
     from cpuinfer.entrypoints.openai.engine_binding import make_engine_starter
+    from cpuinfer.entrypoints.openai.guard import GuardConfig
+    from cpuinfer.entrypoints.openai.request_bounds import RequestBounds
     from cpuinfer.entrypoints.openai.vllm_server_flags import check_vllm_server_arguments, uvicorn_options
 
     logging.basicConfig(
@@ -35,11 +37,22 @@ def run(args: argparse.Namespace) -> int:
     bad = [r for r in args.allow_unauthenticated_routes if not r.startswith("/")]
     if bad:
         raise SystemExit(f"cpuinfer serve: --allow-unauthenticated-routes takes paths such as /metrics; got {bad}")
+    limit = args.limit_concurrency
+    if limit is None:
+        seqs = args.max_num_seqs or 128
+        # Each data-parallel core behind this server queues as much as a single one does.
+        cores = args.data_parallel_size if args.data_parallel_rank is None else 1
+        limit = 2 * (seqs + args.max_waiting_requests) * max(1, cores) + 64
     config = ServerConfig(
         served_model_names=names,
         api_key=api_key,
         open_routes=tuple(args.allow_unauthenticated_routes),
-        max_body_bytes=args.max_request_body_bytes,
+        guard=GuardConfig(
+            max_body_bytes=args.max_request_body_bytes,
+            body_timeout=args.http_body_timeout,
+            limit_concurrency=limit,
+            bounds=RequestBounds.from_args(args),
+        ),
         log_requests=not args.disable_log_requests,
         log_stats_interval=0.0 if args.disable_log_stats else args.log_stats_interval,
         tool_call_parser=tool_call_parser(args),
@@ -63,12 +76,6 @@ def run(args: argparse.Namespace) -> int:
             args.host,
             args.port,
         )
-    limit = args.limit_concurrency
-    if limit is None:
-        seqs = args.max_num_seqs or 128
-        # Each data-parallel core behind this server queues as much as a single one does.
-        cores = args.data_parallel_size if args.data_parallel_rank is None else 1
-        limit = 2 * (seqs + args.max_waiting_requests) * max(1, cores) + 64
     return run_server(
         state,
         make_engine_starter(args),
@@ -76,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
         args.port,
         args.shutdown_timeout,
         log_level=args.uvicorn_log_level or args.log_level,
-        limit_concurrency=limit,
+        http_header_timeout=args.http_header_timeout,
+        max_idle_connections=args.max_idle_connections,
         **uvicorn_options(args),
     )
 

@@ -21,6 +21,7 @@ from cpuinfer.errors import EngineBrokenError, InvalidRequestError, new_error_id
 from cpuinfer.models.pooler import finish_pooled
 from cpuinfer.sampling.prompt_logprobs import prompt_token_logprobs
 from cpuinfer.sampling.sampler import Sampler, SampleResult
+from cpuinfer.spec_decode.decoder import SpecDecoder
 from cpuinfer.structured.manager import MaskJob, StructuredOutputManager
 
 logger = logging.getLogger("cpuinfer.engine")
@@ -62,9 +63,11 @@ class EngineCore:
         limits: RequestLimits,
         seed: int | None = 0,
         grammars: StructuredOutputManager | None = None,
+        spec: SpecDecoder | None = None,
     ):
         self.runner = runner
         self.grammars = grammars
+        self.spec = spec  # speculative decoding (None: off)
         self.pool = BlockPool(num_blocks, block_size, enable_prefix_caching)
         self.scheduler = Scheduler(scheduler_config, self.pool)
         self.sampler = Sampler(seed)
@@ -80,6 +83,7 @@ class EngineCore:
     @classmethod
     def from_config(cls, config) -> EngineCore:
         """Bind threads, load the model and allocate the KV cache as `config` (an EngineConfig) says."""
+        from cpuinfer.spec_decode.draft import draft_runner
         from cpuinfer.worker.tp_executor import build_runner
 
         spec = config.spec
@@ -94,6 +98,11 @@ class EngineCore:
         grammars = StructuredOutputManager(
             config.args.structured_outputs_backend, spec.tokenizer, spec.vocab_size, spec.eos_token_ids
         )
+        speculative = None
+        if config.speculative is not None:
+            speculative = SpecDecoder.build(
+                config.speculative, config.max_model_len, lambda: draft_runner(config, config.speculative)
+            )
         core = cls(
             runner,
             sched,
@@ -105,6 +114,7 @@ class EngineCore:
             RequestLimits.from_config(config),
             config.args.seed,
             grammars,
+            speculative,
         )
         core.layout = layout
         return core
@@ -127,6 +137,11 @@ class EngineCore:
             params = msg.params if len(ids) == 1 else msg.params.for_sample(index)
             req = Request(rid, prompt, params, self._arrivals, max_tokens, self.eos_token_ids)
             req.pool_all_rows = params.pooling is not None and self.limits.pooler.all_rows
+            if msg.prediction_token_ids and params.pooling is None:  # a pooled prompt is never decoded
+                # Only a hint: what cannot fit the context is of no use to it.
+                req.prediction_token_ids = list(msg.prediction_token_ids[: self.max_model_len])
+                if self.spec is None:  # predicted outputs work without --speculative-config: for them only
+                    self.spec = SpecDecoder.for_predictions(self.max_model_len)
             if constraint is not None:
                 req.grammar = self.grammars.new_state(constraint)  # each sample walks the grammar on its own
             self._arrivals += 1
@@ -139,6 +154,8 @@ class EngineCore:
             req = self.requests.pop(rid, None)
             if req is not None:
                 self.scheduler.abort(req)
+                if self.spec is not None:
+                    self.spec.drop(rid)
 
     def has_unfinished(self) -> bool:
         """True while any sequence is queued or running."""
@@ -147,6 +164,10 @@ class EngineCore:
     def step(self) -> list[SeqOutput]:
         """Schedule, run the model once, sample; returns the new tokens of every sequence that got one."""
         t0 = time.perf_counter()
+        if self.spec is not None:
+            sch = self.scheduler
+            free = sch.config.max_num_seqs - len(sch.running)
+            self.spec.propose(sch.running, sch.waiting, free)
         sched = self.scheduler.schedule()
         if not sched.requests:
             if self.scheduler.waiting and not self.scheduler.running:
@@ -159,7 +180,8 @@ class EngineCore:
             return []
         masks = None
         if self.grammars is not None and any(r.grammar is not None for r in sched.sampled):
-            masks = self.grammars.start_masks([r.grammar for r in sched.sampled])  # during the forward pass
+            # During the forward pass, for the one-row requests (speculating ones are masked row by row later).
+            masks = self.grammars.start_masks([r.grammar for r in sched.sampled if not r.spec_token_ids])
         try:
             logits = self.runner.execute(sched.seqs)
         except EngineBrokenError:
@@ -172,36 +194,44 @@ class EngineCore:
             return self._pool_step(sched, logits, t0)
         if any(seq.prompt_logits for seq in sched.seqs):
             logits = self._take_prompt_logprobs(sched, logits)
-        tokens, lps, failed = self._sample(logits, sched.sampled, masks)
+        if any(r.spec_token_ids for r in sched.sampled):
+            tokens, lps, failed = self._sample_spec(logits, sched.sampled, masks)
+        else:
+            tokens, lps, failed = self._sample(logits, sched.sampled, masks)
+            tokens, lps = [[t] for t in tokens], [None if lp is None else [lp] for lp in lps]
         if failed:
             sched = _without(sched, {id(req) for req, _ in failed})
         failures = [self._fail(req, exc) for req, exc in failed]
         sampled = sched.sampled
         if sampled:
             self._consecutive_failures = 0
-        finished = self.scheduler.update(sched, tokens)
+        finished = self.scheduler.update(sched, tokens)  # cuts a token list where its request stopped
         s = self._stats
         s.num_steps += 1
         for req, n, seq in zip(sched.requests, sched.num_tokens, sched.seqs, strict=False):
-            if n > 1 or seq.start_pos < len(req.prompt_token_ids):
+            if seq.start_pos < len(req.prompt_token_ids) or (n > 1 and not seq.num_spec):
                 s.prompt_tokens += n
-        s.generation_tokens += len(tokens)
+        s.generation_tokens += sum(len(t) for t in tokens)
         outputs = []
-        for req, lp in zip(sampled, lps, strict=False):
+        for req, new, lp in zip(sampled, tokens, lps, strict=False):
             outputs.append(
                 SeqOutput(
                     req.request_id,
-                    [req.output_token_ids[-1]],
-                    None if lp is None else [lp],
+                    new,
+                    None if lp is None else lp[: len(new)],
                     req.finish_reason,
                     req.stop_reason,
                     req.num_prefix_hit_tokens,
+                    accepted_prediction_tokens=req.num_accepted_prediction_tokens,
+                    rejected_prediction_tokens=req.num_rejected_prediction_tokens,
                 )
             )
-            if req.prompt_logprobs is not None and len(req.output_token_ids) == 1:
+            if req.prompt_logprobs is not None and len(req.output_token_ids) == len(new):  # its first tokens
                 outputs[-1].prompt_logprobs = req.prompt_logprobs
         for req in finished:
             self.requests.pop(req.request_id, None)
+            if self.spec is not None:
+                self.spec.drop(req.request_id)
         self.step_seconds += time.perf_counter() - t0
         return outputs + failures
 
@@ -244,7 +274,8 @@ class EngineCore:
 
     @staticmethod
     def _take_prompt_logprobs(sched: SchedulerOutput, logits: torch.Tensor) -> torch.Tensor:
-        """Record the prompt logprobs of the chunks that asked for every row's logits; returns the sample rows.
+        """Record the prompt logprobs of the chunks that asked for every row's logits; returns the rows sampling
+        reads (each sampled sequence's last 1 + num_spec).
 
         Row i of a chunk starting at position p predicts prompt token p + i + 1. A chunk computed again (after a
         preemption) adds nothing: each request's list grows only at its end."""
@@ -260,7 +291,7 @@ class EngineCore:
                     k = req.params.prompt_logprobs
                     req.prompt_logprobs += prompt_token_logprobs(logits[row + first : row + last], next_ids, k)
             if seq.sample:
-                sample_rows.append(row + n - 1)
+                sample_rows += range(row + n - 1 - seq.num_spec, row + n)
             row += n
         return logits[sample_rows]
 
@@ -287,6 +318,45 @@ class EngineCore:
             t, lp, f = self._advance_grammars([req], result)
             tokens, lps, failed = tokens + t, lps + lp, failed + f
         return tokens, lps, failed
+
+    def _sample_spec(self, logits: torch.Tensor, reqs: list[Request], masks: MaskJob | None) -> tuple[list, list, list]:
+        """A step where some requests verify proposals (their 1 + k rows; one row for the others). Returns
+        (new tokens, their logprobs, [(request, error)]) per request that did not fail, in order."""
+        starts, at = [], 0
+        for r in reqs:
+            starts.append(at)
+            at += 1 + len(r.spec_token_ids)
+        plain = [i for i, r in enumerate(reqs) if not r.spec_token_ids]
+        spec = [i for i, r in enumerate(reqs) if r.spec_token_ids]
+        results: dict[int, tuple[list[int], list | None]] = {}
+        failed = []
+        if plain:
+            tokens, lps, failed = self._sample(logits[[starts[i] for i in plain]], [reqs[i] for i in plain], masks)
+            ok = [i for i in plain if all(reqs[i] is not f for f, _ in failed)]
+            for i, t, lp in zip(ok, tokens, lps, strict=True):
+                results[i] = ([t], None if lp is None else [lp])
+        try:
+            verified = self._verify(logits, reqs, starts, spec)
+        except Exception:  # noqa: BLE001 - narrowed to the failing requests below
+            verified = {}
+            for i in spec:
+                try:
+                    verified.update(self._verify(logits, reqs, starts, [i]))
+                except Exception as exc:  # noqa: BLE001 - this request fails, the others go on
+                    failed.append((reqs[i], exc))
+        for i, v in verified.items():
+            if v.refused is not None:
+                failed.append((reqs[i], GrammarRejectedError(v.refused, len(reqs[i].output_token_ids))))
+                continue
+            results[i] = (v.token_ids, v.logprobs)
+        order = sorted(results)
+        return [results[i][0] for i in order], [results[i][1] for i in order], failed
+
+    def _verify(self, logits: torch.Tensor, reqs: list[Request], starts: list[int], idx: list[int]) -> dict:
+        """spec_decode's verification of the requests reqs[i] for i in idx (rows from starts[i])."""
+        rows = [starts[i] + j for i in idx for j in range(1 + len(reqs[i].spec_token_ids))]
+        out = self.spec.verify(logits[rows], [reqs[i] for i in idx], self.sampler, self.grammars)
+        return dict(zip(idx, out, strict=True))
 
     def _masked_sample(self, logits: torch.Tensor, reqs: list[Request], masks: MaskJob | None = None) -> SampleResult:
         """The sampler's pick, after masking (in place) the tokens each constrained row's grammar forbids."""
@@ -354,6 +424,8 @@ class EngineCore:
             )
         self.requests.pop(req.request_id, None)
         self.scheduler.abort(req)
+        if self.spec is not None:
+            self.spec.drop(req.request_id)
         req.finish_reason = "error"
         if self._consecutive_failures >= MAX_CONSECUTIVE_FAILURES:
             raise EngineBrokenError(
@@ -388,6 +460,12 @@ class EngineCore:
         s.prefix_cache_queries = self.pool.query_tokens
         s.prefix_cache_hits = self.pool.hit_tokens
         s.num_preemptions = self.scheduler.num_preemptions
+        if self.spec is not None:
+            st = self.spec.stats
+            s.spec_decode_num_drafts = st.num_drafts
+            s.spec_decode_num_draft_tokens = st.num_draft_tokens
+            s.spec_decode_num_accepted_tokens = st.num_accepted_tokens
+            s.spec_decode_accepted_per_pos = list(st.accepted_per_pos)
         return EngineStats(**vars(s))
 
 

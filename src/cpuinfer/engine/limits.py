@@ -8,7 +8,9 @@ are checked by `SamplingParams` itself, with the same numbers as the HTTP schema
 Every limit is finite, so one request cannot hold the front end or the engine
 for long: stop strings are matched against every generated token of every
 sample (count x length), `n x max_tokens` is the work a request can ask for,
-and retained logprobs are `n x max_tokens x (logprobs + 1)` Python objects.
+and retained logprobs are `n x max_tokens x (logprobs + 1)` Python objects. A request of several prompts (the
+completions route) is held to the same caps over all its prompts by `validate_batch`, plus a cap on its prompt
+tokens and sequences; one that could never fit the queue is a 400, not a retryable 503.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ class RequestLimits:
     max_stop_token_ids: int = 1024
     max_request_tokens: int = 2**19  # n x max_tokens
     max_retained_logprobs: int = 2**20  # n x max_tokens x (logprobs + 1)
+    max_request_prompt_tokens: int = 2**17  # all prompts of one request
+    max_request_sequences: int = 1024  # prompts x n
+    queue_capacity: int | None = None  # running + waiting sequences the engine admits (None: unbounded)
     pooler: PoolerConfig | None = None  # set under the pooling runner: requests pool, none generates
     hidden_size: int = 0  # a pooling model's vector width (the most `dimensions` may ask)
 
@@ -57,6 +62,9 @@ class RequestLimits:
             max_stop_token_ids=a.max_stop_token_ids,
             max_request_tokens=a.max_request_tokens,
             max_retained_logprobs=a.max_retained_logprobs,
+            max_request_prompt_tokens=a.max_request_prompt_tokens,
+            max_request_sequences=a.max_request_sequences,
+            queue_capacity=config.max_num_seqs + a.max_waiting_requests,
             pooler=config.pooler,
             hidden_size=config.spec.hidden_size if config.pooler is not None else 0,
         )
@@ -145,6 +153,7 @@ def validate_request(
             raise InvalidRequestError(
                 f"{name}={k} is more than the server's limit of {limits.max_logprobs} (--max-logprobs)", name
             )
+    _check_sequences(params.n, 1, limits)
     total = params.n * max_tokens
     if total > limits.max_request_tokens:
         raise InvalidRequestError(
@@ -238,3 +247,68 @@ def validate_pooling(prompt_token_ids: list[int], pooling, limits: RequestLimits
                 f"dimensions={dims} is not supported by this model; use one of {shown}.", "dimensions"
             )
     return 1
+
+
+def _check_sequences(n: int, prompts: int, limits: RequestLimits, in_flight: int | None = None) -> None:
+    seqs = n * prompts
+    what = f"n={n}" if prompts == 1 else f"{prompts} prompts x n={n}"
+    if seqs > limits.max_request_sequences:
+        raise InvalidRequestError(
+            f"{what} asks for {seqs} sequences; at most {limits.max_request_sequences} per request are allowed "
+            "(--max-request-sequences): lower n or send fewer prompts",
+            "n" if prompts == 1 else "prompt",
+        )
+    held = seqs if in_flight is None else min(seqs, in_flight)
+    if limits.queue_capacity is not None and held > limits.queue_capacity:
+        raise InvalidRequestError(
+            f"{what} asks for {held} sequences at once, more than this server ever holds "
+            f"({limits.queue_capacity}: --max-num-seqs + --max-waiting-requests): lower n or send fewer prompts",
+            "n" if prompts == 1 else "prompt",
+        )
+
+
+def validate_batch(
+    prompt_lengths: list[int], params: SamplingParams, limits: RequestLimits, in_flight: int | None = None
+) -> None:
+    """Check the caps that hold over all prompts of one request (each prompt is `validate_request`'s): sequences,
+    prompt tokens, generated tokens and retained logprobs, summed over the prompts. `in_flight`: the most sequences
+    the request holds in the engine at once (its prompts may start one window at a time), against the queue."""
+    if len(prompt_lengths) <= 1:
+        return
+    _check_sequences(params.n, len(prompt_lengths), limits, in_flight)
+    prompt_tokens = sum(prompt_lengths)
+    if prompt_tokens > limits.max_request_prompt_tokens:
+        raise InvalidRequestError(
+            f"the {len(prompt_lengths)} prompts hold {prompt_tokens} tokens in all; at most "
+            f"{limits.max_request_prompt_tokens} per request are allowed (--max-request-prompt-tokens): "
+            "send fewer or shorter prompts, or split them over several requests",
+            "prompt",
+        )
+    ctx = limits.max_model_len
+    total = sum(params.n * (params.max_tokens if params.max_tokens is not None else ctx - n) for n in prompt_lengths)
+    if total > limits.max_request_tokens:
+        raise InvalidRequestError(
+            f"{len(prompt_lengths)} prompts x n={params.n} x max_tokens ask for {total} tokens in all; at most "
+            f"{limits.max_request_tokens} per request are allowed (--max-request-tokens): lower n or max_tokens, "
+            "or send fewer prompts",
+            "max_tokens",
+        )
+    if params.logprobs is not None:
+        retained = total * (params.logprobs + 1)
+        if retained > limits.max_retained_logprobs:
+            raise InvalidRequestError(
+                f"{len(prompt_lengths)} prompts x n={params.n} x max_tokens x (logprobs={params.logprobs} + 1) would "
+                f"keep {retained} logprob entries; at most {limits.max_retained_logprobs} are allowed "
+                "(--max-retained-logprobs): lower n, max_tokens or logprobs, or send fewer prompts",
+                "logprobs",
+            )
+    if params.prompt_logprobs is not None:
+        retained = params.n * prompt_tokens * (params.prompt_logprobs + 1)
+        if retained > limits.max_retained_logprobs:
+            raise InvalidRequestError(
+                f"{len(prompt_lengths)} prompts of {prompt_tokens} tokens in all x n={params.n} x "
+                f"(prompt_logprobs={params.prompt_logprobs} + 1) would keep {retained} logprob entries; at most "
+                f"{limits.max_retained_logprobs} are allowed (--max-retained-logprobs): lower one of them, or send "
+                "fewer prompts",
+                "prompt_logprobs",
+            )

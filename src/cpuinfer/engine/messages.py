@@ -22,6 +22,7 @@ class AddRequest:
     prompt_token_ids: list[int]
     params: SamplingParams
     child_ids: list[str] = field(default_factory=list)
+    prediction_token_ids: list[int] | None = None  # params.prediction, tokenized (the speculative proposer's)
 
     @property
     def sequence_ids(self) -> list[str]:
@@ -63,6 +64,10 @@ class SeqOutput:
     # With error_id, when the request itself is at fault: a message safe for the client, and its field.
     error_reason: str | None = None
     error_param: str | None = None
+    # Predicted outputs: of the proposals taken from the request's prediction so far, those accepted and
+    # those rejected (OpenAI's usage.completion_tokens_details); cumulative.
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
     # With the first token of a request that asked for prompt logprobs: one entry per prompt token (None first).
     prompt_logprobs: list | None = None
     # A pooling request's result, when its prompt is done: the pooled float32 vector.
@@ -94,6 +99,12 @@ class EngineStats:
     prompt_tokens: int = 0  # tokens computed in prefill (recomputation included)
     generation_tokens: int = 0
     num_steps: int = 0
+    # Speculative decoding (vLLM's spec_decode counters): sequence-steps with proposals, proposed and
+    # accepted tokens, and accepted tokens by position in the proposal.
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+    spec_decode_accepted_per_pos: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -118,6 +129,14 @@ def merge_stats(live: list[EngineStats], gone: list[EngineStats] = ()) -> Engine
         out.prompt_tokens += s.prompt_tokens
         out.generation_tokens += s.generation_tokens
         out.num_steps += s.num_steps
+        out.spec_decode_num_drafts += s.spec_decode_num_drafts
+        out.spec_decode_num_draft_tokens += s.spec_decode_num_draft_tokens
+        out.spec_decode_num_accepted_tokens += s.spec_decode_num_accepted_tokens
+        per_pos = s.spec_decode_accepted_per_pos
+        if len(out.spec_decode_accepted_per_pos) < len(per_pos):
+            out.spec_decode_accepted_per_pos += [0] * (len(per_pos) - len(out.spec_decode_accepted_per_pos))
+        for j, c in enumerate(per_pos):
+            out.spec_decode_accepted_per_pos[j] += c
     for s in live:
         out.num_running += s.num_running
         out.num_waiting += s.num_waiting

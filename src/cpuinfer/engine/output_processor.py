@@ -32,6 +32,7 @@ class _Sample:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     sent_tokens: int = 0  # for DELTA outputs
+    prediction_tokens: tuple[int, int] = (0, 0)  # (accepted, rejected) of the request's prediction so far
 
 
 @dataclass
@@ -89,7 +90,10 @@ class OutputProcessor:
         ids = [child_id(request_id, i, params.n) for i in range(params.n)]
         for s, cid in zip(samples, ids, strict=True):
             self._child[cid] = (state, s)
-        return AddRequest(request_id, prompt_token_ids, params, ids if params.n > 1 else [])
+        prediction = None
+        if params.prediction and self.tokenizer is not None:
+            prediction = self.tokenizer.encode(params.prediction, add_special_tokens=False).ids
+        return AddRequest(request_id, prompt_token_ids, params, ids if params.n > 1 else [], prediction)
 
     def child_ids(self, request_id: str) -> list[str]:
         """Core ids of a request's unfinished sequences."""
@@ -151,6 +155,7 @@ class OutputProcessor:
         state.num_cached_tokens = max(state.num_cached_tokens, o.num_cached_tokens)
         if o.pooled is not None:
             state.pooled = o.pooled
+        s.prediction_tokens = (o.accepted_prediction_tokens, o.rejected_prediction_tokens)
         p = state.params
         if o.prompt_logprobs is not None and state.prompt_logprobs is None:  # every sample sends them: keep one
             prompt = state.prompt_token_ids
@@ -233,7 +238,18 @@ class OutputProcessor:
             error_reason=state.error_reason,
             error_param=state.error_param,
             pooled=state.pooled,
+            metrics=self._prediction_metrics(state),
         )
+
+    @staticmethod
+    def _prediction_metrics(state: _RequestState) -> dict:
+        """OpenAI's accepted / rejected prediction tokens, summed over the samples (for a request with one)."""
+        if not state.params.prediction:
+            return {}
+        return {
+            "accepted_prediction_tokens": sum(s.prediction_tokens[0] for s in state.samples),
+            "rejected_prediction_tokens": sum(s.prediction_tokens[1] for s in state.samples),
+        }
 
     def _forget(self, state: _RequestState) -> None:
         self.states.pop(state.request_id, None)

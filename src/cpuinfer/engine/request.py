@@ -46,6 +46,12 @@ class Request:
     stop_ids: tuple[int, ...] = ()
     # Where a structured-output request is in its grammar (advanced by every sampled token); None: unconstrained.
     grammar: GrammarState | None = None
+    # Speculative decoding: the proposed tokens to verify in the next step (set before each step); OpenAI's
+    # predicted output, tokenized, for the proposer; and the counts behind usage's prediction tokens.
+    spec_token_ids: list[int] = field(default_factory=list)
+    prediction_token_ids: list[int] | None = None
+    num_accepted_prediction_tokens: int = 0
+    num_rejected_prediction_tokens: int = 0
     # With params.prompt_logprobs: one entry per prompt token computed so far (None for the first, which has no
     # context), each (logprob, rank, top ids, top logprobs) as the sampler's; handed out with the first token.
     prompt_logprobs: list | None = None

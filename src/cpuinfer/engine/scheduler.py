@@ -94,6 +94,9 @@ class Scheduler:
             n = self._chunk(req, budget)
             if n == 0:  # a whole prompt that does not fit this step's budget
                 continue
+            if req.spec_token_ids:  # a decoding request's proposals join its pending token, as budget allows
+                req.spec_token_ids = req.spec_token_ids[: min(budget, 1 + len(req.spec_token_ids)) - 1]
+                n = 1 + len(req.spec_token_ids)
             while not self._grow(req, n):
                 victim = max(self.running, key=lambda r: r.arrival)
                 budget += chosen.pop(id(victim), 0)
@@ -136,16 +139,17 @@ class Scheduler:
         for req in self.running:
             n = chosen.get(id(req))
             if n is None:
+                req.spec_token_ids = []
                 continue
             start = req.num_computed_tokens
-            sample = start + n == req.num_tokens
+            spec = req.spec_token_ids
+            sample = start + n - len(spec) == req.num_tokens
             out.requests.append(req)
             out.num_tokens.append(n)
+            ids = req.all_token_ids[start : start + n - len(spec)] + spec
             all_rows = req.prompt_logprobs is not None or req.pool_all_rows
             prompt_logits = all_rows and start < len(req.prompt_token_ids)
-            out.seqs.append(
-                ScheduledSeq(req.all_token_ids[start : start + n], start, req.block_ids, sample, prompt_logits)
-            )
+            out.seqs.append(ScheduledSeq(ids, start, req.block_ids, sample, len(spec), prompt_logits))
             if sample:
                 out.sampled.append(req)
         return out
@@ -171,6 +175,7 @@ class Scheduler:
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
+        req.spec_token_ids = []
         self.pool.free(req.block_ids[::-1])
         req.block_ids = []
         req.num_computed_tokens = 0
@@ -181,19 +186,39 @@ class Scheduler:
         self.waiting.appendleft(req)
 
     # ---- after the model step -----------------------------------------------------------------
-    def update(self, out: SchedulerOutput, sampled_tokens: list[int]) -> list[Request]:
-        """Advance the scheduled requests by their computed tokens and sampled ids; returns those that finished."""
+    def update(self, out: SchedulerOutput, sampled_tokens: list[list[int]]) -> list[Request]:
+        """Advance the scheduled requests by their computed tokens and new ids (per sampling request, in order:
+        its accepted proposals and one more token); returns those that finished. A request's rejected
+        proposals are dropped: their KV slots lie past its computed tokens (to be overwritten), and the
+        blocks that held only them go back to the pool. Where a request stops part-way through its new
+        tokens, the rest are cut off the list, in place."""
         bs = self.block_size
         caching = self.pool.enable_caching
         tokens = iter(sampled_tokens)
         finished = []
         for req, n, seq in zip(out.requests, out.num_tokens, out.seqs, strict=False):
-            req.num_computed_tokens += n
             pooled = req.params.pooling is not None  # its prompt's last chunk ends it: nothing is generated
-            if seq.sample and not pooled:
-                req.append_token(next(tokens))
-                if len(req.all_token_ids) % bs == 0:
-                    req.update_hashes(bs)
+            decodes = seq.sample and not pooled
+            new = next(tokens) if decodes else []
+            num_spec = len(req.spec_token_ids)
+            req.spec_token_ids = []
+            stopped = False
+            for i, t in enumerate(new):
+                req.append_token(t)
+                if req.check_stop(self.config.max_model_len):
+                    del new[i + 1 :]
+                    stopped = True
+                    break
+            # A sampling request has every token but its newest in the cache (its accepted proposals included;
+            # those after a stop no longer count); a prefill chunk (or a pooled prompt's last) adds its tokens.
+            req.num_computed_tokens = req.num_tokens - 1 if decodes else req.num_computed_tokens + n
+            if num_spec:
+                keep = -(-req.num_computed_tokens // bs)
+                if len(req.block_ids) > keep:  # blocks allocated for the rejected proposals only
+                    self.pool.free(req.block_ids[keep:][::-1])
+                    del req.block_ids[keep:]
+            if len(req.all_token_ids) // bs > len(req.block_hashes):
+                req.update_hashes(bs)
             if caching:
                 full = req.num_computed_tokens // bs
                 while req.num_cached_blocks < full:
@@ -204,8 +229,8 @@ class Scheduler:
                     )
                     req.num_cached_blocks += 1
             if seq.sample and pooled:
-                req.finish_reason = "stop"
-            if seq.sample and (pooled or req.check_stop(self.config.max_model_len)):
+                req.finish_reason, stopped = "stop", True
+            if stopped:
                 self.running.remove(req)
                 self._finish(req, req.finish_reason)
                 finished.append(req)

@@ -13,6 +13,8 @@ import math
 from .errors import ModelLoadError
 
 MAX_LAYERS = 4096  # the deepest released models have ~130 layers
+# The largest released vocabularies are ~262k tokens; a vocab_size of 1e12 took 43 s to be refused further on.
+MAX_VOCAB = 2**24
 _POSITIVE_INTS = (
     "num_hidden_layers",
     "hidden_size",
@@ -54,6 +56,9 @@ def check_config(config: dict, source: str, names: dict[str, str] | None = None)
     layers = config.get("num_hidden_layers")
     if layers is not None and layers > MAX_LAYERS:
         raise bad("num_hidden_layers", layers, f"a plausible layer count (at most {MAX_LAYERS})")
+    vocab = config.get("vocab_size")
+    if vocab is not None and vocab > MAX_VOCAB:
+        raise bad("vocab_size", vocab, f"a plausible vocabulary size (at most {MAX_VOCAB})")
     window = config.get("sliding_window")
     if window is not None and (not is_int(window) or window < 0):
         raise bad("sliding_window", window, "a non-negative integer")

@@ -39,6 +39,7 @@ SUPPORTED_TENSOR_TYPES = (
     "Q4_K",
     "Q5_K",
     "Q6_K",
+    "MXFP4",
 )
 
 # general.architecture -> (HF architecture, HF model_type)
@@ -49,6 +50,7 @@ GGUF_ARCHITECTURES = {
     "qwen3": ("Qwen3ForCausalLM", "qwen3"),
     "gemma3": ("Gemma3ForCausalLM", "gemma3_text"),
     "qwen3moe": ("Qwen3MoeForCausalLM", "qwen3_moe"),
+    "gpt-oss": ("GptOssForCausalLM", "gpt_oss"),
 }
 # llama.cpp writes Mixtral as "llama" with experts (llama.expert_count).
 _MIXTRAL = ("MixtralForCausalLM", "mixtral")
@@ -99,7 +101,10 @@ _MOE_STACKS = {"ffn_gate_exps": 0, "ffn_up_exps": 1, "ffn_down_exps": 2}  # -> g
 _MOE_HF_NAMES = {
     "Qwen3MoeForCausalLM": ("mlp.gate", "mlp.experts.{}", ("gate_proj", "up_proj", "down_proj")),
     "MixtralForCausalLM": ("block_sparse_moe.gate", "block_sparse_moe.experts.{}", ("w1", "w3", "w2")),
+    "GptOssForCausalLM": ("mlp.router", "mlp.experts.{}", ("gate_proj", "up_proj", "down_proj")),
 }
+# gpt-oss: its pre-MLP norm is post_attention_norm in llama.cpp, and its attention sinks are a vector per layer.
+_GPT_OSS_LAYER_NAMES = dict(_LAYER_NAMES, post_attention_norm="post_attention_layernorm", attn_sinks="self_attn.sinks")
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
@@ -172,11 +177,14 @@ class GGUFFile:
         else:
             cfg["hidden_act"] = "silu"
             if "num_experts" in cfg:
-                # llama.cpp renormalizes the top-k weights of both (build_moe_ffn's norm_w); Mixtral's count
-                # goes by its own name.
+                # llama.cpp renormalizes the top-k weights of both (build_moe_ffn's norm_w); Mixtral's and
+                # gpt-oss's counts go by their own name.
                 cfg["norm_topk_prob"] = True
-                if architecture == _MIXTRAL[0]:
+                if architecture in (_MIXTRAL[0], "GptOssForCausalLM"):
                     cfg["num_local_experts"] = cfg.pop("num_experts")
+            if arch == "gpt-oss":
+                self._gpt_oss_config(cfg, rope_scaling)
+                rope_scaling = {}
             if rope_scaling:
                 cfg["rope_scaling"] = rope_scaling
         for tok_key, hf_key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id")):
@@ -184,6 +192,24 @@ class GGUFFile:
             if value is not None:
                 cfg[hf_key] = value
         return cfg
+
+    def _gpt_oss_config(self, cfg: dict, rope_scaling: dict) -> None:
+        """gpt-oss's settings llama.cpp leaves implicit: every other layer slides (from the first), biases on
+        the attention, the expert's feed-forward length as intermediate_size, YaRN without truncation (the
+        model's definition in transformers; llama.cpp rounds the correction range)."""
+        n = cfg["num_hidden_layers"]
+        cfg["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
+        cfg["attention_bias"] = True
+        if "moe_intermediate_size" in cfg:
+            cfg["intermediate_size"] = cfg.pop("moe_intermediate_size")
+        rope = {"rope_theta": cfg.get("rope_theta", 150000.0), "rope_type": "default", **rope_scaling}
+        if rope["rope_type"] == "yarn":
+            rope["truncate"] = False
+            for key in ("yarn_beta_fast", "yarn_beta_slow"):
+                value = self.get(f"gpt-oss.rope.scaling.{key}")
+                if value is not None:
+                    rope[key.removeprefix("yarn_")] = float(value)
+        cfg["rope_parameters"] = rope
 
     def _check_layers(self, n_layers: int) -> None:
         """block_count must match the blk.N tensors: it sizes per-layer lists before any weight is read."""
@@ -287,10 +313,12 @@ class GGUFFile:
             return None
         if m.group(2) == _MOE_ROUTER and self._moe_names:
             return f"model.layers.{m.group(1)}.{self._moe_names[0]}.{m.group(3)}"
-        names = _GEMMA_LAYER_NAMES if self.arch == "gemma3" else _LAYER_NAMES
+        names = {"gemma3": _GEMMA_LAYER_NAMES, "gpt-oss": _GPT_OSS_LAYER_NAMES}.get(self.arch, _LAYER_NAMES)
         part = names.get(m.group(2))
         if part is None:
             return None
+        if part == "self_attn.sinks":
+            return f"model.layers.{m.group(1)}.{part}"
         return f"model.layers.{m.group(1)}.{part}.{m.group(3)}"
 
     def tensors(self, dtype: torch.dtype, config: dict) -> Iterator[tuple[str, torch.Tensor | QuantWeight]]:
@@ -315,7 +343,7 @@ class GGUFFile:
             hf = self.hf_name(t.name)
             if hf is None:
                 continue
-            is_norm = "norm" in t.name
+            is_norm = "norm" in t.name or ".attn_sinks." in t.name  # kept float32
             heads = n_head if permute and ".attn_q." in t.name else n_kv if permute and ".attn_k." in t.name else 0
             type_name = _type_name(t.type_id)
             if keep and not is_norm and len(t.shape) == 2 and type_name in KEPT_TYPES and t.shape[-1] % 32 == 0:
@@ -364,16 +392,23 @@ class GGUFFile:
     def _experts(self, t, m, keep: bool, kept: Counter, dequantized: Counter, dtype: torch.dtype):
         """A stacked expert tensor [experts, out, in] as one (hf_name, weight) per expert; each expert's rows
         are a contiguous run of the file's blocks, so a kept quantized type is sliced, never dequantized."""
-        if self._moe_names is None or len(t.shape) != 3:
+        want = 2 if m.group(3) == "bias" else 3
+        if self._moe_names is None or len(t.shape) != want:
             raise ModelLoadError(
-                f"{self.path}: tensor {t.name!r} has shape {list(t.shape)}: expert stacks must be 3-D "
-                f"[experts, out, in] in a mixture-of-experts architecture; the file is corrupt or not supported"
+                f"{self.path}: tensor {t.name!r} has shape {list(t.shape)}: expert stacks must be "
+                f"{'[experts, out]' if want == 2 else '[experts, out, in]'} in a mixture-of-experts architecture; "
+                "the file is corrupt or not supported"
             )
         _, pattern, parts = self._moe_names
-        layer, experts, rows, cols = m.group(1), *(int(d) for d in t.shape)
+        layer, experts, rows, cols = m.group(1), int(t.shape[0]), int(t.shape[1]), int(t.shape[-1])
         part = parts[_MOE_STACKS[m.group(2)]]
         type_name = _type_name(t.type_id)
         names = [f"model.layers.{layer}.{pattern.format(e)}.{part}.{m.group(3)}" for e in range(experts)]
+        if want == 2:  # per-expert biases (gpt-oss), float32
+            stack = self._dequantize(t, torch.float32)
+            for e, name in enumerate(names):
+                yield name, stack[e].clone()
+            return
         if keep and type_name in KEPT_TYPES and cols % 32 == 0:
             per_expert = t.data.reshape(experts, -1)
             for e, name in enumerate(names):

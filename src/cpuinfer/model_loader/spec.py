@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .chat_template import render_chat_template
+from .chat_template import DEFAULT_MAX_OUTPUT_CHARS, render_chat_template
 
 DTYPES = {
     "bfloat16": torch.bfloat16,
@@ -69,6 +69,8 @@ class ModelSpec:
         continue_final_message: bool = False,
         tools: list[dict] | None = None,
         chat_template: str | None = None,
+        *,
+        max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
         **template_kwargs,
     ) -> str:
         """Render messages with the model's chat template (encode the result without adding BOS again).
@@ -82,7 +84,9 @@ class ModelSpec:
         template = chat_template or self.chat_template
         if not template:
             raise ValueError(f"{self.path} has no chat template; pass a plain prompt instead of chat messages")
-        kwargs = dict(template_kwargs, bos_token=self.bos_token, eos_token=self.eos_token)
+        kwargs = dict(
+            template_kwargs, bos_token=self.bos_token, eos_token=self.eos_token, max_output_chars=max_output_chars
+        )
         if tools is not None:
             kwargs["tools"] = tools
         if not continue_final_message:
@@ -100,6 +104,8 @@ class ModelSpec:
         add_special_tokens: bool = False,
         tools: list[dict] | None = None,
         chat_template: str | None = None,
+        *,
+        max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
         **template_kwargs,
     ) -> tuple[str, list[int]]:
         """(prompt text, token ids) of a conversation: the one helper that applies the chat template and encodes.
@@ -108,7 +114,13 @@ class ModelSpec:
         unlike encode, releases the GIL: a long conversation can be encoded on a worker thread.
         """
         text = self.apply_chat_template(
-            messages, add_generation_prompt, continue_final_message, tools, chat_template, **template_kwargs
+            messages,
+            add_generation_prompt,
+            continue_final_message,
+            tools,
+            chat_template,
+            max_output_chars=max_output_chars,
+            **template_kwargs,
         )
         return text, list(self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids)
 

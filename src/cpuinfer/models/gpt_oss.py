@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..model_loader.errors import ModelLoadError
+from ..quantization.mxfp4 import Mxfp4Stack
 from .layers import WeightBag, attention_plan, moe_plan, norm_weight
 from .llama import LlamaForCausalLM
 from .plan import LayerPlan, MoEMLP
@@ -28,8 +29,8 @@ class GptOssForCausalLM(LlamaForCausalLM):
             )
         if any(n.endswith(("_blocks", "_scales")) for n in bag.tensors):
             raise ModelLoadError(
-                f"{bag.source}: the experts are MXFP4-quantized (*_blocks / *_scales tensors), which this version "
-                "cannot run yet; use a 16-bit checkpoint of the model (e.g. a BF16 export)"
+                f"{bag.source}: *_blocks / *_scales tensors but no quantization_config with quant_method "
+                "'mxfp4' in config.json; the checkpoint is incomplete: re-download it"
             )
         super().__init__(config, bag, max_positions, rope_freq_factors)
 
@@ -69,22 +70,9 @@ class GptOssForCausalLM(LlamaForCausalLM):
         c = self.config
         experts = int(c["num_local_experts"])
         prefix = f"{p}.mlp.experts"
-        stacks = {}
-        for name in _STACKS:
-            t = bag.take(f"{prefix}.{name}", torch.float32 if name.endswith("bias") else None)
-            if t.shape[0] != experts:
-                raise ModelLoadError(
-                    f"{bag.source}: {prefix}.{name} holds {t.shape[0]} experts; the config says {experts}"
-                )
-            stacks[name] = t
-        gate_up, gate_up_b = stacks["gate_up_proj"], stacks["gate_up_proj_bias"]
-        for e in range(experts):
-            w = gate_up[e].t()
-            for part, rows in (("gate_proj", slice(0, None, 2)), ("up_proj", slice(1, None, 2))):
-                bag.tensors[f"{prefix}.{e}.{part}.weight"] = w[rows].contiguous()
-                bag.tensors[f"{prefix}.{e}.{part}.bias"] = gate_up_b[e][rows].contiguous()
-            bag.tensors[f"{prefix}.{e}.down_proj.weight"] = stacks["down_proj"][e].t().contiguous()
-            bag.tensors[f"{prefix}.{e}.down_proj.bias"] = stacks["down_proj_bias"][e].contiguous()
+        if f"{prefix}.gate_up_proj" in bag.tensors:
+            self._unstack(bag, prefix, experts)
+        # (else: a GGUF file, whose loader already wrote each expert's gate, up and down with their biases)
         return moe_plan(
             bag,
             f"{p}.mlp",
@@ -96,3 +84,37 @@ class GptOssForCausalLM(LlamaForCausalLM):
             router_bias=True,
             expert_bias=True,
         )
+
+    @staticmethod
+    def _unstack(bag: WeightBag, prefix: str, experts: int) -> None:
+        """transformers' stacks [experts, in, out] (gate and up interleaved: even gate, odd up), or MXFP4
+        stacks [experts, out, in], as each expert's gate, up and down [out, in] with their biases."""
+        stacks = {}
+        for name in _STACKS:
+            key = f"{prefix}.{name}"
+            if isinstance(bag.tensors.get(key), Mxfp4Stack):
+                t = bag.tensors.pop(key)
+            else:
+                t = bag.take(key, torch.float32 if name.endswith("bias") else None)
+            if t.shape[0] != experts:
+                raise ModelLoadError(
+                    f"{bag.source}: {prefix}.{name} holds {t.shape[0]} experts; the config says {experts}"
+                )
+            stacks[name] = t
+        gate_up, gate_up_b, down = stacks["gate_up_proj"], stacks["gate_up_proj_bias"], stacks["down_proj"]
+        for e in range(experts):
+            for part, rows in (("gate_proj", slice(0, None, 2)), ("up_proj", slice(1, None, 2))):
+                bag.tensors[f"{prefix}.{e}.{part}.weight"] = _expert(bag, gate_up, e, rows)
+                bag.tensors[f"{prefix}.{e}.{part}.bias"] = gate_up_b[e][rows].contiguous()
+            bag.tensors[f"{prefix}.{e}.down_proj.weight"] = _expert(bag, down, e, slice(None))
+            bag.tensors[f"{prefix}.{e}.down_proj.bias"] = stacks["down_proj_bias"][e].contiguous()
+
+
+def _expert(bag: WeightBag, stack, e: int, rows: slice):
+    """Rows `rows` of expert e's [out, in] matrix: from an MXFP4 stack ([experts, out, in], kept exactly in the
+    kernels' 5-bit form, or dequantized where float16 cannot hold a scale), or from transformers' dense
+    parameter ([experts, in, out])."""
+    if isinstance(stack, Mxfp4Stack):
+        w = stack.weight((e,), rows)
+        return w if w is not None else stack.dequantize(bag.dtype, (e,))[rows].contiguous()
+    return stack[e].t()[rows].contiguous()

@@ -17,13 +17,18 @@ from types import ModuleType
 import torch
 
 from ..errors import ModelLoadError
-from . import awq, compressed_tensors, gptq
+from . import awq, compressed_tensors, gptq, mxfp4
 from .linear_tensors import LinearTensors
 from .weight import QuantWeight
 
 logger = logging.getLogger(__name__)
 
-HF_READERS: dict[str, ModuleType] = {"gptq": gptq, "awq": awq, "compressed-tensors": compressed_tensors}
+HF_READERS: dict[str, ModuleType] = {
+    "gptq": gptq,
+    "awq": awq,
+    "compressed-tensors": compressed_tensors,
+    "mxfp4": mxfp4,  # gpt-oss's experts: stacks the model builder unstacks (mxfp4.Mxfp4Stack)
+}
 METHODS = ("gguf", *HF_READERS)
 
 
@@ -62,6 +67,16 @@ def quantized_weights(
     (or, in float32 runs, the reference mode, its float32 dequantization); other matrices in dtype."""
     reader = HF_READERS[method]
     s = reader.scheme(config["quantization_config"], source)
+    if hasattr(reader, "rewrite"):  # stacked formats (MXFP4): the reader rewrites the stacks itself
+        kinds = reader.rewrite(tensors, dtype, source)
+        if not kinds:
+            raise ModelLoadError(
+                f"{source}: quantization_config says {method} but no tensor ends in {reader.MARKER}; the "
+                "checkpoint is not quantized as its config says: re-download it"
+            )
+        _to_dtype(tensors, dtype)
+        log_kinds(os.path.basename(os.path.normpath(source)), method, kinds, dtype)
+        return tensors
     marker = "." + reader.MARKER
     prefixes = sorted(n[: -len(marker)] for n in tensors if n.endswith(marker))
     kinds: Counter = Counter()
@@ -76,9 +91,7 @@ def quantized_weights(
         t.pop_all(reader.SUFFIXES)
         tensors[f"{prefix}.weight"] = w if dtype != torch.float32 else w.dequantize(torch.float32)
         kinds[w.kind] += 1
-    for name, v in tensors.items():
-        if not isinstance(v, QuantWeight) and v.dim() >= 2 and v.is_floating_point():
-            tensors[name] = v.to(dtype)
+    _to_dtype(tensors, dtype)
     if not prefixes:
         raise ModelLoadError(
             f"{source}: quantization_config says {method} but no tensor ends in {marker}; the "
@@ -86,6 +99,13 @@ def quantized_weights(
         )
     log_kinds(os.path.basename(os.path.normpath(source)), method, kinds, dtype)
     return tensors
+
+
+def _to_dtype(tensors: dict, dtype: torch.dtype) -> None:
+    """The checkpoint's other matrices in the run dtype (norms and biases stay as stored)."""
+    for name, v in tensors.items():
+        if isinstance(v, torch.Tensor) and v.dim() >= 2 and v.is_floating_point():
+            tensors[name] = v.to(dtype)
 
 
 def log_kinds(name: str, method: str, kinds: Counter, dtype: torch.dtype) -> None:

@@ -30,7 +30,7 @@ import numpy as np
 
 from .weight import QuantWeight, scale16
 
-KEPT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+KEPT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "MXFP4")
 _BLOCK_BYTES = {
     "Q4_0": (32, 18),
     "Q4_1": (32, 20),
@@ -40,7 +40,10 @@ _BLOCK_BYTES = {
     "Q4_K": (256, 144),
     "Q5_K": (256, 176),
     "Q6_K": (256, 210),
+    "MXFP4": (32, 17),
 }
+# ggml's MXFP4 values (kvalues_mxfp4): twice E2M1's, so that with d = 2^(e - 128) they are exact integers.
+_MXFP4_X2 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.int16)
 
 
 def _f16(b: np.ndarray) -> np.ndarray:
@@ -88,6 +91,12 @@ def unpack(type_name: str, data: np.ndarray, rows: int, cols: int, row_order: np
     elif type_name == "Q5_1":
         u = _nibbles(b[:, 8:]) | (_high_bits(b[:, 4:8]) << 4)
         d, m, bits, group = _f16(b[:, :2]), _f16(b[:, 2:4]), 5, 32
+    elif type_name == "MXFP4":  # e8m0 scale byte, 16 bytes of E2M1 nibbles: exact in the 5-bit zero-point form
+        e = b[:, 0].astype(np.int32) - 128
+        if e.min() < -24 or e.max() > 15:
+            raise ValueError("an MXFP4 scale is outside float16's exact powers of two (2^-24 .. 2^15)")
+        u = (_MXFP4_X2[_nibbles(b[:, 1:])] + 12).astype(np.uint8)
+        d, z, bits, group = np.ldexp(np.ones(e.shape, np.float32), e).astype(np.float16), 12, 5, 32
     elif type_name == "Q8_0":
         u = (b[:, 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
         d, z, bits, group = _f16(b[:, :2]), 128, 8, 32

@@ -109,6 +109,19 @@ class Sampler:
         params = [r.params for r in reqs]
         want_lp = [p.logprobs is not None for p in params]
         raw = logits
+        logits = self.adjust(logits, reqs)
+        greedy = [p.greedy for p in params]
+        tokens = ops.argmax(logits).tolist() if all(greedy) else self._sample(logits, reqs, params, greedy)
+        lps: list = [None] * len(reqs)
+        if any(want_lp):
+            lps = self.logprobs(raw, tokens, reqs)
+        return SampleResult(tokens, lps)
+
+    @staticmethod
+    def adjust(logits: torch.Tensor, reqs: list[SampleRequest]) -> torch.Tensor:
+        """float32 logits after the stop-token mask (until min_tokens), logit_bias and the penalties (a copy if any
+        applies)."""
+        params = [r.params for r in reqs]
         logits = logits.float()
         # Stop tokens cannot be sampled before min_tokens.
         masked = False
@@ -138,29 +151,29 @@ class Sampler:
                     p.frequency_penalty,
                     p.presence_penalty,
                 )
+        return logits
 
-        greedy = [p.greedy for p in params]
-        tokens = ops.argmax(logits).tolist() if all(greedy) else self._sample(logits, reqs, params, greedy)
-        lps: list = [None] * len(reqs)
-        if any(want_lp):
-            lps = self._logprobs(raw, tokens, params, want_lp)
-        return SampleResult(tokens, lps)
+    @staticmethod
+    def distribution(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+        """[R, V] probabilities that non-greedy rows of adjusted logits are sampled from (temperature, min-p,
+        top-k, top-p applied). Overwrites `logits`: pass a copy."""
+        x = logits
+        temp = torch.tensor([p.temperature for p in params], dtype=x.dtype)
+        x /= temp.unsqueeze(1)
+        min_p = [p.min_p for p in params]
+        if any(min_p):
+            filter_min_p(x, torch.tensor(min_p, dtype=x.dtype))
+        top_k = [p.top_k for p in params]
+        if any(top_k):
+            filter_top_k(x, torch.tensor(top_k))
+        top_p = [p.top_p for p in params]
+        if any(t < 1.0 for t in top_p):
+            filter_top_p(x, torch.tensor(top_p, dtype=x.dtype))
+        return x.softmax(-1)
 
     def _sample(self, logits: torch.Tensor, reqs: list[SampleRequest], params: list, greedy: list[bool]) -> list[int]:
         rows = [i for i, g in enumerate(greedy) if not g]
-        x = logits[rows]  # a copy: the filters below work in place
-        temp = torch.tensor([params[i].temperature for i in rows], dtype=x.dtype)
-        x /= temp.unsqueeze(1)
-        min_p = [params[i].min_p for i in rows]
-        if any(min_p):
-            filter_min_p(x, torch.tensor(min_p, dtype=x.dtype))
-        top_k = [params[i].top_k for i in rows]
-        if any(top_k):
-            filter_top_k(x, torch.tensor(top_k))
-        top_p = [params[i].top_p for i in rows]
-        if any(t < 1.0 for t in top_p):
-            filter_top_p(x, torch.tensor(top_p, dtype=x.dtype))
-        probs = x.softmax(-1)
+        probs = self.distribution(logits[rows], [params[i] for i in rows])  # logits[rows] is a copy
         q = torch.empty_like(probs)
         unseeded = [j for j, i in enumerate(rows) if reqs[i].generator is None]
         if len(unseeded) == len(rows):
@@ -177,6 +190,12 @@ class Sampler:
         for j, i in enumerate(rows):
             tokens[i] = sampled[j]
         return tokens
+
+    @classmethod
+    def logprobs(cls, raw: torch.Tensor, tokens: list[int], reqs: list[SampleRequest]) -> list:
+        """Per row, None or (the token's logprob, its rank, top ids, top logprobs) as the request asks."""
+        params = [r.params for r in reqs]
+        return cls._logprobs(raw, tokens, params, [p.logprobs is not None for p in params])
 
     @staticmethod
     def _logprobs(raw: torch.Tensor, tokens: list[int], params: list, want: list[bool]):

@@ -34,6 +34,20 @@ class GrammarState:
         """True once the grammar is complete and only end-of-sequence may follow."""
         raise NotImplementedError
 
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last num_tokens accepted tokens (speculative decoding's rejected proposals)."""
+        raise NotImplementedError
+
+    def valid_prefix(self, token_ids: list[int]) -> int:
+        """How many leading tokens of token_ids the grammar accepts in a row from here (the state is unchanged)."""
+        n = 0
+        for t in token_ids:
+            if not self.accept(t):
+                break
+            n += 1
+        self.rollback(n)
+        return n
+
 
 class GrammarBackend:
     """Compiles constraints (cached by their text) and fills token bitmasks for a batch of states."""
@@ -111,7 +125,16 @@ def invalid(kind: str, detail: str) -> InvalidRequestError:
         "choice": "choice list",
         "json_object": "json_object",
     }[kind]
-    return InvalidRequestError(f"The {what} cannot be compiled: {detail}", f"structured_outputs.{kind}")
+    return InvalidRequestError(f"The {what} cannot be compiled: {client_detail(detail)}", f"structured_outputs.{kind}")
+
+
+def client_detail(detail: str) -> str:
+    """A compiler's message without what is only about its internals: a native panic's backtrace and build paths
+    (llguidance's assertion on a too-large grammar carries both) become one sentence."""
+    first = detail.strip().split("\n", 1)[0].strip()
+    if first.startswith("panic") or "assertion failed" in first or "<backtrace>" in detail or ".rs:" in first:
+        return "the grammar is too large or too complex for the grammar compiler; make it smaller"
+    return first[:500]
 
 
 def make_backend(name: str, tokenizer: Any, vocab_size: int, eos_token_ids: list[int]) -> GrammarBackend:

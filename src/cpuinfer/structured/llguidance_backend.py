@@ -28,6 +28,13 @@ class _State(GrammarState):
     def is_terminated(self) -> bool:
         return self.matcher.is_stopped()
 
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens:
+            self.matcher.rollback(num_tokens)
+
+    def valid_prefix(self, token_ids: list[int]) -> int:
+        return self.matcher.validate_tokens(token_ids) if token_ids else 0
+
 
 class LLGuidanceBackend(GrammarBackend):
     """llguidance: a compiled grammar is a matcher at its start; each sequence gets a deep copy."""

@@ -23,6 +23,10 @@ class _State(GrammarState):
     def is_terminated(self) -> bool:
         return self.matcher.is_completed() or self.matcher.is_terminated()
 
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens:
+            self.matcher.rollback(num_tokens)
+
 
 class XGrammarBackend(GrammarBackend):
     """xgrammar: grammars precompiled against the vocabulary (its own cache by text, plus ours)."""

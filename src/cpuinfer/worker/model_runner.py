@@ -4,6 +4,13 @@ The engine decides what runs (ScheduledSeq per sequence: the tokens to compute t
 of its tokens are already cached, and its block table). The runner builds the flat metadata once
 per step (input ids, positions, slot mapping, query_start_loc, seq_lens, block tables), runs the
 model under inference_mode and returns float32 logits only for the sequences that sample.
+
+A sequence verifying speculative tokens (num_spec > 0) wants the logits of its last num_spec + 1 rows, one
+scoring its prompt (prompt_logits) those of every row of its chunk. The model's fused last layer can keep only
+each sequence's last row, so a step with any sequence wanting more than one row asks the model for every row's
+logits and picks the rows here. What that costs: the last layer and the LM head over the step's other rows too
+(for SmolLM2 about a quarter of a row's work), which is why the engine does not speculate in a step that
+carries a long prefill chunk (spec_decode.decoder).
 """
 
 from __future__ import annotations
@@ -30,13 +37,16 @@ class ScheduledSeq:
     start_pos: int  # tokens of this sequence already in the KV cache (= position of token_ids[0])
     block_table: list[int]  # physical block ids covering positions [0, start_pos + len(token_ids))
     sample: bool  # True -> return logits for the last token of this chunk
+    num_spec: int = 0  # the last num_spec tokens are proposals to verify: return the last num_spec + 1 rows
     # True -> return logits for every token of this chunk (prompt logprobs); the last is the sample row.
     prompt_logits: bool = False
 
     @property
     def logit_rows(self) -> int:
-        """How many rows of the step's logits are this sequence's."""
-        return len(self.token_ids) if self.prompt_logits else int(self.sample)
+        """How many rows of the step's logits are this sequence's (always its last rows)."""
+        if self.prompt_logits:
+            return len(self.token_ids)
+        return 1 + self.num_spec if self.sample else 0
 
 
 class ModelRunner:
@@ -145,7 +155,8 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, seqs: list[ScheduledSeq], checked: bool = False) -> torch.Tensor:
         """Run one flat step; float32 logits [sum of the seqs' logit_rows, vocab]: per sequence in order, its last
-        token's row (sample=True) or every token's (prompt_logits=True)."""
+        token's row (sample=True), its last num_spec + 1 rows (verifying proposals) or every token's
+        (prompt_logits=True)."""
         if not seqs:
             return torch.empty(0, self.out_width, dtype=torch.float32)
         if not checked:
@@ -159,11 +170,16 @@ class ModelRunner:
         input_ids, positions, meta, sample_idx, n_sample = self._prepare(seqs)
         if n_sample == 0:
             sample_idx = torch.empty(0, dtype=torch.int64)
+        pick = None
+        if sample_idx is not None and any(s.logit_rows > 1 for s in seqs):
+            pick, sample_idx = sample_idx, None  # several rows of one sequence: all rows' outputs, picked below
         if self.pooling:
-            return self.model.forward(input_ids, positions, meta, self.kv_caches, sample_idx, carry, hidden=True)
-        if carry is None:
-            return self.model.forward(input_ids, positions, meta, self.kv_caches, sample_idx)
-        return self.model.forward(input_ids, positions, meta, self.kv_caches, sample_idx, carry)
+            out = self.model.forward(input_ids, positions, meta, self.kv_caches, sample_idx, carry, hidden=True)
+        elif carry is None:
+            out = self.model.forward(input_ids, positions, meta, self.kv_caches, sample_idx)
+        else:
+            out = self.model.forward(input_ids, positions, meta, self.kv_caches, sample_idx, carry)
+        return out if pick is None or not self.pp.last else out[pick]
 
     @property
     def out_width(self) -> int:
@@ -194,5 +210,5 @@ class ModelRunner:
                 pp.logits.broadcast_(logits.contiguous(), 0)
             return logits
         if pp.logits is not None:  # rank 0: the step's logits, from the last stage
-            return pp.logits.broadcast_(torch.empty(n_sample, self.spec.vocab_size, dtype=torch.float32), 0)
-        return torch.empty(0, self.spec.vocab_size, dtype=torch.float32)
+            return pp.logits.broadcast_(torch.empty(n_sample, self.out_width, dtype=torch.float32), 0)
+        return torch.empty(0, self.out_width, dtype=torch.float32)

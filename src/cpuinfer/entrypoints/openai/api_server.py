@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import secrets
 import signal
 import time
@@ -33,10 +34,13 @@ from fastapi.responses import JSONResponse, Response
 
 from cpuinfer.engine.messages import EngineStats
 from cpuinfer.entrypoints.openai.client_errors import LogClientErrors
+from cpuinfer.entrypoints.openai.connections import guarded_protocol
 from cpuinfer.entrypoints.openai.embeddings_protocol import EmbeddingRequest, EmbeddingResponse
 from cpuinfer.entrypoints.openai.engine_adapter import EngineAdapter
 from cpuinfer.entrypoints.openai.errors import APIError, error_body, error_response, install_error_handlers
+from cpuinfer.entrypoints.openai.guard import PROBE_ROUTES, GuardConfig, RequestGuard, route_path
 from cpuinfer.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
+from cpuinfer.entrypoints.openai.prep_pool import PrepPool
 from cpuinfer.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -58,8 +62,7 @@ from cpuinfer.errors import EngineDeadError
 logger = logging.getLogger("cpuinfer.server")
 
 ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 500, 503)}
-# Probes answer without the API key: a load balancer or orchestrator has none.
-PROBE_ROUTES = ("/health", "/ping")
+GRACE_MARGIN = 2.0  # seconds between ending running requests at shutdown and uvicorn cancelling them
 ENGINE_DEATH_EXIT_DELAY = 1.0  # seconds for the failed requests' error responses to reach their clients
 
 
@@ -70,11 +73,11 @@ class ServerConfig:
     served_model_names: list[str]
     api_key: str = ""
     open_routes: tuple[str, ...] = ()  # paths that need no API key besides the probes (--allow-unauthenticated-routes)
-    max_body_bytes: int = 8 * 1024 * 1024
     log_requests: bool = True
     log_stats_interval: float = 10.0  # seconds; 0 disables the periodic stats line
     tool_call_parser: str | None = None  # set by --enable-auto-tool-choice --tool-call-parser: tool_choice "auto"
     chat_template: str | None = None  # --chat-template: replaces the model's
+    guard: GuardConfig = field(default_factory=GuardConfig)  # in-flight limit, body limits, request bounds
     log_prompts: bool = False  # --enable-log-requests: each request's prompt and parameters as it arrives
     max_log_len: int | None = None  # --max-log-len: most characters / ids of a logged prompt
 
@@ -91,6 +94,8 @@ class ServerState:
     engine_failure: str | None = None  # set when the engine died: the server exits with code 1
     last_stats: EngineStats = field(default_factory=EngineStats)
     background: list[asyncio.Task] = field(default_factory=list)
+    prep: PrepPool | None = None  # request-preparation workers, started with the engine
+    draining: asyncio.Event | None = None  # set once the shutdown grace period is over (made on the server's loop)
 
     def require_serving(self) -> OpenAIServing:
         """The serving object, or a 503 while loading / after a failure."""
@@ -100,13 +105,9 @@ class ServerState:
         return self.serving
 
 
-class BodyLimitAndAuth:
-    """ASGI middleware: 413 for bodies over the limit, 401 without the API key (every route but the
-    probes and the configured open routes: deny by default).
-
-    Pure ASGI (not BaseHTTPMiddleware) so streaming responses pass straight
-    through and chunked uploads are counted as they arrive.
-    """
+class APIKeyAuth:
+    """ASGI middleware: 401 without the API key (every route but the probes and the configured open routes: deny
+    by default). Pure ASGI (not BaseHTTPMiddleware) so streaming responses pass straight through."""
 
     def __init__(self, app, config: ServerConfig):
         self.app = app
@@ -115,16 +116,10 @@ class BodyLimitAndAuth:
         self.open = set(PROBE_ROUTES) | set(config.open_routes)
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
+        if scope["type"] != "http" or self.expected is None:
             return await self.app(scope, receive, send)
-        headers = dict(scope.get("headers") or [])
-        limit = self.config.max_body_bytes
-        # uvicorn puts --root-path in front of the path (as the ASGI spec asks); routes are matched without it.
-        path, root = scope["path"], scope.get("root_path", "")
-        if root and path.startswith(root):
-            path = path[len(root) :] or "/"
-        if self.expected is not None and path not in self.open and scope["method"] != "OPTIONS":
-            got = headers.get(b"authorization", b"")
+        if route_path(scope) not in self.open and scope["method"] != "OPTIONS":
+            got = dict(scope.get("headers") or []).get(b"authorization", b"")
             if not secrets.compare_digest(got, self.expected):
                 what = "missing" if not got else "invalid"
                 msg = (
@@ -132,25 +127,7 @@ class BodyLimitAndAuth:
                     "key the server was started with (--api-key / VLLM_API_KEY)."
                 )
                 return await error_response(msg, 401)(scope, receive, send)
-        declared = headers.get(b"content-length")
-        too_big = f"Request body too large: the limit is {limit} bytes (--max-request-body-bytes)."
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            return await error_response(too_big, 413)(scope, receive, send)
-        seen = 0
-
-        async def limited_receive():
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > limit:
-                    raise APIError(too_big, 413)
-            return message
-
-        try:
-            await self.app(scope, limited_receive, send)
-        except APIError as e:  # raised while FastAPI was still reading the body
-            await error_response(e.message, e.status, e.param)(scope, receive, send)
+        return await self.app(scope, receive, send)
 
 
 def build_app(state: ServerState, start_engine: Callable[[], Awaitable[EngineAdapter]] | None = None) -> FastAPI:
@@ -165,14 +142,19 @@ def build_app(state: ServerState, start_engine: Callable[[], Awaitable[EngineAda
         finally:
             for task in state.background:
                 task.cancel()
+            if state.prep is not None:
+                state.prep.close()
             if state.engine is not None:
                 await state.engine.shutdown()
 
     app = FastAPI(title="cpuinfer OpenAI-compatible server", version=_version(), lifespan=lifespan)
     app.state.server = state
     install_error_handlers(app)
-    app.add_middleware(BodyLimitAndAuth, config=state.config)
-    app.add_middleware(LogClientErrors)  # added last: outermost, so it sees the auth and size answers too
+    # The last added runs first: the key is checked before the guard reads any body, and every 4xx (the key's,
+    # the guard's, the routes') is logged with its request id.
+    app.add_middleware(RequestGuard, config=state.config.guard, char_limits=lambda: _char_limits(state))
+    app.add_middleware(APIKeyAuth, config=state.config)
+    app.add_middleware(LogClientErrors)
 
     @app.get("/health", responses={503: {"model": ErrorResponse}})
     async def health() -> Response:
@@ -226,9 +208,12 @@ def build_app(state: ServerState, start_engine: Callable[[], Awaitable[EngineAda
         return await state.require_serving().responses(req, raw)
 
     @app.post("/v1/embeddings", response_model=EmbeddingResponse, responses=ERRORS)
-    async def embeddings(req: EmbeddingRequest):
+    async def embeddings(req: EmbeddingRequest, raw: Request):
         """OpenAI embeddings of a pooling model (--runner pooling): one vector per input."""
-        return JSONResponse(dump(await state.require_serving().embeddings(req)))
+        body = await state.require_serving().embeddings(req, raw)
+        if body is None:
+            return JSONResponse({}, status_code=499)  # the client left (nginx's code); nobody reads this
+        return JSONResponse(dump(body))
 
     @app.post("/tokenize", response_model=TokenizeResponse, responses=ERRORS)
     async def tokenize(req: Annotated[TokenizeCompletionRequest | TokenizeChatRequest, Body()]):
@@ -241,6 +226,11 @@ def build_app(state: ServerState, start_engine: Callable[[], Awaitable[EngineAda
         return JSONResponse(dump(await state.require_serving().detokenize(req)))
 
     return app
+
+
+def _char_limits(state: ServerState) -> tuple[int | None, int | None]:
+    """The most prompt characters that could fit (per prompt, per request); unknown while loading."""
+    return state.serving.char_limits() if state.serving is not None else (None, None)
 
 
 def health_status(state: ServerState) -> tuple[str, str]:
@@ -294,6 +284,18 @@ async def _load(state: ServerState, start_engine: Callable[[], Awaitable[EngineA
             logger.exception("engine failed to start")
         signal.raise_signal(signal.SIGTERM)  # a server without a model is no use: shut down (exit code 1)
         return
+    bounds = state.config.guard.bounds
+    prep = PrepPool(engine.tokenization.spec, bounds.prep_workers, bounds.prep_timeout)
+    try:
+        await prep.start()
+        await asyncio.to_thread(lambda: engine.tokenization.max_token_chars)  # computed once, off the loop
+    except (RuntimeError, OSError) as e:
+        prep.close()
+        state.load_error = f"request-preparation workers failed to start: {e}"
+        logger.error("%s", state.load_error)
+        signal.raise_signal(signal.SIGTERM)
+        return
+    state.prep = prep
     state.engine = engine
     names = state.config.served_model_names
     state.metrics = ServerMetrics(names[0], lambda: state.last_stats, engine.core_states)
@@ -304,6 +306,9 @@ async def _load(state: ServerState, start_engine: Callable[[], Awaitable[EngineA
         state.config.log_requests,
         state.config.tool_call_parser,
         state.config.chat_template,
+        prep,
+        state.draining,
+        bounds.window_sequences,
         log_prompts=state.config.log_prompts,
         max_log_len=state.config.max_log_len,
     )
@@ -362,7 +367,18 @@ def _version() -> str:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn, except that a SIGINT/SIGTERM after a clean shutdown exits 0 instead of re-raising."""
+    """uvicorn, except that a SIGINT/SIGTERM after a clean shutdown exits 0 instead of re-raising, and that running
+    requests are ended with an error (streams: an error event and [DONE]) when the grace period is over, before
+    uvicorn cancels them (GRACE_MARGIN later)."""
+
+    drain_after: float = 10.0
+    draining: asyncio.Event | None = None
+
+    async def shutdown(self, sockets=None) -> None:
+        """Stop accepting; after `drain_after` seconds end what still runs; then uvicorn's shutdown."""
+        if self.draining is not None:
+            asyncio.get_running_loop().call_later(self.drain_after, self.draining.set)
+        await super().shutdown(sockets)
 
     @contextlib.contextmanager
     def capture_signals(self):
@@ -383,13 +399,15 @@ def run_server(
     shutdown_timeout: float,
     log_level: str = "info",
     sock=None,
-    limit_concurrency: int | None = None,
+    http_header_timeout: float = 10.0,
+    max_idle_connections: int = 1024,
     **uvicorn_options,
 ) -> int:
     """Serve until SIGINT/SIGTERM; in-flight requests get `shutdown_timeout` seconds to finish, then are aborted.
 
     Returns the exit code: 1 if the engine failed to load or died while serving, else 0.
-    `limit_concurrency`: connections + in-flight requests past which uvicorn answers 503 at once.
+    The in-flight request limit is the guard's (ServerConfig.guard); connections are bounded by
+    `http_header_timeout` and `max_idle_connections` (connections.py).
     `uvicorn_options`: more uvicorn.Config settings (TLS files, root_path: vllm_server_flags.uvicorn_options).
     """
     app = build_app(state, start_engine)
@@ -399,12 +417,18 @@ def run_server(
         port=port,
         log_level=log_level,
         access_log=False,
-        timeout_graceful_shutdown=max(1, round(shutdown_timeout)),
+        timeout_graceful_shutdown=math.ceil(shutdown_timeout + GRACE_MARGIN),
         lifespan="on",
         timeout_keep_alive=5,
-        limit_concurrency=limit_concurrency,
+        http=guarded_protocol(http_header_timeout, max_idle_connections),
         **uvicorn_options,
     )
     server = _Server(config)
-    asyncio.run(server.serve(sockets=[sock] if sock is not None else None))
+    server.drain_after = shutdown_timeout
+
+    async def serve():
+        state.draining = server.draining = asyncio.Event()
+        await server.serve(sockets=[sock] if sock is not None else None)
+
+    asyncio.run(serve())
     return 1 if (state.load_error or state.engine_failure) else 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from cpuinfer.entrypoints.openai.request_bounds import add_bounds_arguments
 from cpuinfer.entrypoints.openai.tool_parsers import TOOL_PARSERS
 from cpuinfer.entrypoints.openai.vllm_server_flags import add_vllm_server_arguments
 
@@ -44,8 +45,26 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         "--limit-concurrency",
         type=_positive_int,
         default=None,
-        help="connections + in-flight requests past which the server answers 503 at once "
-        "(uvicorn's limit; default: 2 x (--max-num-seqs + --max-waiting-requests) + 64)",
+        help="requests in flight past which the server answers 503 with Retry-After at once (/health and /ping "
+        "are never refused; default: 2 x (--max-num-seqs + --max-waiting-requests) + 64)",
+    )
+    g.add_argument(
+        "--max-idle-connections",
+        type=_positive_int,
+        default=1024,
+        help="open connections without a request in progress; past this the longest-idle one is closed",
+    )
+    g.add_argument(
+        "--http-header-timeout",
+        type=_positive_float,
+        default=10.0,
+        help="seconds a connection has to send a request's headers before it is closed (nginx: 60)",
+    )
+    g.add_argument(
+        "--http-body-timeout",
+        type=_positive_float,
+        default=30.0,
+        help="seconds a request has to send its whole body; then 408",
     )
     g.add_argument(
         "--served-model-name",
@@ -85,6 +104,7 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="a Jinja chat template (file path or the template itself) used instead of the model's",
     )
+    add_bounds_arguments(parser, _positive_int)
     g.add_argument(
         "--log-level",
         default="info",
@@ -142,4 +162,11 @@ def _positive_int(value: str) -> int:
     x = int(value)
     if x < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return x
+
+
+def _positive_float(value: str) -> float:
+    x = float(value)
+    if not x > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
     return x

@@ -43,6 +43,7 @@ class DataParallelAdapter(EngineAdapter):
         self.model_path = first.model_path
         self.max_model_len = first.max_model_len
         self.tokenization = first.tokenization
+        self.limits = first.limits
         self.generation_defaults = first.generation_defaults
         self.runner = first.runner
         config = first.engine.config
@@ -90,6 +91,16 @@ class DataParallelAdapter(EngineAdapter):
         return "ready"
 
     # ---- requests ---------------------------------------------------------------------------------
+    def compile_constraint(self, constraint) -> None:
+        """Into every core's cache: the router may pick any."""
+        for c in self.cores:
+            if c.healthy:
+                c.compile_constraint(constraint)
+
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Every core checks requests alike: ask the first."""
+        self.cores[0].validate(prompt_token_ids, params)
+
     def submit(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
     ) -> AsyncIterator[list[ChoiceDelta]]:

@@ -1,4 +1,5 @@
-"""POST /v1/embeddings: each input is one pooling request on the engine, all started at once so they share steps.
+"""POST /v1/embeddings: each input is one pooling request on the engine, started as a completions request's prompts
+are (a window of them at once, sharing steps; the same whole-request caps, metrics and request log).
 
 The engine decides what is allowed (the runner, lengths, vocabulary, Matryoshka dimensions: engine/limits.py);
 this turns the body into token ids and PoolingParams and the pooled vectors into OpenAI's response.
@@ -7,12 +8,10 @@ this turns the body into token ids and PoolingParams and the pooled vectors into
 from __future__ import annotations
 
 import base64
-import contextlib
-import time
 
 import numpy as np
 
-from cpuinfer.engine.limits import check_pooling_text
+from cpuinfer.engine.limits import check_pooling_text, validate_batch
 from cpuinfer.entrypoints.openai.embeddings_protocol import (
     EmbeddingData,
     EmbeddingRequest,
@@ -20,7 +19,9 @@ from cpuinfer.entrypoints.openai.embeddings_protocol import (
     EmbeddingUsage,
 )
 from cpuinfer.entrypoints.openai.errors import APIError, to_api_error
+from cpuinfer.entrypoints.openai.job import Prompt
 from cpuinfer.entrypoints.openai.protocol import random_id
+from cpuinfer.errors import InvalidRequestError
 from cpuinfer.sampling_params import PoolingParams
 
 MAX_INPUTS = 2048  # OpenAI's limit of inputs in one embeddings request
@@ -48,8 +49,10 @@ def encode_vector(vec, encoding_format: str) -> list[float] | str:
     return arr.tolist()
 
 
-async def create_embeddings(serving, req: EmbeddingRequest) -> EmbeddingResponse:
-    """POST /v1/embeddings on `serving` (an OpenAIServing): one pooling request per input."""
+async def create_embeddings(serving, req: EmbeddingRequest, raw=None) -> EmbeddingResponse | None:
+    """POST /v1/embeddings on `serving` (an OpenAIServing): one pooling request per input, run as a completions
+    request's prompts are (the same whole-request caps, the request window, metrics and logs); None when the
+    client (`raw`, a starlette Request) left before it was done."""
     serving.check_model(req.model)
     serving.check_ready()
     engine = serving.engine
@@ -58,46 +61,34 @@ async def create_embeddings(serving, req: EmbeddingRequest) -> EmbeddingResponse
         keep = engine.max_model_len
     try:
         params = PoolingParams(req.dimensions, req.normalize, keep or None).as_sampling()
-        token_lists = []
-        for item in request_inputs(req):
-            if isinstance(item, str):
-                check_pooling_text(item)
-                item = await serving.encode(item, req.add_special_tokens)
-            token_lists.append(item[-keep:] if keep else list(item))
+        inputs = request_inputs(req)
+        texts = [item for item in inputs if isinstance(item, str)]
+        for text in texts:
+            check_pooling_text(text)
     except ValueError as e:
         raise to_api_error(e) from e
-    rid = req.request_id or random_id("embd")
-    start = time.perf_counter()
-    streams = []
+    encoded = iter(await serving.encode_many(texts, req.add_special_tokens) if texts else [])
+    prompts = []
+    for item in inputs:
+        ids, text = (next(encoded), item) if isinstance(item, str) else (list(item), None)
+        prompts.append(Prompt(ids[-keep:] if keep else ids, text))
+    responder = serving.responder
     try:
-        for i, ids in enumerate(token_lists):
-            streams.append(engine.submit(f"{rid}-{i}", ids, params))
-        vectors = [await _pooled(s) for s in streams]
-    except Exception as e:
-        for s in streams:
-            with contextlib.suppress(Exception):
-                await s.aclose()  # aborts what still runs
-        raise to_api_error(e, rid) from e
-    n = sum(len(ids) for ids in token_lists)
-    metrics = serving.responder.metrics
-    if metrics is not None:  # as a generation request counts: its prompt tokens, its latency, one success
-        metrics.prompt_tokens.inc(n)
-        metrics.request_prompt_tokens.observe(n)
-        metrics.e2e.observe(time.perf_counter() - start)
-        metrics.request_finished("stop")
-    data = [EmbeddingData(index=i, embedding=encode_vector(v, req.encoding_format)) for i, v in enumerate(vectors)]
+        in_flight = responder.window(len(prompts), 1)
+        validate_batch([len(p.token_ids) for p in prompts], params, engine.limits, in_flight)
+    except InvalidRequestError as e:
+        err = to_api_error(e)
+        err.param = "input" if err.param == "prompt" else err.param  # the body's field of its prompts
+        raise err from e
+    job = responder.start(req.request_id or random_id("embd"), prompts, params)
+    if not await responder.run(raw, job):
+        return None
+    if any(s.pooled is None for s in job.states):
+        raise APIError("a pooling request finished without its vector", 500)
+    n = job.prompt_tokens
+    data = [
+        EmbeddingData(index=i, embedding=encode_vector(s.pooled, req.encoding_format)) for i, s in enumerate(job.states)
+    ]
     return EmbeddingResponse(
-        id=rid, model=serving.model_name, data=data, usage=EmbeddingUsage(prompt_tokens=n, total_tokens=n)
+        id=job.request_id, model=serving.model_name, data=data, usage=EmbeddingUsage(prompt_tokens=n, total_tokens=n)
     )
-
-
-async def _pooled(stream):
-    """The vector a pooling request's deltas end with."""
-    vec = None
-    async for deltas in stream:
-        for d in deltas:
-            if d.pooled is not None:
-                vec = d.pooled
-    if vec is None:
-        raise RuntimeError("a pooling request finished without its vector")
-    return vec

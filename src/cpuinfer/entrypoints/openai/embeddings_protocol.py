@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 from cpuinfer.entrypoints.openai.protocol import OpenAIModel, random_id
 from cpuinfer.sampling_params import INT32_MAX
 
-TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
+TokenId = Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)]
 
 
 class EmbeddingRequest(OpenAIModel):
@@ -20,10 +20,10 @@ class EmbeddingRequest(OpenAIModel):
     model: str | None = None
     input: str | list[str] | list[TokenId] | list[list[TokenId]]
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = None
+    dimensions: Annotated[int, Field(strict=True, ge=1, le=INT32_MAX)] | None = None
     user: str | None = None
     # vLLM's extras: keep the last k tokens of each input (-1: the model's length); special tokens; normalize.
-    truncate_prompt_tokens: Annotated[int, Field(ge=-1, le=INT32_MAX)] | None = None
+    truncate_prompt_tokens: Annotated[int, Field(strict=True, ge=-1, le=INT32_MAX)] | None = None
     add_special_tokens: bool = True
     normalize: bool | None = None
     request_id: str | None = None

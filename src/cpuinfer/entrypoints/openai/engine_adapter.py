@@ -42,6 +42,8 @@ class ChoiceDelta:
     prompt_logprobs: list[TokenLogprob | None] | None = None
     # A pooling request's vector (torch float32), with its final delta.
     pooled: Any = None
+    # A request with a prediction: its (accepted, rejected) prediction tokens so far, all its choices.
+    prediction_tokens: tuple[int, int] | None = None
 
 
 @dataclass
@@ -61,6 +63,7 @@ class EngineAdapter:
     model_path: str
     max_model_len: int
     tokenization: Any  # cpuinfer.entrypoints.openai.tokenization.Tokenization
+    limits: Any  # cpuinfer.engine.limits.RequestLimits: what one request may ask
     generation_defaults: dict
     runner: str = "generate"  # or "pooling": what the model serves (/v1/models says it)
 
@@ -96,6 +99,14 @@ class EngineAdapter:
         RequestFailedError or EngineDeadError if the request fails later.
         """
         raise NotImplementedError
+
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Check a prompt as submit() would, without starting it (InvalidRequestError); for prompts of a request
+        that start later, as earlier ones finish."""
+
+    def compile_constraint(self, constraint: Any) -> None:
+        """Compile a structured-output constraint into the engine's cache (InvalidRequestError if it does not
+        compile); called on a worker thread, so the later check at submit() is a lookup, not work on the loop."""
 
     def abort(self, request_id: str) -> None:
         """Abort a request without waiting (safe to call from cancellation paths)."""

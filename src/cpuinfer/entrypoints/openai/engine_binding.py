@@ -15,6 +15,7 @@ import logging
 import os
 from collections.abc import AsyncIterator
 
+from cpuinfer.engine.limits import validate_request
 from cpuinfer.engine.messages import EngineStats
 from cpuinfer.entrypoints.openai.engine_adapter import ChoiceDelta, CoreState, EngineAdapter, TokenLogprob
 from cpuinfer.entrypoints.openai.tokenization import Tokenization
@@ -53,6 +54,7 @@ class AsyncLLMAdapter(EngineAdapter):
         self.model_path = engine.config.model
         self.max_model_len = engine.max_model_len
         self.tokenization = tokenization or Tokenization(spec)
+        self.limits = engine.limits
         self.generation_defaults = dict(getattr(spec, "generation_defaults", None) or {})
         self.dp_rank = engine.config.args.data_parallel_rank
         self.runner = engine.config.runner
@@ -110,18 +112,13 @@ class AsyncLLMAdapter(EngineAdapter):
                     lps = None
                     if o.logprobs is not None:
                         lps = _logprobs(list(zip(o.token_ids, o.logprobs, strict=False)))
-                    deltas.append(
-                        ChoiceDelta(
-                            o.index,
-                            o.text,
-                            list(o.token_ids),
-                            lps,
-                            o.finish_reason,
-                            o.stop_reason,
-                            prompt_lps,
-                            out.pooled,
-                        )
+                    delta = ChoiceDelta(
+                        o.index, o.text, list(o.token_ids), lps, o.finish_reason, o.stop_reason, prompt_lps, out.pooled
                     )
+                    if "accepted_prediction_tokens" in out.metrics:
+                        m = out.metrics
+                        delta.prediction_tokens = (m["accepted_prediction_tokens"], m["rejected_prediction_tokens"])
+                    deltas.append(delta)
                 finished = out.finished
                 if deltas:
                     yield deltas
@@ -129,6 +126,14 @@ class AsyncLLMAdapter(EngineAdapter):
             if not finished:
                 # Synchronous on purpose: this runs inside a cancelled task, where awaiting is not possible.
                 self.abort(request_id)
+
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """The engine's one request check (a constraint's compile is cached: the later submit looks it up)."""
+        validate_request(prompt_token_ids, params, self.engine.limits, self.engine.grammars)
+
+    def compile_constraint(self, constraint) -> None:
+        """Into this core's grammar cache (the backend releases the GIL while it compiles)."""
+        self.engine.grammars.compile(constraint)
 
     def abort(self, request_id: str) -> None:
         """Abort now (frees the request's KV blocks in the core); a no-op for a finished request."""

@@ -19,9 +19,6 @@ IGNORED_FIELDS = {
     "user": "an end-user id for OpenAI's abuse monitoring",
     "safety_identifier": "an end-user id for OpenAI's abuse monitoring",
     "prompt_cache_key": "OpenAI's cache routing hint; prefix caching here needs none",
-    # Predicted outputs change only the latency, never the text. Speculative decoding (its own issue) reads
-    # the request's `prediction` as its draft; until it does, the field is accepted and logged.
-    "prediction": "a predicted output (speeds decoding up where supported; the text is the same)",
 }
 
 _logged: set[str] = set()

@@ -3,12 +3,14 @@ each choice has produced so far."""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from cpuinfer.entrypoints.openai.engine_adapter import ChoiceDelta, TokenLogprob
 from cpuinfer.entrypoints.openai.metrics import RequestTimer
-from cpuinfer.entrypoints.openai.protocol import UsageInfo
+from cpuinfer.entrypoints.openai.protocol import CompletionTokensDetails, UsageInfo
+from cpuinfer.sampling_params import SamplingParams
 
 
 @dataclass
@@ -29,11 +31,17 @@ class ChoiceState:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    prediction_tokens: tuple[int, int] | None = None  # its request's, all choices together
+    pooled: object = None  # a pooling request's vector (torch float32), once it is done
 
     def absorb(self, d: ChoiceDelta) -> None:
         """Add a delta."""
         if d.prompt_logprobs is not None:
             self.prompt_logprobs = d.prompt_logprobs
+        if d.prediction_tokens is not None:
+            self.prediction_tokens = d.prediction_tokens
+        if d.pooled is not None:
+            self.pooled = d.pooled
         self.text += d.text
         self.token_ids += d.token_ids
         if d.logprobs:
@@ -50,9 +58,11 @@ class Job:
     request_id: str
     prompts: list[Prompt]
     n: int
-    streams: list[tuple[str, AsyncIterator[list[ChoiceDelta]]]]  # (engine request id, its deltas)
+    streams: list[tuple[str, AsyncIterator[list[ChoiceDelta]]]]  # (engine request id, its deltas), prompt order
     timer: RequestTimer
     states: list[ChoiceState] = field(default_factory=list)
+    params: SamplingParams | None = None
+    pending: deque[int] = field(default_factory=deque)  # prompts validated but not started yet (the window)
 
     def __post_init__(self) -> None:
         self.states = [ChoiceState() for _ in range(self.n * len(self.prompts))]
@@ -70,4 +80,12 @@ class Job:
     def usage(self) -> UsageInfo:
         """Token counts so far."""
         c = self.completion_tokens
-        return UsageInfo(prompt_tokens=self.prompt_tokens, completion_tokens=c, total_tokens=self.prompt_tokens + c)
+        usage = UsageInfo(prompt_tokens=self.prompt_tokens, completion_tokens=c, total_tokens=self.prompt_tokens + c)
+        # Each prompt's engine request reports its choices' prediction tokens together: count one choice's.
+        counts = [s.prediction_tokens for s in self.states[:: self.n] if s.prediction_tokens is not None]
+        if counts:
+            usage.completion_tokens_details = CompletionTokensDetails(
+                accepted_prediction_tokens=sum(a for a, _ in counts),
+                rejected_prediction_tokens=sum(r for _, r in counts),
+            )
+        return usage

@@ -133,7 +133,28 @@ class _EngineCollector(Collector):
         yield self._counter("vllm:prefix_cache_queries", "Prefix-cache queries, in tokens.", s.prefix_cache_queries)
         yield self._counter("vllm:prefix_cache_hits", "Prefix-cache hits, in tokens.", s.prefix_cache_hits)
         yield self._counter("vllm:num_preemptions", "Cumulative number of preemptions.", s.num_preemptions)
+        yield from self._spec_decode(s)
         yield from self._per_core()
+
+    def _spec_decode(self, s) -> Iterable[Metric]:
+        """vLLM's speculative-decoding counters (zero without speculation)."""
+        yield self._counter(
+            "vllm:spec_decode_num_drafts", "Sequence-steps that verified proposals.", s.spec_decode_num_drafts
+        )
+        yield self._counter(
+            "vllm:spec_decode_num_draft_tokens", "Proposed (draft) tokens.", s.spec_decode_num_draft_tokens
+        )
+        yield self._counter(
+            "vllm:spec_decode_num_accepted_tokens", "Accepted draft tokens.", s.spec_decode_num_accepted_tokens
+        )
+        per_pos = CounterMetricFamily(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted draft tokens by their position in the proposal.",
+            labels=[*self.labels, "position"],
+        )
+        for pos, n in enumerate(s.spec_decode_accepted_per_pos):
+            per_pos.add_metric([*self.labels.values(), str(pos)], n)
+        yield per_pos
 
     def _per_core(self) -> Iterable[Metric]:
         """Each engine core (data-parallel rank) on its own: up, requests routed to it, its queues."""

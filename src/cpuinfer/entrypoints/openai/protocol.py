@@ -13,7 +13,7 @@ import time
 import uuid
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from cpuinfer.entrypoints.openai.ignored_fields import log_ignored
 
@@ -96,10 +96,16 @@ class TextContentPart(OpenAIModel):
 
 
 class PredictionContent(OpenAIModel):
-    """`prediction`: OpenAI's predicted output (the text the answer is expected to resemble)."""
+    """`prediction`: OpenAI's predicted output, text the reply is expected to repeat largely (a file being
+    edited). It feeds speculative decoding's proposer; the reply is what it would be without it."""
 
     type: Literal["content"]
     content: str | list[TextContentPart]
+
+    @property
+    def text(self) -> str:
+        """The predicted text."""
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
 class StreamOptions(OpenAIModel):
@@ -114,19 +120,19 @@ class SamplingFields(OpenAIModel):
 
     ROUTE: ClassVar[str] = "request"
     model: str | None = None
-    n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
+    n: Annotated[int, Field(strict=True, ge=1, le=MAX_N)] = 1
     temperature: Annotated[float, Field(ge=0.0, le=MAX_TEMPERATURE, allow_inf_nan=False)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)] | None = None
-    top_k: Annotated[int, Field(ge=-1, le=INT32_MAX)] | None = None
+    top_k: Annotated[int, Field(strict=True, ge=-1, le=INT32_MAX)] | None = None
     min_p: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] | None = None
     presence_penalty: Annotated[float, PENALTY] | None = 0.0
     frequency_penalty: Annotated[float, PENALTY] | None = 0.0
     repetition_penalty: Annotated[float, Field(gt=0.0, le=MAX_REPETITION_PENALTY, allow_inf_nan=False)] | None = None
-    seed: Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)] | None = None
+    seed: Annotated[int, Field(strict=True, ge=INT64_MIN, le=INT64_MAX)] | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[Annotated[int, Field(ge=0, le=INT32_MAX)]] | None = None
-    max_tokens: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = None
-    min_tokens: Annotated[int, Field(ge=0, le=INT32_MAX)] = 0
+    stop_token_ids: list[Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)]] | None = None
+    max_tokens: Annotated[int, Field(strict=True, ge=1, le=INT32_MAX)] | None = None
+    min_tokens: Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)] = 0
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
@@ -140,7 +146,9 @@ class SamplingFields(OpenAIModel):
     service_tier: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
-    prediction: PredictionContent | None = None  # the hook speculative decoding reads (its own issue)
+    # Implemented: prediction feeds the speculative proposer (spec_decode; the reply is unchanged), logit_bias
+    # the sampler.
+    prediction: PredictionContent | None = None
     logit_bias: dict[str, Annotated[float, Field(ge=LOGIT_BIAS_RANGE[0], le=LOGIT_BIAS_RANGE[1])]] | None = None
     # Constrained output: OpenAI's response_format, vLLM's structured_outputs and its older guided_* fields.
     response_format: ResponseFormat | None = None
@@ -185,15 +193,15 @@ class CompletionRequest(SamplingFields):
     prompt: (
         str
         | list[str]
-        | list[Annotated[int, Field(ge=0, le=INT32_MAX)]]
-        | list[list[Annotated[int, Field(ge=0, le=INT32_MAX)]]]
+        | list[Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)]]
+        | list[list[Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)]]]
     )
-    max_tokens: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = 16
+    max_tokens: Annotated[int, Field(strict=True, ge=1, le=INT32_MAX)] | None = 16
     echo: bool = False
-    logprobs: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = None  # at most --max-logprobs (the engine's)
-    best_of: Annotated[int, Field(ge=1, le=MAX_N)] | None = None
+    logprobs: Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)] | None = None  # at most --max-logprobs
+    best_of: Annotated[int, Field(strict=True, ge=1, le=MAX_N)] | None = None
     # vLLM's: the top-k logprobs of every prompt token, in each choice's prompt_logprobs (at most --max-logprobs)
-    prompt_logprobs: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = None
+    prompt_logprobs: Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)] | None = None
     suffix: str | None = None
     add_special_tokens: bool = True
 
@@ -298,9 +306,9 @@ class ChatCompletionRequest(SamplingFields):
 
     ROUTE: ClassVar[str] = "/v1/chat/completions"
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_completion_tokens: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = None
+    max_completion_tokens: Annotated[int, Field(strict=True, ge=1, le=INT32_MAX)] | None = None
     logprobs: bool | None = False
-    top_logprobs: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = None  # at most --max-logprobs
+    top_logprobs: Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)] | None = None  # at most --max-logprobs
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     add_special_tokens: bool = False
@@ -309,7 +317,7 @@ class ChatCompletionRequest(SamplingFields):
     parallel_tool_calls: bool | None = True
     chat_template: str | None = None  # vLLM's: a Jinja template used instead of the model's
     # vLLM's: the top-k logprobs of every token of the rendered prompt, in the response (not with stream)
-    prompt_logprobs: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = None
+    prompt_logprobs: Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)] | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # extra variables for the template (vLLM's)
     # Passed to the chat template as the variable reasoning_effort (as vLLM does); templates that read it
     # (gpt-oss, some Qwen / SmolLM3 variants) change their system prompt, the others ignore it.
@@ -338,7 +346,7 @@ def _arguments(text: str) -> Any:
     """Tool-call arguments as an object for the template (as transformers passes them), or the text if not JSON."""
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deeply for json to decode
         return text
 
 
@@ -371,7 +379,7 @@ class DetokenizeRequest(OpenAIModel):
     """POST /detokenize."""
 
     model: str | None = None
-    tokens: list[Annotated[int, Field(ge=0, le=INT32_MAX)]]
+    tokens: list[Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)]]
 
 
 class DetokenizeResponse(BaseModel):
@@ -383,12 +391,27 @@ class DetokenizeResponse(BaseModel):
 # ---- responses ----------------------------------------------------------------------------------
 
 
+class CompletionTokensDetails(BaseModel):
+    """OpenAI's breakdown of completion tokens (here: a request with a prediction's)."""
+
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
+
+
 class UsageInfo(BaseModel):
     """Token counts of one request."""
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    completion_tokens_details: CompletionTokensDetails | None = None  # with a prediction only
+
+    @model_serializer(mode="wrap")
+    def _omit_empty_details(self, handler):
+        out = handler(self)
+        if out.get("completion_tokens_details") is None:
+            out.pop("completion_tokens_details", None)
+        return out
 
 
 class CompletionLogProbs(BaseModel):

@@ -6,12 +6,18 @@ streaming generator or one non-streaming responder runs the job; both end it in 
 engine requests aborted, which frees their KV blocks when the client left; metrics; the request log).
 A failure after the start ends a stream with an OpenAI-shaped error event, and every stream ends with
 `data: [DONE]`. A client that disconnects cancels the job at once, even while no token is being sent.
+A request of many prompts keeps at most --request-window-sequences sequences in the engine at once (its other
+prompts, validated up front, start as earlier ones finish), so another client's small request is never queued
+behind all of it.
+At shutdown, once --shutdown-timeout has passed, every job still running ends the same way (a 503 error event,
+then `data: [DONE]`; a 503 body when not streaming) before the HTTP server cancels what is left.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 from collections.abc import AsyncIterator, Coroutine
@@ -24,14 +30,16 @@ from starlette.responses import StreamingResponse
 
 from cpuinfer.entrypoints.openai.constraints import engine_param
 from cpuinfer.entrypoints.openai.engine_adapter import ChoiceDelta, EngineAdapter
-from cpuinfer.entrypoints.openai.errors import to_api_error
+from cpuinfer.entrypoints.openai.errors import APIError, to_api_error
 from cpuinfer.entrypoints.openai.formats import ResponseFormat, continuous_usage
 from cpuinfer.entrypoints.openai.job import Job, Prompt
 from cpuinfer.entrypoints.openai.metrics import RequestTimer, ServerMetrics
 from cpuinfer.entrypoints.openai.protocol import SamplingFields, dump
+from cpuinfer.errors import EngineOverloadedError
 from cpuinfer.sampling_params import SamplingParams
 
 logger = logging.getLogger("cpuinfer.server")
+SHUTDOWN_MESSAGE = "The server is shutting down; this request was stopped. Retry on another replica."
 
 
 def sse(payload: dict | str) -> str:
@@ -92,12 +100,16 @@ class Responder:
         engine: EngineAdapter,
         metrics: ServerMetrics | None,
         log_requests: bool,
+        draining: asyncio.Event | None = None,
+        window_sequences: int = 16,
         log_prompts: bool = False,
         max_log_len: int | None = None,
     ):
         self.engine = engine
         self.metrics = metrics
         self.log_requests = log_requests
+        self.draining = draining  # set when the shutdown grace period is over: running jobs end with a 503
+        self.window_sequences = window_sequences  # sequences of one request in the engine at once
         self.log_prompts = log_prompts  # --enable-log-requests
         self.max_log_len = max_log_len
 
@@ -109,14 +121,17 @@ class Responder:
         max_tokens_name: str = "max_tokens",
         constraint_source: str | None = None,
     ) -> Job:
-        """Start every prompt on the engine, all or none (each is validated as it starts); a refusal is the
+        """Validate every prompt and start the first window of them on the engine, all or none; a refusal is the
         APIError naming the request's own field."""
         timer = RequestTimer(self.metrics)
         if self.log_prompts:
             self._log_received(request_id, prompts, params)
         streams: list[tuple[str, AsyncIterator[list[ChoiceDelta]]]] = []
+        window = self.window(len(prompts), params.n)
         try:
-            for i, p in enumerate(prompts):
+            for p in prompts[window:]:  # started later, as earlier ones finish: checked now
+                self.engine.validate(p.token_ids, params)
+            for i, p in enumerate(prompts[:window]):
                 rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
                 streams.append((rid, self.engine.submit(rid, p.token_ids, params)))
         except Exception as e:
@@ -128,7 +143,27 @@ class Responder:
                 err.param = max_tokens_name
                 err.message = err.message.replace("'max_tokens'", f"'{max_tokens_name}'")
             raise err from e
-        return Job(request_id, prompts, params.n, streams, timer)
+        job = Job(request_id, prompts, params.n, streams, timer, params=params)
+        job.pending.extend(range(window, len(prompts)))
+        return job
+
+    def window(self, prompts: int, n: int) -> int:
+        """How many of a request's prompts run in the engine at once."""
+        return min(prompts, max(1, self.window_sequences // n))
+
+    async def _start_next(self, job: Job) -> None:
+        """Start the next waiting prompt of `job`; while the engine's queue is full, wait for room (the request
+        was accepted: it is not refused now)."""
+        k = job.pending.popleft()
+        rid = f"{job.request_id}-{k}"
+        delay = 0.01
+        while True:
+            try:
+                job.streams.append((rid, self.engine.submit(rid, job.prompts[k].token_ids, job.params)))
+                return
+            except EngineOverloadedError:
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 0.5)
 
     def _log_received(self, request_id: str, prompts: list[Prompt], params: SamplingParams) -> None:
         """vLLM's request log line: the prompt, the sampling parameters and the prompt's token ids."""
@@ -143,7 +178,7 @@ class Responder:
         """A started job as SSE (stream) or one JSON body."""
         if req.stream:
             return DisconnectAwareStream(self._events(fmt, req), media_type="text/event-stream")
-        if not await run_until_disconnect(raw, self._collect(fmt.job)):
+        if not await self.run(raw, fmt.job):
             return JSONResponse({}, status_code=499)  # the client left (nginx's code); nobody reads this
         body = fmt.response()
         return JSONResponse(body if isinstance(body, dict) else dump(body))
@@ -158,7 +193,7 @@ class Responder:
         try:
             for chunk in fmt.opening():
                 yield sse(chunk)
-            async for d in self._deltas(job):
+            async for d in self._until_drained(self._deltas(job)):
                 body = fmt.chunk(d)
                 job.states[d.index].absorb(d)
                 if isinstance(body, list):  # a format whose delta is several typed events (/v1/responses)
@@ -178,11 +213,17 @@ class Responder:
             self._end(job, outcome)
         yield sse("[DONE]")
 
+    async def run(self, raw: Request | None, job: Job) -> bool:
+        """Run a started job to completion (its states hold the outcome); False when the client left first."""
+        if raw is None:
+            return await self._collect(job)
+        return await run_until_disconnect(raw, self._collect(job))
+
     async def _collect(self, job: Job) -> bool:
         """Run to completion (the non-streaming responder's work); True when done."""
         outcome = "aborted"
         try:
-            async for d in self._deltas(job):
+            async for d in self._until_drained(self._deltas(job)):
                 job.states[d.index].absorb(d)
             outcome = "ok"
             return True
@@ -192,9 +233,33 @@ class Responder:
         finally:
             self._end(job, outcome)
 
+    async def _until_drained(self, deltas: AsyncIterator[ChoiceDelta]) -> AsyncIterator[ChoiceDelta]:
+        """`deltas`, until the server's shutdown grace period ends (then a 503 APIError)."""
+        if self.draining is None:
+            async for d in deltas:
+                yield d
+            return
+        drained = asyncio.ensure_future(self.draining.wait())
+        try:
+            while True:
+                step = asyncio.ensure_future(deltas.__anext__())
+                await asyncio.wait({step, drained}, return_when=asyncio.FIRST_COMPLETED)
+                if not step.done():
+                    step.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                        await step
+                    raise APIError(SHUTDOWN_MESSAGE, 503)
+                try:
+                    d = step.result()
+                except StopAsyncIteration:
+                    return
+                yield d
+        finally:
+            drained.cancel()
+
     async def _deltas(self, job: Job) -> AsyncIterator[ChoiceDelta]:
         """Every prompt's deltas as they arrive, with choice indexes over the whole request."""
-        if len(job.streams) == 1:
+        if len(job.prompts) == 1:
             async for deltas in job.streams[0][1]:
                 job.timer.tokens(sum(len(d.token_ids) for d in deltas))
                 for d in deltas:
@@ -212,20 +277,21 @@ class Responder:
                 await queue.put((i, e))
 
         tasks = [asyncio.ensure_future(pump(i, stream)) for i, (_, stream) in enumerate(job.streams)]
-        remaining = len(tasks)
+        remaining = len(job.prompts)
         try:
             while remaining:
                 i, item = await queue.get()
                 if item is done:
                     remaining -= 1
+                    if job.pending:
+                        await self._start_next(job)
+                        tasks.append(asyncio.ensure_future(pump(len(job.streams) - 1, job.streams[-1][1])))
                     continue
                 if isinstance(item, Exception):
                     raise item
                 job.timer.tokens(sum(len(d.token_ids) for d in item))
                 for d in item:
-                    yield ChoiceDelta(
-                        i * job.n + d.index, d.text, d.token_ids, d.logprobs, d.finish_reason, d.stop_reason
-                    )
+                    yield dataclasses.replace(d, index=i * job.n + d.index)
         finally:
             for t in tasks:
                 t.cancel()

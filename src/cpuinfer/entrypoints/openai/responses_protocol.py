@@ -109,7 +109,7 @@ class ResponsesRequest(OpenAIModel):
     model: str | None = None
     input: str | list[Annotated[InputMessage | FunctionCallItem | FunctionCallOutputItem, Field()]]
     instructions: str | None = None
-    max_output_tokens: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = None
+    max_output_tokens: Annotated[int, Field(strict=True, ge=1, le=INT32_MAX)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=MAX_TEMPERATURE, allow_inf_nan=False)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)] | None = None
     stream: bool = False

@@ -8,13 +8,15 @@ which yields per-choice deltas (new text, token ids, logprobs, finish reason).
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import anyio
 from fastapi import Request
 from fastapi.responses import Response
 
-from cpuinfer.entrypoints.openai.constraints import request_constraint
+from cpuinfer.engine.limits import check_token_ids, validate_batch
+from cpuinfer.entrypoints.openai.constraints import engine_param, request_constraint
 from cpuinfer.entrypoints.openai.embeddings import create_embeddings
 from cpuinfer.entrypoints.openai.embeddings_protocol import EmbeddingRequest, EmbeddingResponse
 from cpuinfer.entrypoints.openai.engine_adapter import EngineAdapter
@@ -22,6 +24,7 @@ from cpuinfer.entrypoints.openai.errors import APIError, to_api_error
 from cpuinfer.entrypoints.openai.formats import ChatFormat, CompletionFormat
 from cpuinfer.entrypoints.openai.job import Job, Prompt
 from cpuinfer.entrypoints.openai.metrics import ServerMetrics
+from cpuinfer.entrypoints.openai.prep_pool import PrepPool
 from cpuinfer.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -40,13 +43,15 @@ from cpuinfer.entrypoints.openai.responses_api import ResponsesFormat, response_
 from cpuinfer.entrypoints.openai.responses_protocol import ResponsesRequest
 from cpuinfer.entrypoints.openai.tool_calls import tool_constraint, tool_parser_for
 from cpuinfer.entrypoints.openai.tool_parsers import ToolParser
+from cpuinfer.errors import InvalidRequestError
+from cpuinfer.model_loader.chat_template import TemplateOutputTooLarge
 from cpuinfer.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
-MAX_SEQUENCES = 1024  # prompts x n of one completions request
-# Texts longer than this are tokenized (and chat templates rendered) on a worker thread: the
-# tokenizer holds the GIL in encode() but not in encode_batch(), so a multi-MB prompt would
-# otherwise stall every other request and /health for seconds.
+# Texts longer than this are tokenized (and chat templates rendered) in a request-preparation worker process
+# (prep_pool.py): Jinja and the tokenizer's Python side hold the GIL, so a multi-MB prompt or a slow template
+# would otherwise stall every other request and /health for seconds. Shorter ones are quicker done here.
 INLINE_TEXT_CHARS = 16 * 1024
+INLINE_MESSAGES = 64
 
 
 class OpenAIServing:
@@ -60,14 +65,20 @@ class OpenAIServing:
         log_requests: bool = True,
         tool_call_parser: str | None = None,
         chat_template: str | None = None,
+        prep: PrepPool | None = None,
+        draining: asyncio.Event | None = None,
+        window_sequences: int = 16,
         log_prompts: bool = False,
         max_log_len: int | None = None,
     ):
         self.engine = engine
+        self.prep = prep  # worker processes for large prompts and request templates (None: threads)
         self.tool_call_parser = tool_call_parser  # tool_choice "auto" works only with one
         self.chat_template = chat_template
         self.model_names = served_model_names
-        self.responder = Responder(engine, metrics, log_requests, log_prompts, max_log_len)
+        self.responder = Responder(
+            engine, metrics, log_requests, draining, window_sequences, log_prompts=log_prompts, max_log_len=max_log_len
+        )
 
     # ---- helpers -------------------------------------------------------------------------------
 
@@ -88,12 +99,45 @@ class OpenAIServing:
         if not self.engine.healthy:
             raise APIError(f"The engine is not running ({self.engine.status_text()}); retry later.", 503)
 
+    def char_limits(self) -> tuple[int, int]:
+        """The most characters of prompt text that could ever fit (one prompt: the context; one request: its
+        prompt-token cap), at the longest token's text per token."""
+        per_token = self.engine.tokenization.max_token_chars
+        return self.engine.max_model_len * per_token, self.engine.limits.max_request_prompt_tokens * per_token
+
+    async def _prepare(self, inline: bool, method: str, *args: Any) -> Any:
+        """Tokenization.<method>(*args): here when small, else in a worker process (or a thread without a pool);
+        an engine error (a limit, bad text) becomes the APIError naming its field."""
+        tok = self.engine.tokenization
+        try:
+            if inline:
+                return getattr(tok, method)(*args)
+            if self.prep is not None:
+                return await self.prep.run(method, *args)
+            return await anyio.to_thread.run_sync(getattr(tok, method), *args)
+        except InvalidRequestError as e:
+            raise to_api_error(e) from e
+
     async def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         """Token ids of a text; a long one off the event loop."""
-        tok = self.engine.tokenization
-        if len(text) <= INLINE_TEXT_CHARS:
-            return tok.encode(text, add_special_tokens)
-        return await anyio.to_thread.run_sync(tok.encode, text, add_special_tokens)
+        return await self._prepare(len(text) <= INLINE_TEXT_CHARS, "encode", text, add_special_tokens)
+
+    async def encode_many(self, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
+        """Token ids of each text (one tokenizer call); long ones in all off the event loop."""
+        inline = sum(len(t) for t in texts) <= INLINE_TEXT_CHARS
+        return await self._prepare(inline, "encode_many", texts, add_special_tokens)
+
+    async def compile_constraint(self, constraint: StructuredOutputsParams | None, source: str | None) -> None:
+        """Compile the request's constraint on a worker thread (the grammar backend releases the GIL): a 128 KiB
+        schema takes ~0.3-0.6 s, which on the event loop would delay every other request."""
+        if constraint is None:
+            return
+        try:
+            await anyio.to_thread.run_sync(self.engine.compile_constraint, constraint)
+        except InvalidRequestError as e:
+            err = to_api_error(e)
+            err.param = engine_param(err.param, source)
+            raise err from e
 
     def sampling_params(
         self,
@@ -121,6 +165,7 @@ class OpenAIServing:
             "spaces_between_special_tokens": req.spaces_between_special_tokens,
             "include_stop_str_in_output": req.include_stop_str_in_output,
             "output_kind": RequestOutputKind.DELTA,
+            "prediction": req.prediction.text if req.prediction is not None else None,
         }
         for name, fallback in (
             ("temperature", 1.0),
@@ -151,12 +196,10 @@ class OpenAIServing:
             texts = list(p)
         else:
             texts = None
-        count = len(texts) if texts is not None else len(p)
-        if count * req.n > MAX_SEQUENCES:
-            raise APIError(f"Too many sequences: {count} prompts x n={req.n} exceeds {MAX_SEQUENCES}.", 400, "prompt")
         if texts is None:
             return [Prompt(list(x), None) for x in p]
-        return [Prompt(await self.encode(t, add), t) for t in texts]
+        ids = await self.encode_many(texts, add)
+        return [Prompt(i, t) for i, t in zip(ids, texts, strict=True)]
 
     async def completions(self, req: CompletionRequest, raw: Request) -> Response:
         """POST /v1/completions."""
@@ -169,6 +212,12 @@ class OpenAIServing:
         wanted = [k for k in (req.prompt_logprobs, req.logprobs if req.echo else None) if k is not None]
         if wanted:
             params = params.clone(prompt_logprobs=max(wanted))
+        await self.compile_constraint(constraint, source)
+        try:
+            in_flight = self.responder.window(len(prompts), params.n) * params.n
+            validate_batch([len(p.token_ids) for p in prompts], params, self.engine.limits, in_flight)
+        except InvalidRequestError as e:
+            raise to_api_error(e) from e
         job = self.responder.start(random_id("cmpl"), prompts, params, constraint_source=source)
         if req.echo:  # the ids are known to be in the vocabulary now
             tok = self.engine.tokenization
@@ -187,22 +236,32 @@ class OpenAIServing:
         tools = None
         if isinstance(req, ChatCompletionRequest) and req.tools and req.tool_choice != "none":
             tools = [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in req.tools]
-        template = getattr(req, "chat_template", None) or self.chat_template
+        own_template = getattr(req, "chat_template", None)
+        kwargs = getattr(req, "chat_template_kwargs", None)
         args = (
             messages,
             req.add_generation_prompt,
             continue_final,
             add_special_tokens,
             tools,
-            template,
-            getattr(req, "chat_template_kwargs", None),
+            own_template or self.chat_template,
+            kwargs,
+            self.char_limits()[0],  # a longer prompt never fits the context
         )
-        encode_chat = self.engine.tokenization.encode_chat
+        # The server's template on a small conversation is quicker rendered here; anything the request supplies
+        # (a template, its variables) or anything large goes to a worker, which a timeout can stop.
+        inline = (
+            own_template is None
+            and not kwargs
+            and len(messages) <= INLINE_MESSAGES
+            and sum(len(m["content"]) for m in messages) <= INLINE_TEXT_CHARS
+        )
         try:
-            if sum(len(m["content"]) for m in messages) <= INLINE_TEXT_CHARS:
-                text, ids = encode_chat(*args)
-            else:
-                text, ids = await anyio.to_thread.run_sync(encode_chat, *args)
+            text, ids = await self._prepare(inline, "encode_chat", *args)
+        except APIError:
+            raise
+        except TemplateOutputTooLarge as e:
+            raise APIError(f"The chat template's output is too large: {e}.", 400, "messages") from e
         except Exception as e:  # template errors are about the conversation the client sent
             raise APIError(f"The chat template cannot format these messages: {e}", 400, "messages") from e
         return Prompt(ids, text)
@@ -232,6 +291,7 @@ class OpenAIServing:
         params = self.sampling_params(req, req.output_limit(), k, constraint)
         if req.prompt_logprobs is not None:
             params = params.clone(prompt_logprobs=req.prompt_logprobs)
+        await self.compile_constraint(constraint, source)
         name = max_tokens_name or ("max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens")
         return self.responder.start(request_id, [prompt], params, name, source), parser
 
@@ -254,9 +314,9 @@ class OpenAIServing:
             ]
         )
 
-    async def embeddings(self, req: EmbeddingRequest) -> EmbeddingResponse:
-        """POST /v1/embeddings (a pooling model's)."""
-        return await create_embeddings(self, req)
+    async def embeddings(self, req: EmbeddingRequest, raw: Request | None = None) -> EmbeddingResponse | None:
+        """POST /v1/embeddings (a pooling model's); None when the client left before it was done."""
+        return await create_embeddings(self, req, raw)
 
     async def tokenize(self, req: TokenizeCompletionRequest | TokenizeChatRequest) -> TokenizeResponse:
         """POST /tokenize."""
@@ -269,7 +329,6 @@ class OpenAIServing:
 
     async def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
         """POST /detokenize."""
-        from cpuinfer.engine.limits import check_token_ids
 
         self.check_model(req.model)
         try:

@@ -12,6 +12,17 @@ import json
 from dataclasses import dataclass, field
 
 WS = " \t\r\n"
+# Deeper JSON is malformed here: json.loads recurses per level (RecursionError near 1000), and no function's
+# arguments need more. A call nested deeper is returned as text, as vLLM does with calls it cannot decode.
+MAX_DEPTH = 128
+
+
+def loads(text: str):
+    """json.loads, with a value nested too deeply for it as the ValueError every other malformed text is."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
 
 
 @dataclass
@@ -71,6 +82,8 @@ def skip_value(s: str, i: int) -> int | None:
                 in_str = True
             elif ch in "{[":
                 depth += 1
+                if depth > MAX_DEPTH:
+                    raise ValueError(f"JSON nested more than {MAX_DEPTH} levels deep")
             elif ch in "}]":
                 depth -= 1
                 if depth == 0:
@@ -82,7 +95,7 @@ def skip_value(s: str, i: int) -> int | None:
         j += 1
     if j == n:
         return None  # a number or literal may go on
-    json.loads(s[i:j])  # ValueError if it is not a JSON literal
+    loads(s[i:j])  # ValueError if it is not a JSON literal
     return j
 
 
@@ -115,7 +128,7 @@ def scan_object(s: str, i: int) -> ScannedObject:
         key_end = skip_value(s, i)
         if key_end is None:
             return ScannedObject(fields, None)
-        key = json.loads(s[i:key_end])
+        key = loads(s[i:key_end])
         if not isinstance(key, str):
             raise ValueError("object key is not a string")
         i = key_end
@@ -140,7 +153,7 @@ def call_from_object(s: str, obj: ScannedObject, args_keys: tuple[str, ...]) -> 
     name = None
     span = obj.fields.get("name")
     if span is not None and span[1] is not None:
-        value = json.loads(s[span[0] : span[1]])
+        value = loads(s[span[0] : span[1]])
         name = value if isinstance(value, str) else None
     args_span = next((obj.fields[k] for k in args_keys if k in obj.fields), None)
     if args_span is None:
@@ -149,7 +162,7 @@ def call_from_object(s: str, obj: ScannedObject, args_keys: tuple[str, ...]) -> 
         start, end = args_span
         raw = s[start:end] if end is not None else s[start:].rstrip(WS)
         if end is not None and raw.startswith('"'):
-            raw = json.loads(raw)  # arguments written as a JSON string holding the object
+            raw = loads(raw)  # arguments written as a JSON string holding the object
         elif end is None and raw.startswith('"'):
             raw = ""  # sent whole once complete: its escaped form is not a prefix of the decoded one
         arguments = raw
