@@ -128,6 +128,11 @@ def test_the_request_limit_answers_json_503_and_health_still_answers(server):
     streams: list[list] = [[] for _ in range(LIMIT)]
     threads = [raw_stream(server, out, max_tokens=400) for out in streams]
     try:
+        # All LIMIT streams in flight (on a loaded host they may start late): each has had its first token. (Not
+        # through /metrics: at the limit it is refused too.)
+        started = time.monotonic() + 60
+        while not all(len(s) > 1 for s in streams) and time.monotonic() < started:
+            time.sleep(0.05)
         deadline = time.monotonic() + 30
         while True:
             r = httpx.post(
