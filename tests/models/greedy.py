@@ -91,3 +91,35 @@ def hf_gguf_model(path: str):
     return transformers.AutoModelForCausalLM.from_pretrained(
         directory, gguf_file=name, dtype=torch.float32, attn_implementation="eager"
     ).eval()
+
+
+def executors_equal(
+    path: str, monkeypatch, expert_kind: str | None = None, new_tokens: int = 8, **mode
+) -> tuple[ModelRunner, list[list[int]], list[torch.Tensor]]:
+    """Run the checkpoint at path in bf16 under both executors (the fused layer, then the Python reference,
+    through CPUINFER_FUSED_LAYERS) with greedy(..., **mode) on PROMPTS-like prompts, and assert the same tokens
+    and first logits bit for bit. expert_kind: every MoE layer's experts must stay quantized as that kind.
+    Returns the fused runner and its (tokens, first logits)."""
+    from cpuinfer.model_loader import load_model_spec
+    from cpuinfer.quantization import is_quantized
+
+    from .test_tiny_models import PROMPTS
+
+    spec = load_model_spec(path, "bfloat16")
+    results, runners = {}, {}
+    for fused in (True, False):
+        monkeypatch.setenv("CPUINFER_FUSED_LAYERS", "1" if fused else "0")
+        runner = runners[fused] = ModelRunner(spec, block_size=16, num_blocks=64, cache_dtype=torch.bfloat16)
+        for layer in runner.model.layers:
+            assert (layer.fused is not None) == fused
+            m = layer.plan.mlp
+            if expert_kind is not None:
+                assert m.kind == "moe" and all(
+                    is_quantized(w) and w.kind == expert_kind for w in (*m.gate_up_w, *m.down_w)
+                )
+        results[fused] = greedy(runner, PROMPTS, new_tokens, **mode)
+    (tokens, first), (ref_tokens, ref_first) = results[True], results[False]
+    assert tokens == ref_tokens
+    assert all(torch.equal(a, b) for a, b in zip(first, ref_first, strict=True))
+    monkeypatch.setenv("CPUINFER_FUSED_LAYERS", "1")
+    return runners[True], tokens, first

@@ -16,10 +16,9 @@ import pytest
 import torch
 
 from cpuinfer.model_loader import load_model_spec
-from cpuinfer.quantization import is_quantized
 from cpuinfer.worker import ModelRunner
 
-from .greedy import greedy, hf_greedy
+from .greedy import executors_equal, greedy, hf_greedy
 from .llama_cpp_convert import convert
 from .test_tiny_models import CASES, PROMPTS
 
@@ -58,20 +57,8 @@ def test_f32_gguf_equals_transformers(converted):
 
 def test_q8_0_experts_stay_quantized_and_close(converted, monkeypatch):
     name, model, files = converted
-    spec = load_model_spec(files["q8_0"], "bfloat16")
-    results = {}
-    for fused in (True, False):
-        monkeypatch.setenv("CPUINFER_FUSED_LAYERS", "1" if fused else "0")
-        runner = ModelRunner(spec, block_size=16, num_blocks=64, cache_dtype=torch.bfloat16)
-        for layer in runner.model.layers:
-            assert (layer.fused is not None) == fused
-            mlp = layer.plan.mlp
-            assert mlp.kind == "moe" and all(is_quantized(w) for w in (*mlp.gate_up_w, *mlp.down_w))
-        results[fused] = [greedy(runner, PROMPTS, 16, **mode) for mode in (dict(), dict(batched=True, chunk=7))]
-    for (tokens, logits), (ref_tokens, ref_logits) in zip(results[True], results[False], strict=True):
-        assert tokens == ref_tokens  # the two executors: the same tokens and bits
-        assert all(torch.equal(a, b) for a, b in zip(logits, ref_logits, strict=True))
-    (alone, _), (mixed, _) = results[True]
+    runner, mixed, _ = executors_equal(files["q8_0"], monkeypatch, "Q8_0", 16, batched=True, chunk=7)
+    alone, _ = greedy(runner, PROMPTS, 16)
     assert alone == mixed  # batch invariance, quantized experts included
     # The exact reference of the format: the same file in float32, dequantized by gguf-py (the float32 path is
     # transformers' own up to summation order: test_f32_gguf_equals_transformers).
@@ -128,17 +115,7 @@ def test_k_quant_experts_stay_packed(tmp_path_factory, monkeypatch, qtype):
     f32 = convert(str(path / "hf"), str(path / "f32.gguf"), "f32")
     file = with_random_k_quant_experts(f32, str(path / f"{qtype}.gguf"), qtype)
     exact = ModelRunner(load_model_spec(file, "float32"), block_size=16, num_blocks=64, cache_dtype=torch.float32)
-    results = {}
-    for fused in (True, False):
-        monkeypatch.setenv("CPUINFER_FUSED_LAYERS", "1" if fused else "0")
-        runner = ModelRunner(
-            load_model_spec(file, "bfloat16"), block_size=16, num_blocks=64, cache_dtype=torch.bfloat16
-        )
-        for layer in runner.model.layers:
-            assert all(is_quantized(w) and w.kind == qtype for w in layer.plan.mlp.down_w)
-        results[fused] = greedy(runner, PROMPTS, 8, batched=True, chunk=7)
-    assert results[True][0] == results[False][0]
-    assert all(torch.equal(a, b) for a, b in zip(results[True][1], results[False][1], strict=True))
+    runner, _, _ = executors_equal(file, monkeypatch, qtype, batched=True, chunk=7)
     agree, errors = teacher_forced(runner, exact, model, PROMPTS, 16)
     # Measured on Sapphire Rapids (amx): agreement 1.0 (Q4_K, Q5_K) and 0.958 (Q6_K), median relative L2 error
     # 0.008.

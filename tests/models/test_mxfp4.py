@@ -16,11 +16,10 @@ import pytest
 import torch
 
 from cpuinfer.model_loader import load_model_spec
-from cpuinfer.quantization import is_quantized
 from cpuinfer.quantization.mxfp4 import Mxfp4Stack
 from cpuinfer.worker import ModelRunner
 
-from .greedy import greedy, hf_greedy
+from .greedy import executors_equal, greedy, hf_greedy
 from .test_gguf_moe import teacher_forced
 from .test_tiny_models import CASES, PROMPTS
 
@@ -81,17 +80,7 @@ def test_float32_equals_transformers(mxfp4_checkpoint):
 
 def test_bf16_experts_stay_mxfp4_exactly(mxfp4_checkpoint, monkeypatch):
     path, ref = mxfp4_checkpoint
-    spec = load_model_spec(path, "bfloat16")
-    results = {}
-    for fused in (True, False):
-        monkeypatch.setenv("CPUINFER_FUSED_LAYERS", "1" if fused else "0")
-        runner = ModelRunner(spec, block_size=16, num_blocks=64, cache_dtype=torch.bfloat16)
-        for layer in runner.model.layers:
-            m = layer.plan.mlp
-            assert all(is_quantized(w) and w.kind == "MXFP4" for w in (*m.gate_up_w, *m.down_w))
-        results[fused] = greedy(runner, PROMPTS, 8, batched=True, chunk=7)
-    assert results[True][0] == results[False][0]
-    assert all(torch.equal(a, b) for a, b in zip(results[True][1], results[False][1], strict=True))
+    runner, _, _ = executors_equal(path, monkeypatch, "MXFP4", batched=True, chunk=7)
     # The 5-bit form holds MXFP4 exactly: a kept expert's dequantization is the stack's own.
     w = runner.model.layers[0].plan.mlp.down_w[3]
     exact = ModelRunner(load_model_spec(path, "float32"), block_size=16, num_blocks=64, cache_dtype=torch.float32)
@@ -140,12 +129,4 @@ def test_gguf_gpt_oss_from_llama_cpp_converter(mxfp4_checkpoint, tmp_path, monke
         tokens, logits = hf_greedy(ref, prompt, 32)
         assert out[i] == tokens, f"prompt {i}"
         torch.testing.assert_close(first[i], logits, atol=1e-4, rtol=1e-4)
-    bf16 = {}
-    for fused in (True, False):
-        monkeypatch.setenv("CPUINFER_FUSED_LAYERS", "1" if fused else "0")
-        r = ModelRunner(load_model_spec(gguf, "bfloat16"), block_size=16, num_blocks=64, cache_dtype=torch.bfloat16)
-        m = r.model.layers[0].plan.mlp
-        assert all(is_quantized(w) and w.kind == "MXFP4" for w in (*m.gate_up_w, *m.down_w))
-        bf16[fused] = greedy(r, PROMPTS, 8)
-    assert bf16[True][0] == bf16[False][0]
-    assert all(torch.equal(a, b) for a, b in zip(bf16[True][1], bf16[False][1], strict=True))
+    executors_equal(gguf, monkeypatch, "MXFP4")

@@ -8,9 +8,9 @@ import torch
 
 from ..model_loader.errors import ModelLoadError
 from ..quantization.mxfp4 import Mxfp4Stack
-from .layers import WeightBag, attention_plan, moe_plan, norm_weight
+from .layers import WeightBag, moe_plan
 from .llama import LlamaForCausalLM
-from .plan import LayerPlan, MoEMLP
+from .plan import AttentionPlan, MoEMLP
 
 # The clamped SwiGLU's constants the kernels implement (csrc/common/activation.h).
 SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0
@@ -34,21 +34,9 @@ class GptOssForCausalLM(LlamaForCausalLM):
             )
         super().__init__(config, bag, max_positions, rope_freq_factors)
 
-    def layer_plan(self, bag: WeightBag, i: int) -> LayerPlan:
-        """Layer i: RMSNorm, attention with sinks, RMSNorm, MoE."""
-        p = f"model.layers.{i}"
-        attn = attention_plan(
-            bag,
-            f"{p}.self_attn",
-            self.heads,
-            self.kv_heads,
-            self.head_size,
-            self.cos_sin,
-            self.head_size**-0.5,
-            bias=True,
-            o_bias=True,
-            sliding_window=self.windows[i],
-        )
+    def attention(self, bag: WeightBag, p: str, i: int) -> AttentionPlan:
+        """Layer i's attention (its config's attention_bias: q/k/v and o biases) with this rank's heads' sinks."""
+        attn = super().attention(bag, p, i)
         sinks = bag.take(f"{p}.self_attn.sinks", torch.float32)
         if sinks.shape != (self.heads,):
             raise ModelLoadError(f"{bag.source}: {p}.self_attn.sinks has shape {list(sinks.shape)}, not [{self.heads}]")
@@ -56,15 +44,9 @@ class GptOssForCausalLM(LlamaForCausalLM):
             h0, n = bag.tp.share(self.heads)
             sinks = sinks[h0 : h0 + n]
         attn.sinks = sinks.contiguous()
-        return LayerPlan(
-            in_norm=norm_weight(bag, f"{p}.input_layernorm.weight"),
-            post_attn_norm=norm_weight(bag, f"{p}.post_attention_layernorm.weight"),
-            attn=attn,
-            mlp=self.moe(bag, p),
-            eps=self.eps,
-        )
+        return attn
 
-    def moe(self, bag: WeightBag, p: str) -> MoEMLP:
+    def mlp(self, bag: WeightBag, p: str, i: int) -> MoEMLP:  # noqa: ARG002 - every layer's is a MoE
         """The layer's experts, unstacked: transformers keeps them as [experts, in, out] tensors with the gate and
         up features interleaved (even: gate, odd: up); each expert becomes a [out, in] gate, up and down."""
         c = self.config

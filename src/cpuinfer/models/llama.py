@@ -39,8 +39,9 @@ class LlamaForCausalLM(DecoderModel):
             eps=self.eps,
         )
 
-    def attention(self, bag: WeightBag, p: str, i: int) -> AttentionPlan:
-        """Layer i's attention (rotary, GQA, the family's biases and q/k norm, its sliding window)."""
+    def attention(self, bag: WeightBag, p: str, i: int, **extra) -> AttentionPlan:
+        """Layer i's attention (rotary, GQA, the family's biases and q/k norm, its sliding window); extra:
+        attention_plan's keywords a family adds (Phi-3's fused_qkv)."""
         config = self.config
         return attention_plan(
             bag,
@@ -54,12 +55,15 @@ class LlamaForCausalLM(DecoderModel):
             o_bias=bool(config.get("attention_bias", False)),
             qk_norm=self.qk_norm,
             sliding_window=self.windows[i],
+            **extra,
         )
 
-    def mlp(self, bag: WeightBag, p: str, i: int) -> DenseMLP | MoEMLP:  # noqa: ARG002 - MoE families choose by i
-        """Layer i's MLP: a gated dense one."""
+    def mlp(self, bag: WeightBag, p: str, i: int, **extra) -> DenseMLP | MoEMLP:  # noqa: ARG002 - MoE families choose by i
+        """Layer i's MLP: a gated dense one; extra: dense_mlp_plan's keywords a family adds (Phi-3's
+        fused_gate_up)."""
+        c = self.config
         return dense_mlp_plan(
-            bag, f"{p}.mlp", self.config.get("hidden_act", "silu"), bias=bool(self.config.get("mlp_bias", False))
+            bag, f"{p}.mlp", c.get("hidden_act", "silu"), bias=bool(c.get("mlp_bias", False)), **extra
         )
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .layers import WeightBag, attention_plan, dense_mlp_plan
+from .layers import WeightBag
 from .llama import LlamaForCausalLM
 from .plan import AttentionPlan, DenseMLP
 
@@ -13,18 +13,8 @@ class Phi3ForCausalLM(LlamaForCausalLM):
 
     def attention(self, bag: WeightBag, p: str, i: int) -> AttentionPlan:
         """Layer i's attention from qkv_proj."""
-        return attention_plan(
-            bag,
-            f"{p}.self_attn",
-            self.heads,
-            self.kv_heads,
-            self.head_size,
-            self.cos_sin,
-            self.head_size**-0.5,
-            sliding_window=self.windows[i],
-            fused_qkv="qkv_proj",
-        )
+        return super().attention(bag, p, i, fused_qkv="qkv_proj")
 
-    def mlp(self, bag: WeightBag, p: str, i: int) -> DenseMLP:  # noqa: ARG002 - every layer's is the same
+    def mlp(self, bag: WeightBag, p: str, i: int) -> DenseMLP:
         """Layer i's MLP from gate_up_proj."""
-        return dense_mlp_plan(bag, f"{p}.mlp", self.config.get("hidden_act", "silu"), fused_gate_up="gate_up_proj")
+        return super().mlp(bag, p, i, fused_gate_up="gate_up_proj")

@@ -12,7 +12,7 @@ or quantized weights (cpuinfer.quantization). Norm weights have their offset fol
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -120,7 +120,6 @@ class LayerPlan:
     pre_ff_norm: torch.Tensor | None = None  # Gemma's sandwich norms: pre-MLP norm (with post_ff_norm)
     post_ff_norm: torch.Tensor | None = None
     packed: bool = False  # every projection is in ops.pack_weight's layout (see executor.pack)
-    notes: dict = field(default_factory=dict)  # what `cpuinfer info --model` prints beside the fields (formats)
 
 
 def describe(plan: LayerPlan, kernels: str) -> str:
