@@ -23,68 +23,25 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 
 import httpx
-import numpy as np
+
+from cpuinfer.cli.bench_serve import BenchRequest, run_benchmark
+from cpuinfer.cli.bench_serve_report import RequestResult
+from cpuinfer.cli.bench_serve_report import summarize as bench_summarize
 
 
-@dataclass
-class RequestResult:
-    """What one request measured."""
-
-    ok: bool = False
-    prompt_len: int = 0
-    output_tokens: int = 0
-    ttft: float = 0.0
-    latency: float = 0.0
-    itl: list[float] = field(default_factory=list)
-    error: str = ""
-
-
-async def one_request(
-    client: httpx.AsyncClient, url: str, model: str, prompt: list[int], output_len: int, api_key: str | None
-) -> RequestResult:
-    """Send one streaming completion and time every chunk."""
-    body = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": output_len,
-        "temperature": 0.0,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    res = RequestResult(prompt_len=len(prompt))
-    start = last = time.perf_counter()
-    try:
-        async with client.stream("POST", url, json=body, headers=headers) as r:
-            if r.status_code != 200:
-                res.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
-                return res
-            async for line in r.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                data = line[6:]
-                if data == "[DONE]":
-                    break
-                chunk = json.loads(data)
-                if chunk.get("usage"):
-                    res.output_tokens = chunk["usage"]["completion_tokens"]
-                if not chunk.get("choices") or not chunk["choices"][0].get("text"):
-                    continue
-                now = time.perf_counter()
-                if res.ttft == 0.0:
-                    res.ttft = now - start
-                else:
-                    res.itl.append(now - last)
-                last = now
-        res.latency = time.perf_counter() - start
-        res.ok = True
-    except Exception as e:  # noqa: BLE001 - a failed request is reported in the results, not fatal
-        res.error = repr(e)
-    return res
+def bench_args(rate: float, max_concurrency: int | None = None, seed: int = 0, percentiles=(99,)):
+    """The fields of `cpuinfer bench serve`'s arguments that its client and summary read."""
+    return argparse.Namespace(
+        request_rate=rate,
+        burstiness=1.0,
+        max_concurrency=max_concurrency,
+        seed=seed,
+        ignore_eos=True,
+        num_warmups=0,
+        metric_percentiles=",".join(f"{p:g}" for p in percentiles),
+    )
 
 
 async def run_rate(
@@ -98,66 +55,15 @@ async def run_rate(
     seed: int,
 ) -> tuple[list[RequestResult], float]:
     """Send every prompt with Poisson arrivals at `rate` req/s (inf = all at once)."""
-    rng = np.random.default_rng(seed)
-    sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-    limits = httpx.Limits(max_connections=max(len(prompts), 1) + 4)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
-        url = base_url.rstrip("/") + "/v1/completions"
-
-        async def limited(p):
-            if sem is None:
-                return await one_request(client, url, model, p, output_len, api_key)
-            async with sem:
-                return await one_request(client, url, model, p, output_len, api_key)
-
-        tasks = []
-        start = time.perf_counter()
-        for p in prompts:
-            tasks.append(asyncio.create_task(limited(p)))
-            if rate != float("inf"):
-                await asyncio.sleep(float(rng.exponential(1.0 / rate)))
-        results = await asyncio.gather(*tasks)
-        return results, time.perf_counter() - start
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    requests = [BenchRequest(p, output_len) for p in prompts]
+    url = base_url.rstrip("/") + "/v1/completions"
+    return await run_benchmark(bench_args(rate, max_concurrency, seed), url, model, requests, headers)
 
 
 def summarize(results: list[RequestResult], duration: float, rate: float, percentiles: list[float]) -> dict:
     """vLLM's metrics: throughput, TTFT, TPOT (excluding the first token), ITL."""
-    ok = [r for r in results if r.ok]
-    out_tokens = sum(r.output_tokens for r in ok)
-    in_tokens = sum(r.prompt_len for r in ok)
-    ttft = [r.ttft for r in ok]
-    tpot = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
-    itl = [x for r in ok for x in r.itl]
-    e2e = [r.latency for r in ok]
-
-    def stats(name: str, xs: list[float]) -> dict:
-        arr = np.asarray(xs or [0.0]) * 1000
-        d = {
-            f"mean_{name}_ms": float(arr.mean()),
-            f"median_{name}_ms": float(np.median(arr)),
-            f"std_{name}_ms": float(arr.std()),
-        }
-        for p in percentiles:
-            d[f"p{p:g}_{name}_ms"] = float(np.percentile(arr, p))
-        return d
-
-    summary = {
-        "request_rate": rate,
-        "duration": duration,
-        "completed": len(ok),
-        "failed": len(results) - len(ok),
-        "total_input_tokens": in_tokens,
-        "total_output_tokens": out_tokens,
-        "request_throughput": len(ok) / duration,
-        "output_throughput": out_tokens / duration,
-        "total_token_throughput": (in_tokens + out_tokens) / duration,
-    }
-    for name, xs in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2el", e2e)):
-        summary.update(stats(name, xs))
-    errors = [r.error for r in results if not r.ok]
-    if errors:
-        summary["errors"] = errors[:5]
-    return summary
+    return bench_summarize(bench_args(rate, percentiles=percentiles), results, duration, {})
 
 
 def print_report(s: dict, percentiles: list[float]) -> None:
