@@ -154,32 +154,7 @@ def validate_request(
                 f"{name}={k} is more than the server's limit of {limits.max_logprobs} (--max-logprobs)", name
             )
     _check_sequences(params.n, 1, limits)
-    total = params.n * max_tokens
-    if total > limits.max_request_tokens:
-        raise InvalidRequestError(
-            f"n={params.n} x max_tokens={max_tokens} asks for {total} tokens; at most "
-            f"{limits.max_request_tokens} per request are allowed (--max-request-tokens): "
-            "lower n or max_tokens",
-            "max_tokens",
-        )
-    if params.logprobs is not None:
-        retained = total * (params.logprobs + 1)
-        if retained > limits.max_retained_logprobs:
-            raise InvalidRequestError(
-                f"n={params.n} x max_tokens={max_tokens} x (logprobs={params.logprobs} + 1) would keep {retained} "
-                f"logprob entries; at most {limits.max_retained_logprobs} are allowed (--max-retained-logprobs): "
-                "lower n, max_tokens or logprobs",
-                "logprobs",
-            )
-    if (
-        params.prompt_logprobs is not None
-        and params.n * n * (params.prompt_logprobs + 1) > limits.max_retained_logprobs
-    ):
-        raise InvalidRequestError(
-            f"n={params.n} x {n} prompt tokens x (prompt_logprobs={params.prompt_logprobs} + 1) is more than the "
-            f"{limits.max_retained_logprobs} logprob entries allowed (--max-retained-logprobs): lower one of them",
-            "prompt_logprobs",
-        )
+    _check_totals(params, limits, params.n * max_tokens, n, f"n={params.n} x max_tokens={max_tokens}")
     if params.structured_outputs is not None:
         # The grammar decides where a constrained output ends: past its end only end-of-sequence is allowed.
         for name, value in (("min_tokens", params.min_tokens), ("ignore_eos", params.ignore_eos)):
@@ -267,6 +242,36 @@ def _check_sequences(n: int, prompts: int, limits: RequestLimits, in_flight: int
         )
 
 
+def _check_totals(
+    params: SamplingParams, limits: RequestLimits, generated: int, prompt_tokens: int, what: str, hint: str = ""
+) -> None:
+    """The caps on what one request generates and keeps, for one prompt (validate_request) or all of a request's
+    (validate_batch): generated tokens, their logprob entries, the prompt logprob entries. `what` says how the
+    generated total came about; `hint` is the way out that adds to lowering the numbers."""
+    if generated > limits.max_request_tokens:
+        raise InvalidRequestError(
+            f"{what} asks for {generated} tokens; at most {limits.max_request_tokens} per request are allowed "
+            f"(--max-request-tokens): lower n or max_tokens{hint}",
+            "max_tokens",
+        )
+    if params.logprobs is not None and (retained := generated * (params.logprobs + 1)) > limits.max_retained_logprobs:
+        raise InvalidRequestError(
+            f"{what} x (logprobs={params.logprobs} + 1) would keep {retained} logprob entries; at most "
+            f"{limits.max_retained_logprobs} are allowed (--max-retained-logprobs): lower n, max_tokens or "
+            f"logprobs{hint}",
+            "logprobs",
+        )
+    if params.prompt_logprobs is not None:
+        retained = params.n * prompt_tokens * (params.prompt_logprobs + 1)
+        if retained > limits.max_retained_logprobs:
+            raise InvalidRequestError(
+                f"n={params.n} x {prompt_tokens} prompt tokens x (prompt_logprobs={params.prompt_logprobs} + 1) "
+                f"would keep {retained} logprob entries; at most {limits.max_retained_logprobs} are allowed "
+                f"(--max-retained-logprobs): lower one of them{hint}",
+                "prompt_logprobs",
+            )
+
+
 def validate_batch(
     prompt_lengths: list[int], params: SamplingParams, limits: RequestLimits, in_flight: int | None = None
 ) -> None:
@@ -286,29 +291,5 @@ def validate_batch(
         )
     ctx = limits.max_model_len
     total = sum(params.n * (params.max_tokens if params.max_tokens is not None else ctx - n) for n in prompt_lengths)
-    if total > limits.max_request_tokens:
-        raise InvalidRequestError(
-            f"{len(prompt_lengths)} prompts x n={params.n} x max_tokens ask for {total} tokens in all; at most "
-            f"{limits.max_request_tokens} per request are allowed (--max-request-tokens): lower n or max_tokens, "
-            "or send fewer prompts",
-            "max_tokens",
-        )
-    if params.logprobs is not None:
-        retained = total * (params.logprobs + 1)
-        if retained > limits.max_retained_logprobs:
-            raise InvalidRequestError(
-                f"{len(prompt_lengths)} prompts x n={params.n} x max_tokens x (logprobs={params.logprobs} + 1) would "
-                f"keep {retained} logprob entries; at most {limits.max_retained_logprobs} are allowed "
-                "(--max-retained-logprobs): lower n, max_tokens or logprobs, or send fewer prompts",
-                "logprobs",
-            )
-    if params.prompt_logprobs is not None:
-        retained = params.n * prompt_tokens * (params.prompt_logprobs + 1)
-        if retained > limits.max_retained_logprobs:
-            raise InvalidRequestError(
-                f"{len(prompt_lengths)} prompts of {prompt_tokens} tokens in all x n={params.n} x "
-                f"(prompt_logprobs={params.prompt_logprobs} + 1) would keep {retained} logprob entries; at most "
-                f"{limits.max_retained_logprobs} are allowed (--max-retained-logprobs): lower one of them, or send "
-                "fewer prompts",
-                "prompt_logprobs",
-            )
+    what = f"{len(prompt_lengths)} prompts x n={params.n} x max_tokens"
+    _check_totals(params, limits, total, prompt_tokens, what, ", or send fewer prompts")
