@@ -343,10 +343,11 @@ class GGUFFile:
             hf = self.hf_name(t.name)
             if hf is None:
                 continue
-            is_norm = "norm" in t.name or ".attn_sinks." in t.name  # kept float32
+            is_norm = "norm" in t.name
+            vector_f32 = is_norm or ".attn_sinks." in t.name  # norms and gpt-oss's sinks stay float32
             heads = n_head if permute and ".attn_q." in t.name else n_kv if permute and ".attn_k." in t.name else 0
             type_name = _type_name(t.type_id)
-            if keep and not is_norm and len(t.shape) == 2 and type_name in KEPT_TYPES and t.shape[-1] % 32 == 0:
+            if keep and not vector_f32 and len(t.shape) == 2 and type_name in KEPT_TYPES and t.shape[-1] % 32 == 0:
                 order = _unpermute_order(t.shape[0], heads) if heads else None
                 try:
                     w = gguf_blocks.unpack(type_name, t.data, int(t.shape[0]), int(t.shape[-1]), order)
@@ -358,9 +359,9 @@ class GGUFFile:
                 kept[type_name] += 1
                 yield hf, w
                 continue
-            if type_name not in ("F32", "F16", "BF16") and not is_norm:
+            if type_name not in ("F32", "F16", "BF16") and not vector_f32:
                 dequantized[type_name] += 1
-            w = self._dequantize(t, torch.float32 if is_norm else dtype)
+            w = self._dequantize(t, torch.float32 if vector_f32 else dtype)
             if heads:
                 w = _unpermute(w, heads)
             if self.arch == "gemma3" and is_norm:
