@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from .conftest import API_KEY, HOST, MAX_MODEL_LEN, free_port, running_server, server_env
+from .conftest import running_server, server_env
 
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -114,47 +114,21 @@ def test_https_and_root_path(tmp_path):
         check=True,
         capture_output=True,
     )
-    port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "cpuinfer",
-        "serve",
-        "--host",
-        HOST,
-        "--port",
-        str(port),
-        "--max-model-len",
-        str(MAX_MODEL_LEN),
-        "--api-key",
-        API_KEY,
-        "--ssl-keyfile",
-        str(key),
-        "--ssl-certfile",
-        str(cert),
-        "--root-path",
-        "/llm",
-    ]
-    log = tmp_path / "log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=server_env())
-    try:
-        url = f"https://{HOST}:{port}"
+    flags = ("--ssl-keyfile", str(key), "--ssl-certfile", str(cert), "--root-path", "/llm")
+    with running_server(*flags, wait=False) as server:
+        url = "https" + server.url.removeprefix("http")
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
+        while time.monotonic() < deadline and server.proc.poll() is None:
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(url + "/health", verify=False, timeout=2).status_code == 200:
                     break
             time.sleep(0.25)
         else:
-            raise AssertionError(log.read_text())
+            raise AssertionError(server.log())
         with pytest.raises(httpx.HTTPError):
-            httpx.get(f"http://{HOST}:{port}/health", timeout=5)  # plain HTTP is not served
-        spec = httpx.get(url + "/openapi.json", verify=False, headers={"Authorization": f"Bearer {API_KEY}"})
+            httpx.get(server.url + "/health", timeout=5)  # plain HTTP is not served
+        spec = httpx.get(url + "/openapi.json", verify=False, headers=server.headers())
         assert spec.json()["servers"] == [{"url": "/llm"}]
-    finally:
-        proc.terminate()
-        proc.wait(60)
 
 
 def test_a_kv_cache_larger_than_memory_is_one_line_naming_the_variable():
