@@ -189,16 +189,11 @@ inline std::unique_ptr<HeldMoe> hold_moe(nb::handle mlp, bool packed, DType dt, 
 class MoE {
   public:
     MoE(nb::handle mlp, bool packed) {
-        nb::object r = field(mlp, "router_w", "mlp");
-        In t;
-        nb::detail::cleanup_list cleanup(nullptr);
-        if (!t.load(r, uint8_t(nb::detail::cast_flags::convert), &cleanup)) {
-            cleanup.release();
-            fail_type("mlp.router_w must be a tensor");
-        }
-        dt_ = float_dtype(t, "mlp.router_w");
-        cleanup.release();
-        hidden_ = t.ndim() == 2 ? int64_t(t.shape(1)) : 0;
+        // The router sets the run dtype and the hidden size; hold_moe checks every other weight against them.
+        const Held router = hold(field(mlp, "router_w", "mlp"), "mlp.router_w");
+        if (!router.data || router.ndim != 2) fail_value("mlp.router_w must be a 2-D tensor [experts, hidden]");
+        dt_ = router.dt;
+        hidden_ = router.cols;
         m_ = hold_moe(mlp, packed, dt_, hidden_);
     }
 
