@@ -58,33 +58,32 @@ class Mxfp4Stack:
         """[*lead, out, in] of the values."""
         return (*self.scales.shape[:-1], self.scales.shape[-1] * 32)
 
-    def codes(self, index: tuple) -> np.ndarray:
-        """The E2M1 codes (0..15) of stack[index] as [out, in] (in order: byte j's low nibble is value 2j)."""
-        b = self.blocks[index]
-        out = np.empty((*b.shape[:-1], 32), dtype=np.uint8)
-        out[..., 0::2], out[..., 1::2] = b & 15, b >> 4
-        return out.reshape(b.shape[0], -1)
-
     def weight(self, index: tuple, rows: slice = slice(None)) -> QuantWeight | None:
         """stack[index] (one [out, in] matrix), rows `rows` of it, exactly in the kernels' 5-bit form; None
         when a scale is outside float16's exact powers of two (the caller dequantizes)."""
-        e = self.scales[index][rows].astype(np.int32) - 128
+        blocks, scales = self.blocks[index][rows], self.scales[index][rows]
+        e = scales.astype(np.int32) - 128
         if e.min() < -24 or e.max() > 15:
             return None
-        u = (E2M1_X2[self.codes(index)[rows]] + ZERO).astype(np.uint8)
+        u = (E2M1_X2[_codes(blocks)] + ZERO).astype(np.uint8).reshape(blocks.shape[0], -1)
         d = np.ldexp(np.ones(e.shape, dtype=np.float32), e).astype(np.float16)
         return QuantWeight.pack(u, d, np.full(d.shape, ZERO, dtype=np.uint8), bits=5, group=32, kind=self.kind)
 
     def dequantize(self, dtype: torch.dtype, index: tuple = ()) -> torch.Tensor:
         """stack[index] as dense [..., out, in] values (exact in float32)."""
-        b = self.blocks[index]
-        codes = np.empty((*b.shape[:-1], 32), dtype=np.uint8)
-        codes[..., 0::2], codes[..., 1::2] = b & 15, b >> 4
+        blocks, scales = self.blocks[index], self.scales[index]
         values = (
-            E2M1_X2[codes].astype(np.float32)
-            * np.ldexp(np.float32(0.5), self.scales[index].astype(np.int32) - 127)[..., None]
+            E2M1_X2[_codes(blocks)].astype(np.float32)
+            * np.ldexp(np.float32(0.5), scales.astype(np.int32) - 127)[..., None]
         )
-        return torch.from_numpy(values.reshape(*b.shape[:-2], -1)).to(dtype)
+        return torch.from_numpy(values.reshape(*blocks.shape[:-2], -1)).to(dtype)
+
+
+def _codes(blocks: np.ndarray) -> np.ndarray:
+    """The E2M1 codes (0..15) of blocks [..., 16] as [..., 32]: byte j's low nibble is value 2j, its high 2j + 1."""
+    out = np.empty((*blocks.shape[:-1], 32), dtype=np.uint8)
+    out[..., 0::2], out[..., 1::2] = blocks & 15, blocks >> 4
+    return out
 
 
 def rewrite(tensors: dict, dtype: torch.dtype, source: str) -> Counter:
