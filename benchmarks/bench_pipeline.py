@@ -23,7 +23,7 @@ import time
 import torch
 
 from cpuinfer.config import EngineArgs, default_model_path
-from cpuinfer.worker import ScheduledSeq
+from cpuinfer.engine.step import ScheduledSeq
 from cpuinfer.worker.tp_executor import RankExecutor
 
 BLOCK = 16

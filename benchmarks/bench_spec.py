@@ -120,7 +120,7 @@ def compare(eng, decoder, prompts, params, repeat: int, spec_params=None) -> dic
 
 def verify_cost(eng, k: int, context: int, repeat: int) -> float:
     """Time of a k + 1-row step of one sequence over a 1-row step, at `context` tokens (median of repeat)."""
-    from cpuinfer.worker.model_runner import ScheduledSeq
+    from cpuinfer.engine.step import ScheduledSeq
 
     runner = eng.core.runner
     bs = eng.config.block_size

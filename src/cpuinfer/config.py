@@ -557,9 +557,44 @@ def _load_spec(path: str, dtype: str, quantization: str | None, mtime: float):  
     return load_model_spec(path, dtype, quantization)
 
 
+@dataclass(frozen=True)
+class ParallelConfig:
+    """Where one engine core's ranks run, resolved from the flags: what the ranks' processes read."""
+
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    local_core: int = 0  # this engine core's place among the data-parallel cores on its machine
+    local_cores: int = 1  # data-parallel engine cores on its machine
+
+    @classmethod
+    def from_args(cls, a: EngineArgs) -> ParallelConfig:
+        """From the flags: the local place is Ray's placement (`data_parallel_rank_local`) where it gave one, else
+        the data-parallel rank (the mp backend runs every core on this machine; Ray's default, one per node)."""
+        if a.data_parallel_size_local is not None:
+            local, cores = a.data_parallel_rank_local, a.data_parallel_size_local
+        else:
+            local, cores = a.data_parallel_rank, a.data_parallel_size if a.data_parallel_backend == "mp" else 1
+        return cls(a.tensor_parallel_size, a.pipeline_parallel_size, local, cores)
+
+    @property
+    def world_size(self) -> int:
+        """Ranks (processes) of one engine core: tensor-parallel x pipeline-parallel size."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def machine_ranks(self) -> int:
+        """Ranks on this machine: the engine cores here x their tensor x pipeline-parallel ranks."""
+        return self.local_cores * self.world_size
+
+    def global_rank(self, rank: int) -> int:
+        """Rank `rank` of this core's index among every rank on the machine (how its threads are bound)."""
+        return self.local_core * self.world_size + rank
+
+
 @dataclass
 class EngineConfig:
-    """Resolved settings of one engine."""
+    """Resolved settings of one engine: made once, from the flags, in the process that was given them, and handed
+    as it is to the engine core's process, its tensor/pipeline-parallel ranks and data-parallel cores."""
 
     args: EngineArgs
     model: str
@@ -578,12 +613,26 @@ class EngineConfig:
         """What this engine serves: generate or pooling."""
         return "generate" if self.pooler is None else "pooling"
 
+    def for_data_parallel_rank(
+        self, rank: int, local_rank: int | None = None, local_size: int | None = None
+    ) -> EngineConfig:
+        """This config for one data-parallel engine core: its rank and, where given, its place among the cores of
+        its machine (else the flags' own)."""
+        local = {} if local_rank is None else {"data_parallel_rank_local": local_rank}
+        local |= {} if local_size is None else {"data_parallel_size_local": local_size}
+        return dataclasses.replace(self, args=dataclasses.replace(self.args, data_parallel_rank=rank, **local))
+
     @property
     def block_size(self) -> int:
         """Tokens per KV block."""
         return self.args.block_size
 
     @property
+    def parallel(self) -> ParallelConfig:
+        """Where this core's ranks run."""
+        return ParallelConfig.from_args(self.args)
+
+    @property
     def world_size(self) -> int:
         """Ranks (processes) of one engine core: tensor-parallel x pipeline-parallel size."""
-        return self.args.tensor_parallel_size * self.args.pipeline_parallel_size
+        return self.parallel.world_size

@@ -136,3 +136,22 @@ def test_a_full_waiting_queue_refuses_with_overloaded(engine, smol_tokenizer):
         await _wait_idle(engine)
 
     asyncio.run(go())
+
+
+def test_the_core_runs_the_config_it_is_given(smol_path):
+    """The flags are resolved once, in the front end: the core process loads exactly the EngineConfig it is handed
+    (here one whose KV pool was changed after resolution), and never resolves the flags again."""
+    import dataclasses
+
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = "0.05"
+    try:
+        config = EngineArgs(model=smol_path, max_model_len=256, block_size=16).create_engine_config(serving=True)
+    finally:
+        del os.environ["VLLM_CPU_KVCACHE_SPACE"]
+    assert config.num_blocks != 37
+    eng = AsyncLLM(dataclasses.replace(config, num_blocks=37))
+    try:
+        assert eng.num_blocks == 37
+        assert asyncio.run(eng.get_stats()).num_kv_blocks == 37
+    finally:
+        eng.shutdown()

@@ -108,3 +108,43 @@ def test_cli_bad_flag_is_one_clear_line(smol_path, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "--tensor-parallel-size=2 cannot split" in err and "9 attention heads are not divisible by 2" in err
+
+
+@pytest.mark.parametrize(
+    ("kw", "local_core", "local_cores"),
+    [
+        ({}, 0, 1),
+        # mp backend: every data-parallel core is on this machine, in rank order
+        ({"data_parallel_size": 3, "data_parallel_rank": 2}, 2, 3),
+        # Ray: one core per node unless its placement said where the core sits among its machine's
+        ({"data_parallel_size": 4, "data_parallel_rank": 3, "data_parallel_backend": "ray"}, 3, 1),
+        (
+            {
+                "data_parallel_size": 4,
+                "data_parallel_rank": 3,
+                "data_parallel_backend": "ray",
+                "data_parallel_rank_local": 1,
+                "data_parallel_size_local": 2,
+            },
+            1,
+            2,
+        ),
+    ],
+)
+def test_parallel_placement_is_resolved_from_the_flags(kw, local_core, local_cores):
+    from cpuinfer.config import ParallelConfig
+
+    par = ParallelConfig.from_args(EngineArgs(tensor_parallel_size=2, pipeline_parallel_size=3, **kw))
+    assert (par.world_size, par.local_core, par.local_cores) == (6, local_core, local_cores)
+    assert par.machine_ranks == 6 * local_cores
+    assert [par.global_rank(r) for r in (0, 5)] == [6 * local_core, 6 * local_core + 5]
+
+
+def test_a_data_parallel_core_gets_the_resolved_config_with_its_rank(smol_path, monkeypatch):
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.05")
+    config = EngineArgs(model=smol_path, max_model_len=256, data_parallel_size=2).create_engine_config()
+    one = config.for_data_parallel_rank(1)
+    assert one.args.data_parallel_rank == 1 and config.args.data_parallel_rank == 0
+    assert (one.spec, one.num_blocks, one.parallel.local_core) == (config.spec, config.num_blocks, 1)
+    placed = config.for_data_parallel_rank(1, 0, 1)
+    assert (placed.parallel.local_core, placed.parallel.local_cores) == (0, 1)

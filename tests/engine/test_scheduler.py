@@ -180,3 +180,35 @@ def test_pool_verifies_tokens_on_hit():
     assert pool.lookup([h], [1, 9]) == []  # same hash, other tokens: a miss
     assert pool.lookup([h], [1, 2]) == a
     assert pool.blocks[a[0]].ref_cnt == 2
+
+
+def test_the_schedule_is_one_record_per_sequence_and_loads_no_model_code():
+    """Each scheduled sequence is one typed record (its request with the runner's view: tokens, position, blocks,
+    which rows it samples), in the runner's row order; and loading the scheduler loads neither the model runner
+    nor the models (the record type is a leaf of the engine package)."""
+    import subprocess
+    import sys
+
+    from cpuinfer.engine.block_pool import BlockPool
+    from cpuinfer.engine.request import Request
+    from cpuinfer.engine.scheduler import Scheduler
+
+    sched = Scheduler(SchedulerConfig(20, 8, 512), BlockPool(64, 16, enable_caching=False))
+    reqs = [Request(str(i), list(range(1, 1 + n)), SamplingParams(max_tokens=4), i, 4) for i, n in enumerate((12, 30))]
+    for r in reqs:
+        sched.add(r)
+    out = sched.schedule()
+    (a, sa), (b, sb) = out.scheduled
+    assert (a, b) == tuple(reqs)
+    assert (sa.token_ids, sa.start_pos, sa.sample) == (list(range(1, 13)), 0, True)
+    # The second prompt gets what is left of the 20-token budget: a chunk that does not sample yet.
+    assert (sb.token_ids, sb.start_pos, sb.sample, sb.num_tokens) == (list(range(1, 9)), 0, False, 8)
+    assert out.seqs == [sa, sb] and out.sampled == [a] and len(sa.block_table) == 1
+    assert out.without({id(a)}).scheduled == [(b, sb)]
+
+    code = (
+        "import sys, cpuinfer.engine.scheduler; "
+        "print(sorted(m for m in sys.modules if m.startswith(('cpuinfer.worker', 'cpuinfer.models'))))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]", loaded

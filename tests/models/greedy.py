@@ -7,7 +7,8 @@ import os
 
 import torch
 
-from cpuinfer.worker import ModelRunner, ScheduledSeq
+from cpuinfer.engine.step import ScheduledSeq
+from cpuinfer.worker import ModelRunner
 
 
 def greedy(

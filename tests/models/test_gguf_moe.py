@@ -81,7 +81,7 @@ def teacher_forced(
 ) -> tuple[float, torch.Tensor]:
     """Feed transformers' greedy continuation (n tokens) to both runners token by token: the share of positions
     where runner's next token is exact's, and each position's relative L2 error of runner's logits."""
-    from cpuinfer.worker import ScheduledSeq
+    from cpuinfer.engine.step import ScheduledSeq
 
     def logits(r: ModelRunner, i: int, prompt: list[int], tokens: list[int]) -> list[torch.Tensor]:
         table = list(range(i * 8, (i + 1) * 8))

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from cpuinfer.engine.step import ScheduledSeq
 from cpuinfer.model_loader import load_model_spec
-from cpuinfer.worker import ModelRunner, ScheduledSeq
+from cpuinfer.worker import ModelRunner
 
 from .greedy import greedy, hf_greedy
 

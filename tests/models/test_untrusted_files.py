@@ -32,7 +32,7 @@ def test_tiny_gguf_loads_and_runs(tmp_path):
     spec = load_model_spec(str(tiny_gguf(tmp_path / "ok.gguf")))
     assert spec.vocab_size == 4 and spec.max_model_len == 64
     runner = ModelRunner(spec, block_size=16, num_blocks=4, cache_dtype=torch.float32)
-    from cpuinfer.worker.model_runner import ScheduledSeq
+    from cpuinfer.engine.step import ScheduledSeq
 
     logits = runner.execute([ScheduledSeq([0, 1, 2], 0, [0], True)])
     assert logits.shape == (1, 4) and torch.isfinite(logits).all()

@@ -51,7 +51,7 @@ import threading
 import time
 import weakref
 
-from cpuinfer.config import EngineArgs
+from cpuinfer.config import EngineArgs, EngineConfig
 from cpuinfer.engine.core_proc import CoreFailed, Ready, start_core_process
 from cpuinfer.engine.limits import RequestLimits, validate_request
 from cpuinfer.engine.messages import AbortRequests, EngineStats, GetStats, Heartbeat, Shutdown, StepResult
@@ -113,9 +113,11 @@ class RequestStream:
 class AsyncLLM:
     """Front end of an out-of-process engine core."""
 
-    def __init__(self, args: EngineArgs, serving: bool = True, start_core=start_core_process):
-        # Resolve and check everything here first (no weights are read), so bad flags fail in this process.
-        self.config = args.create_engine_config(serving=serving)
+    def __init__(self, config: EngineConfig, start_core=start_core_process):
+        # `config` was resolved and checked once, in this process (no weights read): the core process, its
+        # tensor/pipeline-parallel ranks and a Ray actor get it as it is and never resolve the flags again.
+        self.config = config
+        args = config.args
         self.tokenizer = self.config.spec.tokenizer
         self.max_model_len = self.config.max_model_len
         self.limits = RequestLimits.from_config(self.config)
@@ -136,7 +138,7 @@ class AsyncLLM:
         self._closing = False
         # `start_core` starts the core somewhere (a child process here, or a Ray actor: engine.ray_core) and
         # returns (a process-like handle, a sender to it, a receiver from it).
-        self._proc, self._to_core, self._from_core = start_core(args, serving)
+        self._proc, self._to_core, self._from_core = start_core(config)
         first = self._from_core.recv()
         if isinstance(first, CoreFailed):
             self._proc.join(5)
@@ -162,8 +164,9 @@ class AsyncLLM:
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs, serving: bool = True, start_core=start_core_process) -> AsyncLLM:
-        """Start the core process and wait until the model is loaded."""
-        return cls(args, serving, start_core)
+        """Resolve the flags here (bad ones fail in this process), start the core process and wait until the model
+        is loaded."""
+        return cls(args.create_engine_config(serving=serving), start_core)
 
     # ---- requests -------------------------------------------------------------------------------
     def add_request(

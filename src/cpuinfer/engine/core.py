@@ -169,7 +169,7 @@ class EngineCore:
             free = sch.config.max_num_seqs - len(sch.running)
             self.spec.propose(sch.running, sch.waiting, free)
         sched = self.scheduler.schedule()
-        if not sched.requests:
+        if not sched:
             if self.scheduler.waiting and not self.scheduler.running:
                 # Cannot happen when max_model_len fits the pool (checked at startup); never spin silently.
                 req = self.scheduler.waiting[0]
@@ -200,7 +200,7 @@ class EngineCore:
             tokens, lps, failed = self._sample(logits, sched.sampled, masks)
             tokens, lps = [[t] for t in tokens], [None if lp is None else [lp] for lp in lps]
         if failed:
-            sched = _without(sched, {id(req) for req, _ in failed})
+            sched = sched.without({id(req) for req, _ in failed})
         failures = [self._fail(req, exc) for req, exc in failed]
         sampled = sched.sampled
         if sampled:
@@ -208,9 +208,9 @@ class EngineCore:
         finished = self.scheduler.update(sched, tokens)  # cuts a token list where its request stopped
         s = self._stats
         s.num_steps += 1
-        for req, n, seq in zip(sched.requests, sched.num_tokens, sched.seqs, strict=False):
-            if seq.start_pos < len(req.prompt_token_ids) or (n > 1 and not seq.num_spec):
-                s.prompt_tokens += n
+        for req, seq in sched.scheduled:
+            if seq.start_pos < len(req.prompt_token_ids) or (seq.num_tokens > 1 and not seq.num_spec):
+                s.prompt_tokens += seq.num_tokens
         s.generation_tokens += sum(len(t) for t in tokens)
         outputs = []
         for req, new, lp in zip(sampled, tokens, lps, strict=False):
@@ -240,7 +240,7 @@ class EngineCore:
         done gets its pooled vector and finishes (pooling requests never decode)."""
         pooler = self.limits.pooler
         outputs, row = [], 0
-        for req, seq in zip(sched.requests, sched.seqs, strict=True):
+        for req, seq in sched.scheduled:
             n = seq.logit_rows
             chunk, row = rows[row : row + n], row + n
             if req.pool_all_rows:
@@ -268,7 +268,7 @@ class EngineCore:
             self.requests.pop(req.request_id, None)
         s = self._stats
         s.num_steps += 1
-        s.prompt_tokens += sum(sched.num_tokens)
+        s.prompt_tokens += sum(seq.num_tokens for seq in sched.seqs)
         self.step_seconds += time.perf_counter() - t0
         return outputs
 
@@ -280,7 +280,7 @@ class EngineCore:
         Row i of a chunk starting at position p predicts prompt token p + i + 1. A chunk computed again (after a
         preemption) adds nothing: each request's list grows only at its end."""
         sample_rows, row = [], 0
-        for req, seq in zip(sched.requests, sched.seqs, strict=True):
+        for req, seq in sched.scheduled:
             n = seq.logit_rows
             if seq.prompt_logits:
                 prompt = req.prompt_token_ids
@@ -388,17 +388,17 @@ class EngineCore:
         """The model step failed: rerun each request alone; those that fail alone fail, the others are
         scheduled again next step (their state was not advanced). If each one runs fine alone, the
         batch as a whole is what fails: that is the engine's failure, not a request's."""
-        if len(sched.requests) == 1:
-            return [self._fail(sched.requests[0], exc)]
+        if len(sched.scheduled) == 1:
+            return [self._fail(sched.scheduled[0].request, exc)]
         failed = []
-        for req, seq in zip(sched.requests, sched.seqs, strict=True):
+        for req, seq in sched.scheduled:
             try:
                 self.runner.execute([seq])
             except Exception as solo_exc:  # noqa: BLE001 - this request fails, the others go on
                 failed.append(self._fail(req, solo_exc))
         if not failed:
             raise EngineBrokenError(
-                f"a batch of {len(sched.requests)} requests failed although each runs "
+                f"a batch of {len(sched.scheduled)} requests failed although each runs "
                 f"alone: {type(exc).__name__}: {exc}"
             ) from exc
         return failed
@@ -467,15 +467,3 @@ class EngineCore:
             s.spec_decode_num_accepted_tokens = st.num_accepted_tokens
             s.spec_decode_accepted_per_pos = list(st.accepted_per_pos)
         return EngineStats(**vars(s))
-
-
-def _without(sched: SchedulerOutput, drop: set[int]) -> SchedulerOutput:
-    """The step minus the requests whose id() is in `drop` (they failed; the rest go on)."""
-    out = SchedulerOutput()
-    for req, n, seq in zip(sched.requests, sched.num_tokens, sched.seqs, strict=True):
-        if id(req) not in drop:
-            out.requests.append(req)
-            out.num_tokens.append(n)
-            out.seqs.append(seq)
-    out.sampled = [r for r in sched.sampled if id(r) not in drop]
-    return out

@@ -61,7 +61,7 @@ def _beat(outbox: _Outbox, interval: float, stop: threading.Event) -> None:
             return
 
 
-def core_main(args, serving: bool, inbox, conn) -> None:
+def core_main(config, inbox, conn) -> None:
     """Entry point of the core process."""
     # The parent owns the core's lifetime: a Ctrl-C reaches the whole process group, and a server must be able
     # to drain its in-flight requests before it sends Shutdown. If the parent dies, the pipe closes and we exit.
@@ -69,11 +69,12 @@ def core_main(args, serving: bool, inbox, conn) -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s", datefmt="%m-%d %H:%M:%S"
     )
-    run_core(args, serving, inbox, conn)
+    run_core(config, inbox, conn)
 
 
-def run_core(args, serving: bool, inbox, conn) -> None:
-    """Load the core, then step it and answer messages until Shutdown or the front end is gone.
+def run_core(config, inbox, conn) -> None:
+    """Load the core that `config` describes (an EngineConfig the front end resolved: the core never resolves the
+    flags again), then step it and answer messages until Shutdown or the front end is gone.
 
     `inbox` has poll() and recv() (a pipe end, or a Ray actor's queue); `conn` has send(). Raises what killed
     the core after reporting it as CoreFailed.
@@ -83,10 +84,9 @@ def run_core(args, serving: bool, inbox, conn) -> None:
     try:
         from cpuinfer.engine.core import EngineCore
 
-        config = args.create_engine_config(serving=serving)
         core = EngineCore.from_config(config)
         outbox.send(Ready(config.num_blocks, core.layout, socket.gethostname()))
-        interval = min(1.0, float(args.engine_heartbeat_timeout) / 4)
+        interval = min(1.0, float(config.args.engine_heartbeat_timeout) / 4)
         threading.Thread(target=_beat, args=(outbox, interval, stop), name="cpuinfer-heartbeat", daemon=True).start()
         while True:
             errors: dict[str, str] = {}
@@ -119,13 +119,13 @@ def run_core(args, serving: bool, inbox, conn) -> None:
         stop.set()
 
 
-def start_core_process(args, serving: bool):
-    """Spawn the core process; returns (process, send end to it, receive end from it)."""
+def start_core_process(config):
+    """Spawn the core process of a resolved EngineConfig; returns (process, send end to it, receive end from it)."""
     ctx = mp.get_context("spawn")  # never fork a process that holds OpenMP threads
     to_core_r, to_core_w = ctx.Pipe(duplex=False)
     from_core_r, from_core_w = ctx.Pipe(duplex=False)
     proc = ctx.Process(
-        target=core_main, args=(args, serving, to_core_r, from_core_w), name="cpuinfer-engine-core", daemon=True
+        target=core_main, args=(config, to_core_r, from_core_w), name="cpuinfer-engine-core", daemon=True
     )
     proc.start()
     to_core_r.close()

@@ -42,13 +42,13 @@ REASON_WAIT_S = 1.0  # for Ray to say why an actor whose connection closed is go
 class EngineCoreActor:
     """The Ray actor (wrapped with ray.remote at launch): one engine core, run by `serve`."""
 
-    def serve(self, address: tuple[str, int], authkey: bytes, args, serving: bool) -> None:
+    def serve(self, address: tuple[str, int], authkey: bytes, config) -> None:
         """Connect to the front end at `address` and run the core loop on that connection until Shutdown or the
         front end is gone. A failure of the core was reported over the connection (CoreFailed) and logged."""
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
         conn = Client(address, authkey=authkey)
         try:
-            run_core(args, serving, conn, conn)
+            run_core(config, conn, conn)
         except Exception:  # noqa: BLE001 - run_core logged it and sent CoreFailed: the actor just ends
             return
         finally:
@@ -209,7 +209,7 @@ def ray_core_starter(place: RayCorePlace):
     """A `start_core` for AsyncLLM that starts the core as an actor in `place`'s placement group, connected back
     to this process."""
 
-    def start(args, serving: bool):
+    def start(config):
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -229,7 +229,7 @@ def ray_core_starter(place: RayCorePlace):
                 )
                 .remote()
             )
-            handle = RayCoreHandle(actor, actor.serve.remote(server.getsockname()[:2], authkey, args, serving), place)
+            handle = RayCoreHandle(actor, actor.serve.remote(server.getsockname()[:2], authkey, config), place)
             conn = _accept(server, authkey, handle)
         finally:
             server.close()

@@ -16,10 +16,11 @@ from __future__ import annotations
 import contextlib
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from cpuinfer.engine.block_pool import BlockPool
 from cpuinfer.engine.request import Request, Status
-from cpuinfer.worker.model_runner import ScheduledSeq
+from cpuinfer.engine.step import ScheduledSeq
 
 
 @dataclass
@@ -33,14 +34,35 @@ class SchedulerConfig:
     whole_prompts: bool = False  # an encoder's: a prompt runs in one step or waits (no chunks, no KV cache)
 
 
+class Scheduled(NamedTuple):
+    """One scheduled sequence: its request, and its share of the step as the model runner sees it."""
+
+    request: Request
+    seq: ScheduledSeq
+
+
 @dataclass
 class SchedulerOutput:
-    """One step: the requests, how many tokens each computes, and the runner's view of it."""
+    """One step: a record per scheduled sequence, in the order of the runner's rows."""
 
-    requests: list[Request] = field(default_factory=list)
-    num_tokens: list[int] = field(default_factory=list)
-    seqs: list[ScheduledSeq] = field(default_factory=list)
-    sampled: list[Request] = field(default_factory=list)  # requests whose last chunk token is sampled
+    scheduled: list[Scheduled] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.scheduled)
+
+    @property
+    def seqs(self) -> list[ScheduledSeq]:
+        """What the model runner executes."""
+        return [s.seq for s in self.scheduled]
+
+    @property
+    def sampled(self) -> list[Request]:
+        """The requests that sample this step (their chunk ends at their newest token), in row order."""
+        return [s.request for s in self.scheduled if s.seq.sample]
+
+    def without(self, drop: set[int]) -> SchedulerOutput:
+        """The step minus the requests whose id() is in `drop` (they failed; the rest go on)."""
+        return SchedulerOutput([s for s in self.scheduled if id(s.request) not in drop])
 
 
 class Scheduler:
@@ -144,14 +166,11 @@ class Scheduler:
             start = req.num_computed_tokens
             spec = req.spec_token_ids
             sample = start + n - len(spec) == req.num_tokens
-            out.requests.append(req)
-            out.num_tokens.append(n)
             ids = req.all_token_ids[start : start + n - len(spec)] + spec
             all_rows = req.prompt_logprobs is not None or req.pool_all_rows
             prompt_logits = all_rows and start < len(req.prompt_token_ids)
-            out.seqs.append(ScheduledSeq(ids, start, req.block_ids, sample, len(spec), prompt_logits))
-            if sample:
-                out.sampled.append(req)
+            seq = ScheduledSeq(ids, start, req.block_ids, sample, len(spec), prompt_logits)
+            out.scheduled.append(Scheduled(req, seq))
         return out
 
     def _chunk(self, req: Request, budget: int) -> int:
@@ -196,7 +215,8 @@ class Scheduler:
         caching = self.pool.enable_caching
         tokens = iter(sampled_tokens)
         finished = []
-        for req, n, seq in zip(out.requests, out.num_tokens, out.seqs, strict=False):
+        for req, seq in out.scheduled:
+            n = seq.num_tokens
             pooled = req.params.pooling is not None  # its prompt's last chunk ends it: nothing is generated
             decodes = seq.sample and not pooled
             new = next(tokens) if decodes else []

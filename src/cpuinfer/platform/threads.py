@@ -6,7 +6,7 @@
 - `nobind`: leave OMP_NUM_THREADS and the OS scheduler alone.
 
 Ranks: `world_size` is every rank on this machine (data-parallel engine cores x tensor-parallel x
-pipeline-parallel ranks) and `rank` the machine-wide index (worker/tp_executor.py's global_rank).
+pipeline-parallel ranks) and `rank` the machine-wide index (config.ParallelConfig.global_rank).
 
 The `auto` rule, exactly (`describe_layout`):
 1. Usable CPUs are online ∩ cgroup cpuset ∩ affinity (topology.py). A node's usable cores are its usable

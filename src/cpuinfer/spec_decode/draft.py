@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 import torch
 
 from cpuinfer import ops
+from cpuinfer.engine.step import ScheduledSeq
 from cpuinfer.spec_decode.config import SpeculativeConfig
 from cpuinfer.spec_decode.proposer import SpecSequence
-from cpuinfer.worker.model_runner import ModelRunner, ScheduledSeq
+from cpuinfer.worker.model_runner import ModelRunner
 
 
 def draft_runner(config, speculative: SpeculativeConfig) -> ModelRunner:

@@ -1,5 +1,5 @@
 """The model runner: turns one scheduled step into flat tensors, runs the model, returns logits."""
 
-from .model_runner import ModelRunner, ScheduledSeq
+from .model_runner import ModelRunner
 
-__all__ = ["ModelRunner", "ScheduledSeq"]
+__all__ = ["ModelRunner"]

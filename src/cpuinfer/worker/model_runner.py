@@ -15,8 +15,6 @@ carries a long prefill chunk (spec_decode.decoder).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
@@ -24,29 +22,10 @@ from ..attention import AttentionMetadata
 from ..attention.cache_dtypes import CACHE_DTYPES
 from ..distributed.pipeline import SINGLE_STAGE, PPStage, micro_batches
 from ..distributed.tensor_parallel import SINGLE, TPGroup
+from ..engine.step import ScheduledSeq
 from ..model_loader import ModelSpec, load_weights
 from ..models import build_model
 from ..platform.memory import release_free_heap, weight_arena, zeros_huge
-
-
-@dataclass
-class ScheduledSeq:
-    """One sequence's share of a step."""
-
-    token_ids: list[int]  # tokens to compute this step (a prefill chunk, or 1 for decode)
-    start_pos: int  # tokens of this sequence already in the KV cache (= position of token_ids[0])
-    block_table: list[int]  # physical block ids covering positions [0, start_pos + len(token_ids))
-    sample: bool  # True -> return logits for the last token of this chunk
-    num_spec: int = 0  # the last num_spec tokens are proposals to verify: return the last num_spec + 1 rows
-    # True -> return logits for every token of this chunk (prompt logprobs); the last is the sample row.
-    prompt_logits: bool = False
-
-    @property
-    def logit_rows(self) -> int:
-        """How many rows of the step's logits are this sequence's (always its last rows)."""
-        if self.prompt_logits:
-            return len(self.token_ids)
-        return 1 + self.num_spec if self.sample else 0
 
 
 class ModelRunner:

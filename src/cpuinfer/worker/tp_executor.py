@@ -62,30 +62,6 @@ class _Failed:
     message: str
 
 
-def world_size(args) -> int:
-    """Ranks of one engine core: tensor-parallel x pipeline-parallel size."""
-    return args.tensor_parallel_size * args.pipeline_parallel_size
-
-
-def global_rank(args, rank: int) -> int:
-    """This rank's index among every rank on the machine (local data-parallel rank x world size + rank).
-
-    The local data-parallel rank is the core's place among the cores on this machine: its data-parallel rank
-    with the mp backend, the one Ray's placement gave it (`data_parallel_rank_local`) with the ray backend.
-    """
-    local = args.data_parallel_rank if args.data_parallel_rank_local is None else args.data_parallel_rank_local
-    return local * world_size(args) + rank
-
-
-def machine_ranks(args) -> int:
-    """Ranks on this machine: the data-parallel engine cores here x their tensor x pipeline-parallel ranks."""
-    if args.data_parallel_size_local is not None:
-        dp = args.data_parallel_size_local
-    else:
-        dp = args.data_parallel_size if args.data_parallel_backend == "mp" else 1
-    return dp * world_size(args)
-
-
 def _connect(config, rank: int, name: str, watch: tuple[int, ...]):
     """This rank's communicators: (TPGroup of its stage, PPStage with its links to the neighbouring stages).
 
@@ -95,7 +71,7 @@ def _connect(config, rank: int, name: str, watch: tuple[int, ...]):
     from cpuinfer.distributed.shm import ShmCommunicator
     from cpuinfer.distributed.tensor_parallel import TPGroup
 
-    tp, pp = config.args.tensor_parallel_size, config.args.pipeline_parallel_size
+    tp, pp = config.parallel.tensor_parallel_size, config.parallel.pipeline_parallel_size
     stage, t = divmod(rank, tp)
 
     def label(r: int) -> str:  # a member's name in the communicators' errors
@@ -139,8 +115,8 @@ def _build_rank(config, rank: int, comm_name: str, watch: tuple[int, ...]):
     from cpuinfer.platform.threads import bind_from_env
     from cpuinfer.worker.model_runner import ModelRunner
 
-    args = config.args
-    binding = bind_from_env(global_rank(args, rank), machine_ranks(args))
+    par = config.parallel
+    binding = bind_from_env(par.global_rank(rank), par.machine_ranks)
     tp, pp = _connect(config, rank, comm_name, watch)
     try:
         runner = ModelRunner(config.spec, config.block_size, config.num_blocks, config.cache_dtype, tp, pp)
@@ -158,16 +134,16 @@ def _close(tp, pp) -> None:
 
 
 def _placement(config, rank: int, binding) -> RankPlacement:
-    stage = rank // config.args.tensor_parallel_size if config.args.pipeline_parallel_size > 1 else None
+    par = config.parallel
+    stage = rank // par.tensor_parallel_size if par.pipeline_parallel_size > 1 else None
     return RankPlacement(rank, os.getpid(), binding.cpus, binding.node, stage)
 
 
-def _worker_main(args, rank: int, comm_name: str, conn) -> None:
+def _worker_main(config, rank: int, comm_name: str, conn) -> None:
     """Entry point of rank `rank` >= 1: build, report, then run every step rank 0 sends."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the engine core decides when ranks stop
     logging.basicConfig(level=logging.INFO, format=f"%(levelname)s %(asctime)s rank-{rank}: %(message)s")
     try:
-        config = args.create_engine_config(serving=False)
         runner, binding = _build_rank(config, rank, comm_name, (os.getppid(),))
         conn.send(_placement(config, rank, binding))
     except BaseException as exc:  # report, then die
@@ -197,16 +173,15 @@ class RankExecutor:
         from cpuinfer.distributed.shm import unique_name
         from cpuinfer.platform.threads import describe_layout
 
-        args = config.args
-        self.size = world_size(args)
+        self.size = config.world_size
         self.workers: list[tuple[mp.Process, object]] = []
-        describe_layout(machine_ranks(args))  # a binding no rank can take fails here, once, before any starts
+        describe_layout(config.parallel.machine_ranks)  # a binding no rank can take fails here, once, before any starts
         name = unique_name()
         ctx = mp.get_context("spawn")  # never fork a process that holds OpenMP threads
         for rank in range(1, self.size):
             parent, child = ctx.Pipe()
             proc = ctx.Process(
-                target=_worker_main, args=(args, rank, name, child), name=f"cpuinfer-rank-{rank}", daemon=True
+                target=_worker_main, args=(config, rank, name, child), name=f"cpuinfer-rank-{rank}", daemon=True
             )
             _start(proc)
             child.close()
@@ -310,7 +285,7 @@ def build_runner(config):
     from cpuinfer.platform.threads import bind_from_env
     from cpuinfer.worker.model_runner import ModelRunner
 
-    binding = bind_from_env(global_rank(config.args, 0), machine_ranks(config.args))
+    binding = bind_from_env(config.parallel.global_rank(0), config.parallel.machine_ranks)
     pooling = config.pooler is not None
     runner = ModelRunner(config.spec, config.block_size, config.num_blocks, config.cache_dtype, pooling=pooling)
     return runner, [_placement(config, 0, binding)]

@@ -184,8 +184,9 @@ async def start_data_parallel(engine_args) -> DataParallelAdapter:
     from cpuinfer.engine.async_llm import AsyncLLM
     from cpuinfer.engine.core_proc import start_core_process
 
-    # Every flag checked once, here, before any core starts (a bad -dp is one clear error, not N).
-    await asyncio.to_thread(engine_args.create_engine_config, True)
+    # Every flag resolved and checked once, here, before any core starts (a bad -dp is one clear error, not N);
+    # each core gets this config with its own rank, and never resolves the flags again.
+    config = await asyncio.to_thread(engine_args.create_engine_config, True)
     dp = engine_args.data_parallel_size
     ray_backend = engine_args.data_parallel_backend == "ray"
     release = None
@@ -197,11 +198,8 @@ async def start_data_parallel(engine_args) -> DataParallelAdapter:
         release = lambda: ray_placement.release(places)  # noqa: E731 - a one-line closure
         starters = [ray_core_starter(p) for p in places]
         local = ray_placement.local_ranks(places)
-        core_args = [
-            dataclasses.replace(
-                engine_args, data_parallel_rank=p.rank, data_parallel_rank_local=lr, data_parallel_size_local=ls
-            )
-            for p, (lr, ls) in zip(places, local, strict=True)
+        core_configs = [
+            config.for_data_parallel_rank(p.rank, lr, ls) for p, (lr, ls) in zip(places, local, strict=True)
         ]
         for p, (lr, ls) in zip(places, local, strict=True):
             logger.info(
@@ -215,10 +213,10 @@ async def start_data_parallel(engine_args) -> DataParallelAdapter:
             )
     else:
         starters = [start_core_process] * dp
-        core_args = [dataclasses.replace(engine_args, data_parallel_rank=rank) for rank in range(dp)]
+        core_configs = [config.for_data_parallel_rank(rank) for rank in range(dp)]
     # Loading takes seconds per core: start them side by side, off the event loop (/health answers meanwhile).
     results = await asyncio.gather(
-        *(asyncio.to_thread(AsyncLLM.from_engine_args, a, True, s) for a, s in zip(core_args, starters, strict=True)),
+        *(asyncio.to_thread(AsyncLLM, c, s) for c, s in zip(core_configs, starters, strict=True)),
         return_exceptions=True,
     )
     failed = [(rank, r) for rank, r in enumerate(results) if isinstance(r, BaseException)]
