@@ -290,7 +290,8 @@ class EngineArgs:
             default=None,
             help='Speculative decoding, as JSON with vLLM\'s keys: \'{"method": "ngram", "num_speculative_tokens": 4, '
             '"prompt_lookup_min": 2, "prompt_lookup_max": 4}\' (prompt lookup) or \'{"model": "<draft path>", '
-            '"num_speculative_tokens": 4}\' (a draft model with the same tokenizer). Greedy output is unchanged.',
+            '"num_speculative_tokens": 4}\' (a draft model with the same tokenizer: a path or a Hugging Face id). '
+            "Greedy output is unchanged.",
         )
         add_gpu_flags(parser)
         g = parser.add_argument_group("request limits (a request over one gets a clear error, nothing starts)")
@@ -438,6 +439,11 @@ class EngineArgs:
         from cpuinfer.spec_decode.config import SpeculativeConfig
 
         speculative = SpeculativeConfig.parse(self.speculative_config)
+        if speculative is not None and speculative.model is not None:  # a path, or a hub id as --model takes
+            draft = resolve_model(
+                speculative.model, speculative.revision, self.download_dir, "--speculative-config model"
+            )
+            speculative = dataclasses.replace(speculative, model=draft)
         spec = _load_spec(model, self.dtype, self.quantization, os.path.getmtime(model))
         spec = self._apply_overrides(spec)
         cache_dtype = spec.dtype if self.kv_cache_dtype == "auto" else CACHE_DTYPES[self.kv_cache_dtype]

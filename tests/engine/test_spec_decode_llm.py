@@ -116,7 +116,8 @@ def test_draft_with_other_tokenizer_refused(tiny):
             "min <= max",
         ),
         ('{"method": "ngram", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 2}', "unknown key"),
-        ('{"model": "/no/such/model", "num_speculative_tokens": 2}', "no such file"),
+        ('{"model": "", "num_speculative_tokens": 2}', "needs 'model'"),
+        ('{"method": "ngram", "num_speculative_tokens": 2, "revision": "main"}', "revision='main'"),
         ("{method: ngram}", "not valid JSON"),
         ("[1, 2]", "must be a JSON object"),
     ],
@@ -125,6 +126,30 @@ def test_bad_configs_one_clear_error(value, match):
     with pytest.raises(ValueError, match=match) as info:
         SpeculativeConfig.parse(value)
     assert str(info.value).startswith("--speculative-config ")
+
+
+def test_draft_model_by_hugging_face_id(tiny, plain, tmp_path, monkeypatch):
+    """A draft named by a hub id resolves as --model does (the cache under --download-dir, at its revision) and
+    drafts; a path that does not exist, or an id that is not cached, is one clear error naming the flag."""
+    import os
+
+    from ..server.test_model_ids import COMMIT, add_repo
+
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    files = {}
+    for name in os.listdir(tiny["draft"]):  # copies: the loader refuses weights linked from outside the repository
+        with open(os.path.join(tiny["draft"], name), "rb") as f:
+            files[name] = f.read()
+    snap = add_repo(str(tmp_path), "org/tiny-draft", files)
+    spec = {"model": "org/tiny-draft", "revision": COMMIT, "num_speculative_tokens": 4}
+    llm = engine_llm(tiny["target"], spec, download_dir=str(tmp_path))
+    assert llm.llm_engine.config.speculative.model == snap
+    assert [o.token_ids for o in generate(llm, prompts())] == [o.token_ids for o in plain]
+    assert llm.llm_engine.core.spec.stats.num_draft_tokens > 0
+    for model, match in [("/no/such/model", "no such file"), ("org/not-cached", "not in the Hugging Face cache")]:
+        with pytest.raises(ValueError, match=match) as info:
+            engine_llm(tiny["target"], {"model": model, "num_speculative_tokens": 2}, download_dir=str(tmp_path))
+        assert str(info.value).startswith("--speculative-config model ")
 
 
 def test_vllm_spellings():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +18,7 @@ KEYS = (
     "disable_by_batch_size",
     "quantization",
     "dtype",
+    "revision",
 )
 
 
@@ -30,7 +30,10 @@ class SpeculativeConfig:
     num_speculative_tokens: int  # k: the most tokens proposed per sequence and step
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
-    model: str | None = None  # the draft model (HF directory or .gguf); method "draft_model"
+    # The draft model (an HF directory, a .gguf file or a Hugging Face id: the engine config resolves an id to its
+    # local snapshot, at `revision`, with the target's --download-dir); method "draft_model".
+    model: str | None = None
+    revision: str | None = None
     quantization: str | None = None  # the draft checkpoint's; None: read from it
     dtype: str = "auto"  # the draft's; auto: the target's dtype
     # No speculation in a step with more running sequences than this (the step is compute-bound there);
@@ -84,10 +87,13 @@ class SpeculativeConfig:
             if lo is not None or hi is not None:
                 raise _error("prompt_lookup_min/max are n-gram settings; method 'draft_model' takes none")
             if not isinstance(model, str) or not model:
-                raise _error("method 'draft_model' needs 'model': an HF model directory or a .gguf file")
-            if not os.path.exists(model):
-                raise _error(f"draft model {model!r}: no such file or directory")
+                raise _error(
+                    "method 'draft_model' needs 'model': an HF model directory, a .gguf file or a Hugging Face id"
+                )
             lo, hi = 2, 4
+        revision = value.get("revision")
+        if revision is not None and (method != "draft_model" or not isinstance(revision, str)):
+            raise _error(f"revision={revision!r}: a draft model's revision is a string (method 'draft_model' only)")
         batch = value.get("disable_by_batch_size", 0)
         if batch is None:
             batch = 0
@@ -102,6 +108,7 @@ class SpeculativeConfig:
             quantization=value.get("quantization"),
             dtype=value.get("dtype") or "auto",
             disable_by_batch_size=batch,
+            revision=revision,
         )
 
 
