@@ -72,3 +72,34 @@ def test_bad_config_is_one_clear_line(capsys):
             main(["generate", "hi", "--speculative-config", bad])
         assert e.value.code == 2
         assert says in capsys.readouterr().err
+
+
+def test_bench_serve_reports_acceptance_over_its_run(servers, tmp_path):
+    """`cpuinfer bench serve` reads the server's counters before and after its run: the acceptance it reports is
+    the difference (what this run proposed and accepted), equal to /metrics' own difference."""
+    import subprocess
+    import sys
+
+    _, fast = servers
+    data = [{"id": "0", "conversations": [{"from": "human", "value": ASK}, {"from": "gpt", "value": CODE}]}]
+    (tmp_path / "copy.json").write_text(json.dumps(data))
+
+    def counters():
+        text = httpx.get(f"{fast.url}/metrics", headers=fast.headers()).text
+        return [metric(text, f"vllm:spec_decode_num_{n}_total") for n in ("drafts", "draft_tokens", "accepted_tokens")]
+
+    before = counters()
+    cmd = [sys.executable, "-m", "cpuinfer", "bench", "serve", "--base-url", fast.url, "--api-key", fast.api_key]
+    cmd += ["--dataset-name", "sharegpt", "--dataset-path", str(tmp_path / "copy.json"), "--num-prompts", "1"]
+    cmd += ["--num-warmups", "0", "--save-result", "--result-dir", str(tmp_path), "--result-filename", "r.json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    drafts, proposed, accepted = (a - b for a, b in zip(counters(), before, strict=True))
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert "Acceptance rate (%):" in out.stdout and accepted > 0
+    assert (r["spec_decode_num_drafts"], r["spec_decode_draft_tokens"], r["spec_decode_accepted_tokens"]) == (
+        drafts,
+        proposed,
+        accepted,
+    )
+    assert r["spec_decode_acceptance_rate"] == pytest.approx(100 * accepted / proposed)

@@ -10,6 +10,7 @@ import sys
 import time
 
 from cpuinfer.cli._common import make_engine
+from cpuinfer.cli.bench_serve_report import SpecCounters, print_spec_decode, spec_decode_summary
 from cpuinfer.config import EngineArgs
 from cpuinfer.sampling_params import SamplingParams
 
@@ -75,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
         for _ in range(args.num_iters_warmup):
             _run_batch(engine, prompts, args.output_len)
         times = []
+        before = SpecCounters.from_stats(engine.core.stats())
         for _ in range(args.num_iters):
             engine.core.pool.reset_prefix_cache()  # every iteration computes its prefill
             t0 = time.perf_counter()
@@ -90,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
         result = {"avg_latency": avg, "latencies": times, "output_tokens_per_second": out_tps}
     else:
         prompts = random_prompts(args.num_prompts, args.input_len, vocab)
+        before = SpecCounters.from_stats(engine.core.stats())
         t0 = time.perf_counter()
         _run_batch(engine, prompts, args.output_len)
         dt = time.perf_counter() - t0
@@ -107,6 +110,9 @@ def run(args: argparse.Namespace) -> int:
             "tokens_per_second": total / dt,
             "output_tokens_per_second": out / dt,
         }
+    spec = spec_decode_summary(before, SpecCounters.from_stats(engine.core.stats()))
+    print_spec_decode(spec)
+    result |= spec
     if args.output_json:
         with open(args.output_json, "w") as f:
             json.dump(result, f, indent=2)

@@ -20,7 +20,14 @@ import sys
 import time
 from dataclasses import dataclass
 
-from cpuinfer.cli.bench_serve_report import RequestResult, parse_goodput, print_report, summarize
+from cpuinfer.cli.bench_serve_report import (
+    RequestResult,
+    SpecCounters,
+    parse_goodput,
+    print_report,
+    spec_decode_summary,
+    summarize,
+)
 
 
 @dataclass
@@ -251,8 +258,12 @@ def run(args: argparse.Namespace) -> int:
     except (httpx.HTTPError, ValueError, KeyError, OSError) as e:
         sys.stderr.write(f"cpuinfer bench serve: {e}\n")
         return 2
+    before = _spec_counters(base, headers)
     results, duration = asyncio.run(run_benchmark(args, base + args.endpoint, model, requests, headers))
     summary = summarize(args, results, duration, slos)
+    after = _spec_counters(base, headers)
+    if before is not None and after is not None:
+        summary |= spec_decode_summary(before, after)
     print_report(args, summary)
     if args.save_result:
         name = (
@@ -263,6 +274,17 @@ def run(args: argparse.Namespace) -> int:
             json.dump({"model_id": model, "base_url": base, "num_prompts": len(requests), **summary}, f, indent=2)
         print(f"results written to {path}")
     return 0 if summary["failed"] == 0 else 1
+
+
+def _spec_counters(base: str, headers: dict) -> SpecCounters | None:
+    """The server's speculative-decoding counters from its /metrics; None where it has none (or no /metrics)."""
+    import httpx
+
+    try:
+        r = httpx.get(base + "/metrics", headers=headers, timeout=30)
+        return SpecCounters.from_prometheus(r.text) if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
 
 
 def _count_tokens(base: str, model: str, text: str, headers: dict) -> int:

@@ -1,6 +1,7 @@
 """The numbers of `cpuinfer bench serve`: what each request measured, the summary with vLLM's field names
-(throughputs; mean / median / std / percentiles of TTFT, TPOT, ITL, end-to-end latency; goodput under SLOs),
-and the report in vLLM's layout."""
+(throughputs; mean / median / std / percentiles of TTFT, TPOT, ITL, end-to-end latency; goodput under SLOs;
+speculative decoding's acceptance over the run), and the report in vLLM's layout. `cpuinfer bench latency` and
+`throughput` print the same speculative-decoding section."""
 
 from __future__ import annotations
 
@@ -86,6 +87,90 @@ def summarize(args, results: list[RequestResult], duration: float, slos: dict[st
     return s
 
 
+@dataclass
+class SpecCounters:
+    """The engine's cumulative speculative-decoding counters (vLLM's `vllm:spec_decode_*`)."""
+
+    drafts: int = 0  # sequence-steps that verified proposals
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+
+    @classmethod
+    def from_stats(cls, s) -> SpecCounters:
+        """From an EngineStats."""
+        return cls(
+            s.spec_decode_num_drafts,
+            s.spec_decode_num_draft_tokens,
+            s.spec_decode_num_accepted_tokens,
+            list(s.spec_decode_accepted_per_pos),
+        )
+
+    @classmethod
+    def from_prometheus(cls, text: str) -> SpecCounters:
+        """From a /metrics page (summed over its series: the data-parallel cores of one server)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        c = cls()
+        per_pos: dict[int, float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if not sample.name.endswith("_total"):
+                    continue
+                name = sample.name.removesuffix("_total")
+                if name == "vllm:spec_decode_num_drafts":
+                    c.drafts += int(sample.value)
+                elif name == "vllm:spec_decode_num_draft_tokens":
+                    c.draft_tokens += int(sample.value)
+                elif name == "vllm:spec_decode_num_accepted_tokens":
+                    c.accepted_tokens += int(sample.value)
+                elif name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+                    pos = int(sample.labels["position"])
+                    per_pos[pos] = per_pos.get(pos, 0) + sample.value
+        c.accepted_per_pos = [int(per_pos.get(i, 0)) for i in range(max(per_pos, default=-1) + 1)]
+        return c
+
+
+def spec_decode_summary(before: SpecCounters, after: SpecCounters) -> dict:
+    """vLLM's speculative-decoding fields over a run (between two snapshots of the counters); {} if nothing was
+    proposed. Acceptance rate: accepted / proposed tokens; acceptance length: tokens a verifying step produced on
+    average (its accepted proposals + the one token it samples); per position: the share of steps whose i-th
+    proposal was accepted."""
+    drafts = after.drafts - before.drafts
+    proposed = after.draft_tokens - before.draft_tokens
+    if proposed <= 0 or drafts <= 0:
+        return {}
+    accepted = after.accepted_tokens - before.accepted_tokens
+    old = before.accepted_per_pos + [0] * (len(after.accepted_per_pos) - len(before.accepted_per_pos))
+    per_pos = [(a - b) / drafts for a, b in zip(after.accepted_per_pos, old, strict=True)]
+    return {
+        "spec_decode_acceptance_rate": 100.0 * accepted / proposed,
+        "spec_decode_acceptance_length": 1.0 + accepted / drafts,
+        "spec_decode_num_drafts": drafts,
+        "spec_decode_draft_tokens": proposed,
+        "spec_decode_accepted_tokens": accepted,
+        "spec_decode_per_position_acceptance_rate": per_pos,
+    }
+
+
+def print_spec_decode(s: dict) -> None:
+    """The speculative-decoding section of a report (nothing when nothing was proposed)."""
+    if "spec_decode_acceptance_rate" not in s:
+        return
+    print("{s:{c}^{n}}".format(s="Speculative Decoding", n=50, c="-"))
+    rows = [
+        ("Acceptance rate (%):", f"{s['spec_decode_acceptance_rate']:.2f}"),
+        ("Acceptance length:", f"{s['spec_decode_acceptance_length']:.2f}"),
+        ("Drafts:", s["spec_decode_num_drafts"]),
+        ("Draft tokens:", s["spec_decode_draft_tokens"]),
+        ("Accepted tokens:", s["spec_decode_accepted_tokens"]),
+    ]
+    for k, v in rows:
+        print(f"{k:<40} {v!s:<10}")
+    per_pos = ", ".join(f"{100 * x:.1f}" for x in s["spec_decode_per_position_acceptance_rate"])
+    print(f"{'Per-position acceptance (%):':<40} {per_pos}")
+
+
 def _metric_ms(r: RequestResult, name: str) -> float | None:
     value = {"ttft": r.ttft, "tpot": r.tpot, "e2el": r.latency}[name]
     return None if value is None else value * 1000
@@ -126,4 +211,5 @@ def print_report(args, s: dict) -> None:
         print(f"{'Median ' + name.upper() + ' (ms):':<40} {s[f'median_{name}_ms']:<10.2f}")
         for p in percentiles:
             print(f"{f'P{p:g} ' + name.upper() + ' (ms):':<40} {s[f'p{p:g}_{name}_ms']:<10.2f}")
+    print_spec_decode(s)
     print("=" * 50)
