@@ -1,10 +1,11 @@
 """Every routine job of cpuinfer, one nox session each.
 
-    nox                      the default set (what CI runs): lint, wheel, tests, ray, precompiled, index,
-                             emulated_avx2, cross
+    nox                      the default set (what CI runs): lint, wheel, tests, ray, clients, precompiled,
+                             index, emulated_avx2, cross
     nox -s tests             pytest against the release wheel (built first unless dist/ has one of these sources)
     nox -s lint              ruff
     nox -s ray               data parallelism on a two-node Ray cluster on this machine (the ray extra)
+    nox -s clients           instructor, langchain-openai and litellm against `cpuinfer serve`
     nox -s cross -- aarch64  C++ kernel tests of every aarch64 variant under qemu-aarch64
                              (also: s390x, apple (Apple variants via clang), avx512 (SIMDe);
                              no argument: all four)
@@ -46,7 +47,17 @@ nox.options.reuse_existing_virtualenvs = True
 # (lint 7 s, wheel 5 min, tests 18 min of which pytest 16 min, ray 3, precompiled 2, index 1,
 # emulated_avx2 3, cross 14; the Apple clang test programs take ~145 s each under qemu). On a Sapphire
 # Rapids pytest ran 13.5 min (it runs all 5 x86 variants natively, against 2 on the Zen 3).
-nox.options.sessions = ["lint", "wheel", "tests", "ray", "precompiled", "index", "emulated_avx2", "cross"]
+nox.options.sessions = [
+    "lint",
+    "wheel",
+    "tests",
+    "ray",
+    "clients",
+    "precompiled",
+    "index",
+    "emulated_avx2",
+    "cross",
+]
 
 TORCH = shlex.split(os.environ.get("CPUINFER_TORCH_SPEC", "torch==2.13.0"))
 # One ruff for nox, pre-commit (.pre-commit-config.yaml's rev) and CI: a new release's formatter style or rules
@@ -117,6 +128,23 @@ def ray(session: nox.Session) -> None:
     install_cpuinfer(session, "test", "ray")
     install_test_models(session)
     session.run("pytest", *(session.posargs or ["tests/server/test_data_parallel_ray.py"]))
+
+
+# The client libraries people point at an OpenAI-compatible server, pinned: each pins openai below the newest,
+# which the tests session keeps, so they get a session of their own (tests/server/test_clients.py, skipped in
+# the tests session).
+CLIENTS = ["instructor==1.17.0", "langchain-openai==1.7.4", "litellm==1.110.2"]
+
+
+@nox.session
+def clients(session: nox.Session) -> None:
+    """instructor (JSON_SCHEMA / TOOLS / JSON modes), langchain-openai (structured output, tools) and litellm's
+    hosted_vllm provider against `cpuinfer serve` on the bundled model."""
+    install_torch(session)
+    install_cpuinfer(session, "test")
+    install_test_models(session)
+    session.install(*CLIENTS)
+    session.run("pytest", *(session.posargs or ["tests/server/test_clients.py"]))
 
 
 # --- C++ kernel tests: cross-compiled under qemu-user, and AVX-512 on SIMDe ---

@@ -1,6 +1,8 @@
 """The clients people use against `cpuinfer serve`, each with what it sends by default (issue 33): instructor's
-JSON_SCHEMA / TOOLS / JSON modes and langchain-openai's with_structured_output / bind_tools. Skipped where the
-client is not installed (they are not dependencies: `pip install instructor langchain-openai` to run these)."""
+JSON_SCHEMA / TOOLS / JSON modes, langchain-openai's with_structured_output / bind_tools, litellm's hosted_vllm
+provider (chat, streaming, text completion, response_format, tools). Skipped where a client is not installed: they
+are not dependencies, and they pin openai below the newest that the other tests use, so `nox -s clients` runs
+these in a session of their own."""
 
 from __future__ import annotations
 
@@ -72,3 +74,50 @@ def test_langchain_bind_tools(server):
     assert auto.content or auto.tool_calls
     streamed = list(llm.bind_tools([get_weather], tool_choice="required").stream("Weather in Rome?"))
     assert any(chunk.tool_call_chunks for chunk in streamed)
+
+
+@pytest.fixture
+def litellm_kw(server):
+    """litellm's vLLM provider (hosted_vllm/), as its docs configure it for a vLLM server."""
+    pytest.importorskip("litellm")
+    return {"model": f"hosted_vllm/{MODEL}", "api_base": server.v1, "api_key": server.api_key, "num_retries": 0}
+
+
+def test_litellm_chat_stream_and_text(litellm_kw):
+    import litellm
+
+    reply = litellm.completion(messages=ASK, max_tokens=16, temperature=0, **litellm_kw)
+    text = reply.choices[0].message.content
+    assert text and reply.usage.completion_tokens == 16 and reply.usage.prompt_tokens > 0
+    chunks = litellm.completion(messages=ASK, max_tokens=16, temperature=0, stream=True, **litellm_kw)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == text  # greedy: the same reply streamed
+    done = litellm.text_completion(prompt="The capital of France is", max_tokens=5, temperature=0, **litellm_kw)
+    assert done.choices[0].text and done.usage.completion_tokens <= 5
+
+
+def test_litellm_structured_output_and_tools(litellm_kw):
+    import json
+
+    import litellm
+
+    # A pydantic response_format goes out as json_schema: the grammar makes the answer validate.
+    reply = litellm.completion(messages=ASK, response_format=Person, max_tokens=80, temperature=0, **litellm_kw)
+    assert isinstance(Person.model_validate_json(reply.choices[0].message.content), Person)
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+    forced = litellm.completion(
+        messages=[{"role": "user", "content": "Weather in Paris?"}],
+        tools=[weather],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=100,
+        temperature=0,
+        **litellm_kw,
+    )
+    call = forced.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather" and isinstance(json.loads(call.function.arguments)["city"], str)
