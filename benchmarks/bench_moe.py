@@ -9,8 +9,12 @@ scaled down: 64 experts, top 4, GQA 16/4 heads of 64, vocab 16k):
   reads: the dense weights (attention, norms, routers, lm_head, one embedding row), each layer's top-k
   experts, and its KV cache (the bandwidth: a multithreaded streaming read measured here);
 - 32-sequence throughput against transformers' batched `generate` (bfloat16, greedy, same model).
-Targets (issue 31): decode >= 70% of the roofline; 32-sequence throughput >= 3x transformers.
-llama.cpp is not compared: the engine does not read MoE GGUF files yet.
+- llama.cpp on the same model (with --llama, the default where llama-cpp-python imports): the checkpoint
+  written as GGUF by llama.cpp's own converter (convert_hf_to_gguf.py from the llama-cpp-python sdist, bf16),
+  then Q8_0 (gguf-py's quantizer) and Q4_K_M (llama.cpp's), each run by both engines on the same file through
+  bench_quant.py's rows: batch-1 decode (W1), a long prompt's TTFT, and --batch sequences at once (W2).
+Targets (issue 31): decode >= 70% of the roofline; 32-sequence throughput >= 3x transformers; on the GGUF
+files, batch-1 decode >= 1.2x and 32-sequence throughput >= 1.5x llama.cpp.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -126,6 +132,28 @@ def bench_transformers(model, args) -> float:
     return args.batch * args.output_len / (time.perf_counter() - t)
 
 
+def llama_cpp_rows(path: str, args) -> int:
+    """Convert the checkpoint with llama.cpp's converter, then run bench_quant.py's cpuinfer and llama.cpp rows on
+    its Q8_0 and Q4_K_M files; returns bench_quant's exit status (0: its targets met)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, os.path.dirname(here))
+    from tests.models.llama_cpp_convert import convert
+
+    os.makedirs(args.work_dir, exist_ok=True)
+    shape = f"qwen3moe-l{args.layers}-e{args.experts}k{args.top_k}-h{args.hidden}-i{args.moe_inter}-v{args.vocab}"
+    gguf = os.path.join(args.work_dir, f"{shape}-bf16.gguf")
+    if not os.path.isfile(gguf):
+        convert(path, gguf + ".part", "bf16")
+        os.replace(gguf + ".part", gguf)
+    cmd = [sys.executable, os.path.join(here, "bench_quant.py"), "--model", gguf, "--configs", "q8_0,q4_k_m"]
+    cmd += ["--work-dir", args.work_dir, "--input-len", str(args.input_len), "--output-len", str(args.output_len)]
+    cmd += ["--batch", str(args.batch), "--long-input-len", "256", "--threads", str(torch.get_num_threads())]
+    if args.llama_python:
+        cmd += ["--llama-python", args.llama_python]
+    print(f"llama.cpp comparison on {gguf} (bench_quant.py rows):", flush=True)
+    return subprocess.run(cmd).returncode
+
+
 def main() -> int:
     """Build the model, run both, print numbers and ratios."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -138,6 +166,18 @@ def main() -> int:
     ap.add_argument("--input-len", type=int, default=64)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument(
+        "--llama",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also compare with llama.cpp on GGUF files of the model (needs llama-cpp-python; see bench_quant.py)",
+    )
+    ap.add_argument("--llama-python", default=None, help="interpreter with llama-cpp-python (see bench_quant.py)")
+    ap.add_argument(
+        "--work-dir",
+        default=os.path.join(os.path.expanduser("~"), ".cache", "cpuinfer-bench"),
+        help="where the GGUF files are made (once per model shape)",
+    )
     args, _ = ap.parse_known_args()  # nox passes its posargs to every benchmark
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "0.5")
     with tempfile.TemporaryDirectory() as path:
@@ -148,6 +188,7 @@ def main() -> int:
             f"expert intermediate {args.moe_inter}, {size:.0f} MB bf16; {torch.get_num_threads()} threads"
         )
         ours = bench_ours(path, args)
+        llama_status = llama_cpp_rows(path, args) if args.llama else 0
     bw = read_bandwidth()
     step_bytes = ours["weights"] + ours["kv"]
     roofline = bw / step_bytes
@@ -163,7 +204,7 @@ def main() -> int:
         f"{args.batch}-sequence throughput: ours {ours['throughput']:.1f} tok/s, transformers {theirs:.1f} tok/s = "
         f"{ratio:.2f}x (target >= 3)"
     )
-    return 0 if share >= 0.7 and ratio >= 3 else 1
+    return 0 if share >= 0.7 and ratio >= 3 and llama_status == 0 else 1
 
 
 if __name__ == "__main__":
