@@ -5,7 +5,7 @@
     nox -s tests             pytest against the release wheel (built first unless dist/ has one of these sources)
     nox -s lint              ruff
     nox -s ray               data parallelism on a two-node Ray cluster on this machine (the ray extra)
-    nox -s clients           instructor, langchain-openai and litellm against `cpuinfer serve`
+    nox -s clients           instructor, langchain-openai, litellm and openai 1.x against `cpuinfer serve`
     nox -s cross -- aarch64  C++ kernel tests of every aarch64 variant under qemu-aarch64
                              (also: s390x, apple (Apple variants via clang), avx512 (SIMDe);
                              no argument: all four)
@@ -133,18 +133,27 @@ def ray(session: nox.Session) -> None:
 # The client libraries people point at an OpenAI-compatible server, pinned: each pins openai below the newest,
 # which the tests session keeps, so they get a session of their own (tests/server/test_clients.py, skipped in
 # the tests session).
+# The official client's last 1.x release too: many applications still pin openai<2.
 CLIENTS = ["instructor==1.17.0", "langchain-openai==1.7.4", "litellm==1.110.2"]
+OPENAI_1 = "openai==1.109.1"
 
 
 @nox.session
 def clients(session: nox.Session) -> None:
     """instructor (JSON_SCHEMA / TOOLS / JSON modes), langchain-openai (structured output, tools) and litellm's
-    hosted_vllm provider against `cpuinfer serve` on the bundled model."""
+    hosted_vllm provider against `cpuinfer serve` on the bundled model; then the official client's tests with
+    openai 1.x (the tests session runs them with the newest)."""
     install_torch(session)
     install_cpuinfer(session, "test")
     install_test_models(session)
     session.install(*CLIENTS)
-    session.run("pytest", *(session.posargs or ["tests/server/test_clients.py"]))
+    if session.posargs:
+        session.run("pytest", *session.posargs)
+        return
+    session.run("pytest", "tests/server/test_clients.py")
+    session.install(OPENAI_1)  # pip warns that instructor wants a newer one: instructor's tests ran above
+    session.run("python", "-c", "import openai; assert openai.__version__.startswith('1.'), openai.__version__")
+    session.run("pytest", "tests/server/test_openai_api.py")
 
 
 # --- C++ kernel tests: cross-compiled under qemu-user, and AVX-512 on SIMDe ---
