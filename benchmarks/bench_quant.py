@@ -195,7 +195,11 @@ def one(config: str, model: str, args) -> dict:
 
     assert engine_prompts(2, 8, 49152) == prompts(2, 8, 49152), "bench_engine.prompts changed: update prompts()"
     a = argparse.Namespace(
-        input_len=args.input_len, output_len=args.output_len, long_input_len=args.long_input_len, batch=args.batch
+        input_len=args.input_len,
+        output_len=args.output_len,
+        long_input_len=args.long_input_len,
+        batch=args.batch,
+        repeat=args.repeat,
     )
     # peak_rss_mb as rss_mb() measures it (bench_engine's ru_maxrss may be the parent's peak, see rss_mb)
     return dict(bench_engine(model, a), threads=torch.get_num_threads(), peak_rss_mb=rss_mb())
@@ -349,6 +353,8 @@ def run_row(python: str, row: str, path: str, args, env: dict) -> dict:
         str(args.long_input_len),
         "--batch",
         str(args.batch),
+        "--repeat",
+        str(args.repeat),
     ]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode == -11 and row.startswith("llama:") and "amx" in r.stderr:
@@ -394,6 +400,7 @@ def main() -> int:
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--long-input-len", type=int, default=512, help="prompt length of the TTFT row")
     ap.add_argument("--batch", type=int, default=32, help="prompts at once in W2")
+    ap.add_argument("--repeat", type=int, default=3, help="prompts per TTFT figure of our rows (bench_engine's)")
     ap.add_argument(
         "--work-dir",
         default=os.path.join(os.path.expanduser("~"), ".cache", "cpuinfer-bench"),
