@@ -87,11 +87,9 @@ _K_BLOCKS = {
 }
 
 
-def with_random_k_quant_experts(src: str, dst: str, qtype: str, seed: int = 0) -> str:
-    """A copy of the GGUF file src whose expert stacks are random blocks of a K-quant type (gguf-py writes no
-    K-quants, and this tests the format's layout, not a quantizer): every block valid, its scales small."""
-    import numpy as np
-
+def rewrite_tensors(src: str, dst: str, change) -> str:
+    """A copy of the GGUF file src (every metadata key) whose tensors are change(gguf, tensor): (data, type) to
+    write instead, or None to keep the tensor as it is."""
     sys.path.insert(0, str(llama_cpp_source() / "gguf-py"))
     import gguf
 
@@ -103,24 +101,50 @@ def with_random_k_quant_experts(src: str, dst: str, qtype: str, seed: int = 0) -
         vtype = field.types[0]
         sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(field.name, field.contents(), vtype, sub_type=sub)
-    rng = np.random.default_rng(seed)
-    size, scales = _K_BLOCKS[qtype]
-    qt = gguf.GGMLQuantizationType[qtype]
     out = []
     for t in reader.tensors:
-        if "_exps." in t.name:
-            shape = [int(d) for d in reversed(t.shape)]  # torch order [experts, out, in]
-            blocks = rng.integers(0, 256, (int(np.prod(shape)) // 256, size), dtype=np.uint8)
-            for offset, value in scales:
-                blocks[:, offset : offset + 2] = np.frombuffer(np.float16(value).tobytes(), np.uint8)
-            data = blocks.reshape(*shape[:-1], shape[-1] // 256 * size)
-            out.append((t.name, data, qt))
-        else:
-            out.append((t.name, t.data, t.tensor_type))
-    for name, data, qtype_ in out:
-        writer.add_tensor(name, data, raw_dtype=qtype_)
+        new = change(gguf, t)
+        out.append((t.name, *(new if new is not None else (t.data, t.tensor_type))))
+    for name, data, qtype in out:
+        writer.add_tensor(name, data, raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return dst
+
+
+def with_random_k_quant_experts(src: str, dst: str, qtype: str, seed: int = 0) -> str:
+    """A copy of the GGUF file src whose expert stacks are random blocks of a K-quant type (gguf-py writes no
+    K-quants, and this tests the format's layout, not a quantizer): every block valid, its scales small."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    size, scales = _K_BLOCKS[qtype]
+
+    def change(gguf, t):
+        if "_exps." not in t.name:
+            return None
+        shape = [int(d) for d in reversed(t.shape)]  # torch order [experts, out, in]
+        blocks = rng.integers(0, 256, (int(np.prod(shape)) // 256, size), dtype=np.uint8)
+        for offset, value in scales:
+            blocks[:, offset : offset + 2] = np.frombuffer(np.float16(value).tobytes(), np.uint8)
+        return blocks.reshape(*shape[:-1], shape[-1] // 256 * size), gguf.GGMLQuantizationType[qtype]
+
+    return rewrite_tensors(src, dst, change)
+
+
+def with_quantized_routers(src: str, dst: str, qtype: str = "Q8_0") -> str:
+    """A copy of the GGUF file src whose routers (ffn_gate_inp) gguf-py quantized to qtype. llama.cpp's quantizer
+    keeps them F32, but other tools quantize every 2-D tensor, and such files exist."""
+    import numpy as np
+
+    def change(gguf, t):
+        if not t.name.endswith("ffn_gate_inp.weight"):
+            return None
+        w = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+        w = w.reshape([int(d) for d in reversed(t.shape)])
+        qt = gguf.GGMLQuantizationType[qtype]
+        return gguf.quants.quantize(w, qt), qt
+
+    return rewrite_tensors(src, dst, change)

@@ -76,6 +76,24 @@ def test_q8_0_experts_stay_quantized_and_close(converted, monkeypatch):
     assert errors.median() < 0.05, f"{name}: median relative L2 error {errors.median():.3f}"
 
 
+def test_quantized_routers_run_dense(converted):
+    """A file whose routers are quantized too (gguf-py's quantizer does every 2-D tensor; llama.cpp's keeps them
+    F32) loads with each router dequantized into the run dtype, and picks experts as the file's own float32 run
+    does: a router's few rows are read once per token, so packing them would save nothing."""
+    from .llama_cpp_convert import with_quantized_routers
+
+    name, model, files = converted
+    file = with_quantized_routers(files["q8_0"], files["q8_0"].replace(".gguf", ".q8router.gguf"))
+    runner = ModelRunner(load_model_spec(file, "bfloat16"), block_size=16, num_blocks=64, cache_dtype=torch.bfloat16)
+    layer = runner.model.layers[0].plan.mlp
+    assert isinstance(layer.router_w, torch.Tensor) and layer.router_w.dtype == torch.bfloat16
+    exact = ModelRunner(load_model_spec(file, "float32"), block_size=16, num_blocks=64, cache_dtype=torch.float32)
+    agree, errors = teacher_forced(runner, exact, model, PROMPTS, 16)
+    # The bounds of test_q8_0_experts_stay_quantized_and_close (the same file but for its routers).
+    assert agree >= 0.85, f"{name}: teacher-forced agreement {agree:.1%}"
+    assert errors.median() < 0.05, f"{name}: median relative L2 error {errors.median():.3f}"
+
+
 def teacher_forced(
     runner: ModelRunner, exact: ModelRunner, model, prompts: list[list[int]], n: int
 ) -> tuple[float, torch.Tensor]:

@@ -204,7 +204,7 @@ def moe_plan(
         raise ModelLoadError(
             f"{where}: num_experts_per_tok = {top_k} must be between 1 and the expert count ({num_experts})"
         )
-    router_w = bag.take(f"{prefix}.{router}.weight")
+    router_w = bag.take(f"{prefix}.{router}.weight", bag.dtype)  # dense even where a file quantized it
     if router_w.shape[0] != num_experts:
         raise ModelLoadError(
             f"{where}.{router}.weight has {router_w.shape[0]} rows; the config says {num_experts} experts"
