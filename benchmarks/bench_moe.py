@@ -126,7 +126,8 @@ def bench_transformers(model, args) -> float:
     ids = torch.tensor([[rng.randrange(10, args.vocab) for _ in range(args.input_len)] for _ in range(args.batch)])
     kw = dict(max_new_tokens=args.output_len, min_new_tokens=args.output_len, do_sample=False, pad_token_id=0)
     with torch.inference_mode():
-        model.generate(ids[:1, :16], attention_mask=torch.ones_like(ids[:1, :16]), **{**kw, "max_new_tokens": 2, "min_new_tokens": 2})
+        warm = {**kw, "max_new_tokens": 2, "min_new_tokens": 2}
+        model.generate(ids[:1, :16], attention_mask=torch.ones_like(ids[:1, :16]), **warm)
         t = time.perf_counter()
         model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
     return args.batch * args.output_len / (time.perf_counter() - t)
