@@ -29,6 +29,10 @@ import time
 
 import torch
 
+# The CPUs this process may use, before the engine binds its threads: the engine pins this (main) thread to
+# one CPU, and a child process inherits the affinity of the thread that starts it.
+CPUS = sorted(os.sched_getaffinity(0))
+
 
 def make_model(path: str, args) -> dict:
     """Write the random-weight checkpoint; return its config."""
@@ -148,11 +152,12 @@ def llama_cpp_rows(path: str, args) -> int:
         os.replace(gguf + ".part", gguf)
     cmd = [sys.executable, os.path.join(here, "bench_quant.py"), "--model", gguf, "--configs", "q8_0,q4_k_m"]
     cmd += ["--work-dir", args.work_dir, "--input-len", str(args.input_len), "--output-len", str(args.output_len)]
-    cmd += ["--batch", str(args.batch), "--long-input-len", "256", "--threads", str(torch.get_num_threads())]
+    cmd += ["--batch", str(args.batch), "--long-input-len", "256", "--threads", str(len(CPUS))]
     if args.llama_python:
         cmd += ["--llama-python", args.llama_python]
     print(f"llama.cpp comparison on {gguf} (bench_quant.py rows):", flush=True)
-    return subprocess.run(cmd).returncode
+    # Every CPU for the rows (the engine pinned this thread to one: the children would inherit that).
+    return subprocess.run(cmd, preexec_fn=lambda: os.sched_setaffinity(0, CPUS)).returncode
 
 
 def main() -> int:
