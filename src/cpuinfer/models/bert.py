@@ -1,4 +1,5 @@
-"""BERT encoders (`BertModel`: bge, e5, all-MiniLM): bidirectional attention, no KV cache.
+"""BERT encoders (`BertModel`: bge, e5, all-MiniLM; `XLMRobertaModel`: bge-m3's dense form): bidirectional
+attention, no KV cache; and their cross-encoder forms (`*ForSequenceClassification`: bge-reranker).
 
 A first, plain form: post-norm layers (LayerNorm with bias), GELU MLP, absolute positions and token types,
 each linear on cpuinfer.ops (our packed GEMM in bf16/f16, torch's in float32), attention by torch's SDPA one
@@ -21,11 +22,26 @@ from .. import ops
 from ..model_loader.config_check import check_config
 from ..model_loader.errors import ModelLoadError
 from ..model_loader.hf_dir import read_json, safetensors_tensors
+from .classifier import ClassifierHead
 from .layers import select_rows
 from .pooler import PoolerConfig, finish_pooled, resolve_pooler
 
 _ACTIVATIONS = {"gelu": lambda x: F.gelu(x), "gelu_new": lambda x: F.gelu(x, approximate="tanh")}
-_UNUSED = ("pooler.dense.weight", "pooler.dense.bias", "embeddings.position_ids")  # NSP head, a buffer
+# The base models' pooler (an NSP head, which no embedding reads) and buffers some checkpoints carry.
+_UNUSED = ("pooler.dense.weight", "pooler.dense.bias", "embeddings.position_ids", "embeddings.token_type_ids")
+_PREFIXES = ("bert.", "roberta.")  # BertFor* / XLMRobertaFor* checkpoints keep the encoder under these
+
+
+def is_roberta(config: dict) -> bool:
+    """True for the (XLM-)RoBERTa form: positions counted from padding_idx + 1, not 0."""
+    arch = (config.get("architectures") or [""])[0]
+    return config.get("model_type") in ("roberta", "xlm-roberta") or "Roberta" in arch
+
+
+def position_offset(config: dict) -> int:
+    """The first position id of a sequence: RoBERTa's embeddings number real tokens from padding_idx + 1 (its
+    create_position_ids_from_input_ids), BERT's from 0."""
+    return int(config.get("pad_token_id", 1)) + 1 if is_roberta(config) else 0
 
 
 @dataclass
@@ -61,6 +77,7 @@ class BertWeights:
         self.hidden = int(config["hidden_size"])
         self.heads = int(config["num_attention_heads"])
         self.eps = float(config.get("layer_norm_eps", 1e-12))
+        self.pos_offset = position_offset(config)
         # bf16/f16 weights in our GEMM's panel layout (row-major ones would take the GEMV kernel at every M).
         self.packed = dtype in (torch.bfloat16, torch.float16)
 
@@ -102,9 +119,17 @@ class BertWeights:
         return F.layer_norm(x.float(), (self.hidden,), wb[0], wb[1], self.eps).to(self.dtype)
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, bounds: list[int]) -> torch.Tensor:
-        """Final hidden states [tokens, hidden] of a flat batch of whole sequences (bounds: their row offsets)."""
-        types = torch.zeros_like(input_ids)
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        bounds: list[int],
+        token_types: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Final hidden states [tokens, hidden] of a flat batch of whole sequences (bounds: their row offsets;
+        positions count from 0 in each; token_types: segment ids, all 0 when None)."""
+        types = torch.zeros_like(input_ids) if token_types is None else token_types
+        positions = positions + self.pos_offset
         h = F.embedding(input_ids, self.word) + F.embedding(positions, self.pos) + F.embedding(types, self.types)
         h = F.layer_norm(h, (self.hidden,), *self.emb_ln, self.eps).to(self.dtype)
         d = self.hidden // self.heads
@@ -130,22 +155,55 @@ class BertModel:
 
     def __init__(self, config: dict, bag, max_positions: int, rope_freq_factors=None):  # noqa: ARG002 - the registry's one signature
         for name in list(bag.tensors):
-            if name.startswith("bert."):  # BertFor* checkpoints keep the encoder under bert.
-                bag.tensors[name.removeprefix("bert.")] = bag.tensors.pop(name)
+            if name.startswith(_PREFIXES):
+                bag.tensors[name.split(".", 1)[1]] = bag.tensors.pop(name)
+        self.classifier = self._classifier(config, bag)
         for name in _UNUSED:
             bag.tensors.pop(name, None)
         self.weights = BertWeights(config, bag.take, bag.dtype, bag.source)
         self.layers = self.weights.layers
         self.carry_shape = (1, self.weights.hidden)
 
+    def _classifier(self, config: dict, bag) -> ClassifierHead | None:  # noqa: ARG002 - the subclasses' signature
+        """The sequence-classification head on the pooled vector (None: an embedding model)."""
+        return None
+
     @torch.inference_mode()
-    def forward(self, input_ids, positions, meta, kv_caches, sample_idx, carry=None, hidden: bool = False):  # noqa: ARG002 - DecoderModel's signature; an encoder keeps no cache
+    def forward(
+        self,
+        input_ids,
+        positions,
+        meta,
+        kv_caches,  # noqa: ARG002 - DecoderModel's signature; an encoder keeps no cache
+        sample_idx,
+        carry=None,
+        hidden: bool = False,
+        token_types=None,
+    ):
         """The final hidden states of the rows at sample_idx; every sequence must be whole in this step."""
         if not hidden or carry is not None:
             raise ValueError("a BERT encoder only pools (--runner pooling) on one rank")
         if list(meta.context_lens) != list(meta.query_lens):
             raise ValueError("an encoder step must hold whole prompts (bidirectional attention, no KV cache)")
-        return select_rows(self.weights.forward(input_ids, positions, meta.query_start_loc.tolist()), sample_idx)
+        h = self.weights.forward(input_ids, positions, meta.query_start_loc.tolist(), token_types)
+        return select_rows(h, sample_idx)
+
+
+class BertForSequenceClassification(BertModel):
+    """A cross-encoder (bge-reranker, ms-marco MiniLM): the encoder, its first token pooled, then BERT's pooler
+    (dense + tanh) and classifier, or XLM-RoBERTa's classification head (the same two layers, other names)."""
+
+    def _classifier(self, config: dict, bag) -> ClassifierHead:
+        """BERT: pooler.dense + classifier; (XLM-)RoBERTa: classifier.dense + classifier.out_proj."""
+        f32 = torch.float32
+        roberta = is_roberta(config)
+        dense, out = ("classifier.dense", "classifier.out_proj") if roberta else ("pooler.dense", "classifier")
+        return ClassifierHead(
+            bag.take(f"{out}.weight", f32),
+            bag.take(f"{out}.bias", f32),
+            bag.take(f"{dense}.weight", f32),
+            bag.take(f"{dense}.bias", f32),
+        )
 
 
 class BertEncoder:
@@ -154,7 +212,7 @@ class BertEncoder:
     def __init__(self, path: str, dtype: torch.dtype = torch.float32, pooler_config: str | dict | None = None):
         config = read_json(os.path.join(path, "config.json"))
         check_config(config, os.path.join(path, "config.json"))
-        t = {k.removeprefix("bert."): v for k, v in safetensors_tensors(path, dtype)}
+        t = {k.split(".", 1)[1] if k.startswith(_PREFIXES) else k: v for k, v in safetensors_tensors(path, dtype)}
 
         def take(name: str, dt: torch.dtype) -> torch.Tensor:
             if name not in t:
@@ -163,7 +221,7 @@ class BertEncoder:
 
         self.weights = BertWeights(config, take, dtype, path)
         self.hidden = self.weights.hidden
-        self.max_model_len = int(config.get("max_position_embeddings", 512))
+        self.max_model_len = int(config.get("max_position_embeddings", 512)) - position_offset(config)
         self.vocab_size = int(config["vocab_size"])
         self.pooler: PoolerConfig = resolve_pooler(path, config, pooler_config)
 
