@@ -24,7 +24,7 @@ from cpuinfer.quantization.checkpoint import METHODS as QUANTIZATION_METHODS
 
 DP_BACKENDS = ("mp", "ray")
 RUNNERS = ("auto", "generate", "pooling")
-TASKS = ("auto", "generate", "embed", "embedding")
+TASKS = ("auto", "generate", "embed", "embedding", "score", "classify")
 CONVERTS = ("auto", "none", "embed")
 DTYPES = ("auto", "bfloat16", "float16", "half", "float32", "float")
 DEMO_HINT = (
@@ -513,7 +513,7 @@ class EngineArgs:
             raise ValueError(f"--convert={self.convert!r} is not one of {', '.join(CONVERTS)}")
         asked = {
             "--runner": None if self.runner == "auto" else self.runner,
-            "--task": {"embed": "pooling", "embedding": "pooling", "generate": "generate"}.get(self.task or ""),
+            "--task": "generate" if self.task == "generate" else "pooling" if self.task not in (None, "auto") else None,
             "--convert": "pooling" if self.convert == "embed" else None,
         }
         chosen = {v for v in asked.values() if v}
@@ -526,12 +526,15 @@ class EngineArgs:
         """The pooling model's PoolerConfig (None under the generate runner); refuses what it cannot run yet.
 
         A base-model checkpoint (no language-model head) pools by default, as vLLM's auto runner does."""
-        pooling_only = spec.base_model or spec.is_encoder
+        from cpuinfer.models.classifier import classifier_of
+
+        classifier = classifier_of(spec.architecture, spec.hf_config)
+        pooling_only = spec.base_model or spec.is_encoder or classifier is not None
         runner = self.resolved_runner() or ("pooling" if pooling_only else "generate")
         if runner == "generate" and pooling_only:
+            what = "a sequence classifier" if classifier else "an encoder" if spec.is_encoder else "a base model"
             raise ValueError(
-                f"{model} is a {'n encoder' if spec.is_encoder else ' base model'} "
-                f"({spec.hf_config.get('architectures', ['?'])[0]}) without a language-model head: it cannot "
+                f"{model} is {what} ({spec.architecture}) without a language-model head: it cannot "
                 "generate text; serve it with --runner pooling"
             )
         if runner != "pooling":
@@ -546,7 +549,7 @@ class EngineArgs:
             raise ValueError("the pooling runner does not decode, so it cannot speculate: drop --speculative-config")
         from cpuinfer.models.pooler import resolve_pooler
 
-        return resolve_pooler(model, spec.hf_config, self.pooler_config)
+        return resolve_pooler(model, spec.hf_config, self.pooler_config, classifier)
 
 
 @functools.lru_cache(maxsize=4)

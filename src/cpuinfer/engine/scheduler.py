@@ -149,7 +149,11 @@ class Scheduler:
             ids = req.all_token_ids[start : start + n - len(spec)] + spec
             all_rows = req.prompt_logprobs is not None or req.pool_all_rows
             prompt_logits = all_rows and start < len(req.prompt_token_ids)
-            out.seqs.append(ScheduledSeq(ids, start, req.block_ids, sample, len(spec), prompt_logits))
+            seq = ScheduledSeq(ids, start, req.block_ids, sample, len(spec), prompt_logits)
+            pooling = req.params.pooling
+            if pooling is not None and pooling.token_type_ids is not None:
+                seq.token_type_ids = pooling.token_type_ids[start : start + n]
+            out.seqs.append(seq)
             if sample:
                 out.sampled.append(req)
         return out

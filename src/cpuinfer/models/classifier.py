@@ -41,10 +41,29 @@ class ClassifierHead:
 
 
 def num_labels(config: dict) -> int:
-    """The classifier's labels, as transformers counts them (id2label, else num_labels, else 2)."""
+    """The classifier's labels: a decoder reranker's from its tokens (vLLM's classifier_from_token: one for
+    from_2_way_softmax, the yes-minus-no row; one per token otherwise), else as transformers counts them
+    (id2label, else num_labels, else 2)."""
+    tokens = config.get("classifier_from_token")
+    if tokens:
+        return 1 if from_2_way_softmax(config) else len(tokens)
     if config.get("id2label"):
         return len(config["id2label"])
     return int(config.get("num_labels", 2))
+
+
+def from_2_way_softmax(config: dict) -> bool:
+    """True for Qwen3-Reranker's form (vLLM's is_original_qwen3_reranker, or method from_2_way_softmax): the
+    score is softmax over the (no, yes) logits, i.e. sigmoid of the yes row minus the no row."""
+    return bool(config.get("is_original_qwen3_reranker")) or config.get("method") == "from_2_way_softmax"
+
+
+def classifier_of(architecture: str, config: dict) -> tuple[int, str] | None:
+    """(num_labels, activation) of a sequence-classification architecture; None for any other."""
+    if not architecture.endswith("ForSequenceClassification"):
+        return None
+    labels = num_labels(config)
+    return labels, resolve_activation(config, labels)
 
 
 def resolve_activation(config: dict, labels: int) -> str:

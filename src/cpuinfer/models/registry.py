@@ -24,9 +24,13 @@ ARCHITECTURES = {
     "OPTForCausalLM": ("opt", "OPTForCausalLM"),
     "BertModel": ("bert", "BertModel"),
     "XLMRobertaModel": ("bert", "BertModel"),
+    "BertForSequenceClassification": ("bert", "BertForSequenceClassification"),
+    "XLMRobertaForSequenceClassification": ("bert", "BertForSequenceClassification"),
 }
 # Encoders: bidirectional attention over whole prompts, no KV cache; they serve the pooling runner only.
-ENCODERS = frozenset({"BertModel", "XLMRobertaModel"})
+ENCODERS = frozenset(
+    {"BertModel", "XLMRobertaModel", "BertForSequenceClassification", "XLMRobertaForSequenceClassification"}
+)
 
 
 def causal_lm_of_base_model(architecture: str) -> str | None:
