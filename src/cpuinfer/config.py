@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import json
 import os
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -138,6 +139,9 @@ class EngineArgs:
     task: str | None = None
     convert: str | None = None
     pooler_config: str | dict | None = None
+    # vLLM's hf_overrides: JSON or a dict whose keys replace the model's config.json values (architectures
+    # included): Qwen3-Reranker served as Qwen3ForSequenceClassification, e.g.
+    hf_overrides: str | dict | None = None
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @staticmethod
@@ -198,6 +202,15 @@ class EngineArgs:
             help='JSON overriding the checkpoint\'s pooling, e.g. \'{"pooling_type": "LAST", "normalize": true}\' '
             "(pooling_type LAST, MEAN or CLS). Default: sentence-transformers' modules.json, else last token, "
             "normalized.",
+        )
+        g.add_argument(
+            "--hf-overrides",
+            "--hf_overrides",
+            dest="hf_overrides",
+            default=None,
+            help="JSON whose keys replace the model's config.json values, as vLLM's, e.g. Qwen3-Reranker: "
+            '\'{"architectures": ["Qwen3ForSequenceClassification"], "classifier_from_token": ["no", "yes"], '
+            '"is_original_qwen3_reranker": true}\'.',
         )
         g.add_argument("--dtype", default="auto", choices=DTYPES, help="Weight and activation dtype.")
         g.add_argument(
@@ -438,7 +451,8 @@ class EngineArgs:
         from cpuinfer.spec_decode.config import SpeculativeConfig
 
         speculative = SpeculativeConfig.parse(self.speculative_config)
-        spec = _load_spec(model, self.dtype, self.quantization, os.path.getmtime(model))
+        overrides = _overrides_json(self.hf_overrides)
+        spec = _load_spec(model, self.dtype, self.quantization, os.path.getmtime(model), overrides)
         spec = self._apply_overrides(spec)
         cache_dtype = spec.dtype if self.kv_cache_dtype == "auto" else CACHE_DTYPES[self.kv_cache_dtype]
         tp = self.tensor_parallel_size
@@ -553,11 +567,26 @@ class EngineArgs:
 
 
 @functools.lru_cache(maxsize=4)
-def _load_spec(path: str, dtype: str, quantization: str | None, mtime: float):  # noqa: ARG001 - mtime: cache key
-    """load_model_spec, remembered per file version (building a GGUF tokenizer takes seconds)."""
+def _load_spec(path: str, dtype: str, quantization: str | None, mtime: float, overrides: str | None = None):  # noqa: ARG001 - mtime: cache key
+    """load_model_spec, remembered per file version (building a GGUF tokenizer takes seconds); overrides: the
+    --hf-overrides JSON (a cache key, so text)."""
     from cpuinfer.model_loader import load_model_spec
 
-    return load_model_spec(path, dtype, quantization)
+    return load_model_spec(path, dtype, quantization, json.loads(overrides) if overrides else None)
+
+
+def _overrides_json(value: str | dict | None) -> str | None:
+    """--hf-overrides as canonical JSON text of an object; anything else is an error naming the flag."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--hf-overrides is not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ValueError(f"--hf-overrides must be a JSON object of config.json keys, got {type(value).__name__}")
+    return json.dumps(value, sort_keys=True)
 
 
 @dataclass
