@@ -116,3 +116,26 @@ def test_score_on_an_embedding_model_is_cosine_similarity():
         llm.classify(DOCS, use_tqdm=False)
     with pytest.raises(InvalidRequestError, match="as many as"):
         llm.score(QUERIES, DOCS, use_tqdm=False)
+
+
+def test_pair_truncation_is_transformers_longest_first():
+    """encode_pairs(max_length=k) keeps the tokens transformers' tokenizer(a, b, truncation=True, max_length=k)
+    keeps, token types included, over random lengths on both sides of every case (one text cut, both halved)."""
+    import random
+
+    from tokenizers import Tokenizer
+
+    from cpuinfer.entrypoints.score_inputs import encode_pairs
+
+    path = minilm_dir()
+    hf = transformers.AutoTokenizer.from_pretrained(path)
+    tok = Tokenizer.from_file(f"{path}/tokenizer.json")
+    tok.no_padding()
+    tok.no_truncation()
+    rng = random.Random(0)
+    words = ["the", "cat", "sat", "on", "a", "mat", "and", "ran", "far", "away", "from", "home"]
+    for _ in range(200):
+        a, b = (" ".join(rng.choices(words, k=rng.randint(1, 30))) for _ in range(2))
+        k = rng.randint(5, 50)
+        ref = hf(a, b, truncation=True, max_length=k)
+        assert encode_pairs(tok, [(a, b)], 2, k) == [(ref["input_ids"], ref["token_type_ids"])], (a, b, k)

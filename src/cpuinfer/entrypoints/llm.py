@@ -180,8 +180,8 @@ class LLM:
         pooling_params: PoolingParams | None = None,
     ) -> list[ScoringRequestOutput]:
         """Score text pairs (one data_1 against each data_2, or pairwise): a cross-encoder's score of each pair
-        as one input (its tokenizer's pair template), or on an embedding model the cosine similarity of the two
-        texts' embeddings, as vLLM."""
+        as one input (its tokenizer's pair template; truncate_prompt_tokens truncates the pair longest-first, as
+        transformers), or on an embedding model the cosine similarity of the two texts' embeddings, as vLLM."""
         pairs = pair_texts(data_1, data_2, ("data_1", "data_2"))
         config = self.llm_engine.config
         if config.pooler is not None and config.pooler.task == "embed":
@@ -196,9 +196,9 @@ class LLM:
         base = dataclasses.replace(pooling_params or PoolingParams(), task="score")
         keep = truncate_prompt_tokens or base.truncate_prompt_tokens
         tokenized, params = [], []
-        for ids, types in encode_pairs(self.llm_engine.tokenizer, pairs, config.spec.type_vocab_size):
-            tokenized.append({"prompt_token_ids": ids[-keep:] if keep else ids})
-            params.append(dataclasses.replace(base, token_type_ids=types[-keep:] if keep and types else types))
+        for ids, types in encode_pairs(self.llm_engine.tokenizer, pairs, config.spec.type_vocab_size, keep):
+            tokenized.append({"prompt_token_ids": ids})
+            params.append(dataclasses.replace(base, token_type_ids=types))
         outs = self._pool(tokenized, params, use_tqdm)
         return [ScoringRequestOutput(o.request_id, ScoringOutput(float(o.pooled[0])), o.prompt_token_ids) for o in outs]
 
