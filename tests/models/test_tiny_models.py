@@ -447,7 +447,7 @@ def test_moe_prepack_setting(tmp_path_factory, monkeypatch, prepack):
 def test_bert_encoder_matches_transformers(tmp_path, config_class):
     """BertModel and XLMRobertaModel (encoders: whole prompts, bidirectional) through the model runner's pooling
     path: every row's final hidden state equals transformers' last_hidden_state, sequences batched flat without
-    padding (XLM-R's positions counted from padding_idx + 1)."""
+    padding (XLM-R's positions counted from padding_idx + 1); attention on the paged kernel and by torch's SDPA."""
     cfg = getattr(transformers, config_class)(
         vocab_size=VOCAB,
         hidden_size=128,
@@ -469,4 +469,9 @@ def test_bert_encoder_matches_transformers(tmp_path, config_class):
         seqs.append(ScheduledSeq(p, 0, list(range(i * 16, i * 16 + 16)), sample=True, prompt_logits=True))
         with torch.inference_mode():
             ref.append(model(torch.tensor([p])).last_hidden_state[0])
+    # Attention on the paged kernel (causal=False, over the step's cache blocks: head size 64 takes it) and by
+    # torch's SDPA per sequence: both transformers' states.
+    assert runner.model.paged_attention
+    torch.testing.assert_close(runner.execute(seqs), torch.cat(ref), atol=1e-5, rtol=1e-5)
+    runner.model.paged_attention = False
     torch.testing.assert_close(runner.execute(seqs), torch.cat(ref), atol=1e-5, rtol=1e-5)

@@ -2,9 +2,10 @@
 attention, no KV cache; and their cross-encoder forms (`*ForSequenceClassification`: bge-reranker).
 
 A first, plain form: post-norm layers (LayerNorm with bias), GELU MLP, absolute positions and token types,
-each linear on cpuinfer.ops (our packed GEMM in bf16/f16, torch's in float32), attention by torch's SDPA one
-sequence at a time over a flat batch without padding (the engine's layout: query_start_loc bounds each
-sequence). `BertModel` is the engine's (pooling runner only; the scheduler hands it whole prompts);
+each linear on cpuinfer.ops (our packed GEMM in bf16/f16, torch's in float32). Attention over a flat batch
+without padding (the engine's layout: query_start_loc bounds each sequence): in the engine, the paged attention
+kernel with causal=False over the step's own cache blocks (head sizes it takes: 64 and up), else torch's SDPA
+one sequence at a time. `BertModel` is the engine's (pooling runner only; the scheduler hands it whole prompts);
 `BertEncoder` loads a directory on its own and embeds token-id lists in batches of a token budget.
 """
 
@@ -19,6 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import ops
+from ..attention import AttentionMetadata
+from ..attention.backend import uses_kernels
 from ..model_loader.config_check import check_config
 from ..model_loader.errors import ModelLoadError
 from ..model_loader.hf_dir import read_json, safetensors_tensors
@@ -125,23 +128,37 @@ class BertWeights:
         positions: torch.Tensor,
         bounds: list[int],
         token_types: torch.Tensor | None = None,
+        paged: tuple[list, AttentionMetadata] | None = None,
     ) -> torch.Tensor:
         """Final hidden states [tokens, hidden] of a flat batch of whole sequences (bounds: their row offsets;
-        positions count from 0 in each; token_types: segment ids, all 0 when None)."""
+        positions count from 0 in each; token_types: segment ids, all 0 when None). paged: the engine's
+        (KV caches, metadata), whose caches the attention kernel reads the keys and values from (each step's
+        own: nothing is kept between steps); None: torch's SDPA."""
         types = torch.zeros_like(input_ids) if token_types is None else token_types
         positions = positions + self.pos_offset
         h = F.embedding(input_ids, self.word) + F.embedding(positions, self.pos) + F.embedding(types, self.types)
         h = F.layer_norm(h, (self.hidden,), *self.emb_ln, self.eps).to(self.dtype)
         d = self.hidden // self.heads
-        for layer in self.layers:
+        if paged is not None and not uses_kernels(d, paged[1].block_size):
+            paged = None  # a head size the kernels do not take (all-MiniLM's 32)
+        for i, layer in enumerate(self.layers):
             q, k, v = self._linear(h, layer.qkv_w, layer.qkv_b).view(-1, 3, self.heads, d).unbind(1)
             attn = torch.empty(h.shape[0], self.heads, d, dtype=h.dtype)
-            for a, b in itertools.pairwise(bounds):
-                # [1, heads, L, d] per sequence: every token sees every other (no mask, no padding). Four
-                # dimensions: torch's fused CPU attention takes them; 3-D inputs fall back to its math path (~3x
-                # slower in bf16 here: separate matmuls, softmax and masking passes).
-                qs, ks, vs = (x[a:b].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
-                attn[a:b] = F.scaled_dot_product_attention(qs, ks, vs)[0].transpose(0, 1)
+            if paged is not None:
+                # The flat batch's keys and values into this step's cache blocks, then one kernel call over all
+                # sequences (query_start_loc bounds each; no padding), every row seeing its whole sequence.
+                (kc, vc), meta = paged[0][i], paged[1]
+                ops.reshape_and_cache(k, v, kc, vc, meta.slot_mapping)
+                ops.paged_attention(
+                    attn, q, kc, vc, meta.query_start_loc, meta.seq_lens, meta.block_tables, d**-0.5, causal=False
+                )
+            else:
+                for a, b in itertools.pairwise(bounds):
+                    # [1, heads, L, d] per sequence: every token sees every other (no mask, no padding). Four
+                    # dimensions: torch's fused CPU attention takes them; 3-D inputs fall back to its math path
+                    # (~3x slower in bf16 here: separate matmuls, softmax and masking passes).
+                    qs, ks, vs = (x[a:b].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+                    attn[a:b] = F.scaled_dot_product_attention(qs, ks, vs)[0].transpose(0, 1)
             h = self._ln(h + self._linear(attn.view(-1, self.hidden), layer.out_w, layer.out_b), layer.ln1)
             up = self.act(self._linear(h, layer.up_w, layer.up_b))
             h = self._ln(h + self._linear(up, layer.down_w, layer.down_b), layer.ln2)
@@ -152,6 +169,9 @@ class BertModel:
     """The engine's BERT encoder (registry: BertModel): whole prompts in, final hidden states of asked rows out."""
 
     is_encoder = True
+    # Attention on the paged kernel (bidirectional, over the step's cache blocks) where it takes the head size;
+    # False: torch's SDPA per sequence (bench_embed compares the two).
+    paged_attention = True
 
     def __init__(self, config: dict, bag, max_positions: int, rope_freq_factors=None):  # noqa: ARG002 - the registry's one signature
         for name in list(bag.tensors):
@@ -174,7 +194,7 @@ class BertModel:
         input_ids,
         positions,
         meta,
-        kv_caches,  # noqa: ARG002 - DecoderModel's signature; an encoder keeps no cache
+        kv_caches,
         sample_idx,
         carry=None,
         hidden: bool = False,
@@ -185,7 +205,8 @@ class BertModel:
             raise ValueError("a BERT encoder only pools (--runner pooling) on one rank")
         if list(meta.context_lens) != list(meta.query_lens):
             raise ValueError("an encoder step must hold whole prompts (bidirectional attention, no KV cache)")
-        h = self.weights.forward(input_ids, positions, meta.query_start_loc.tolist(), token_types)
+        paged = (kv_caches, meta) if self.paged_attention else None
+        h = self.weights.forward(input_ids, positions, meta.query_start_loc.tolist(), token_types, paged)
         return select_rows(h, sample_idx)
 
 
