@@ -91,3 +91,24 @@ def test_sequence_classification_checkpoint(tmp_path):
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="sequence classifier"):
         LLM(str(path), runner="generate")
+
+
+def test_served_with_hf_overrides(tmp_path):
+    """`cpuinfer serve --hf-overrides '{...}'` (vLLM's flag, JSON): /rerank ranks by transformers' yes-probability."""
+    import httpx
+
+    from ..server.conftest import running_server
+
+    path = make_qwen3(tmp_path)
+    tok = transformers.AutoTokenizer.from_pretrained(str(path))
+    no, yes = tok.convert_tokens_to_ids([NO, YES])
+    ref = last_logits(path, [(TEXTS[0], d) for d in TEXTS[1:]])[:, [no, yes]].softmax(-1)[:, 1]
+    with running_server(
+        str(path), "--dtype", "float32", "--block-size", "16", "--hf-overrides", json.dumps(OVERRIDES)
+    ) as s:
+        r = httpx.post(s.url + "/v1/rerank", json={"query": TEXTS[0], "documents": TEXTS[1:]}, headers=s.headers())
+        assert r.status_code == 200, r.text
+        results = r.json()["results"]
+    assert [x["index"] for x in results] == ref.argsort(descending=True).tolist()
+    got = torch.tensor([x["relevance_score"] for x in sorted(results, key=lambda x: x["index"])])
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
