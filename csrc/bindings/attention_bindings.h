@@ -216,7 +216,7 @@ inline const float *check_sinks(const std::optional<In> &sinks, int64_t heads) {
 
 inline void py_paged_attention(Out out, In query, Out key_cache, Out value_cache, In query_start_loc, In seq_lens,
                                In block_tables, float scale, int64_t sliding_window, float soft_cap,
-                               std::optional<In> sinks) {
+                               std::optional<In> sinks, bool causal) {
     DType dt = float_dtype(query, "query");
     check_same_dtype(float_dtype(out, "out"), dt, "out", "query");
     Tokens q = check_tokens(query, "query"), o = check_tokens(out, "out");
@@ -258,6 +258,8 @@ inline void py_paged_attention(Out out, In query, Out key_cache, Out value_cache
     a.sliding_window = sliding_window;
     a.soft_cap = soft_cap;
     a.sinks = check_sinks(sinks, q.heads);
+    if (!causal && sliding_window != 0) fail_value("a sliding window needs causal attention (causal=True)");
+    a.causal = causal;
     nb::gil_scoped_release nogil;
     paged_attention(a);
 }
@@ -269,9 +271,10 @@ inline void bind_attention(nb::module_ &m) {
     m.def("paged_attention", &py_paged_attention, nb::arg("out"), nb::arg("query"), nb::arg("key_cache"),
           nb::arg("value_cache"), nb::arg("query_start_loc"), nb::arg("seq_lens"), nb::arg("block_tables"),
           nb::arg("scale"), nb::arg("sliding_window") = 0, nb::arg("soft_cap") = 0.0f,
-          nb::arg("sinks").none() = nb::none(),
+          nb::arg("sinks").none() = nb::none(), nb::arg("causal") = true,
           "Causal GQA attention of a mixed decode/prefill batch over the paged KV cache, written into out; sinks: "
-          "a float32 logit per query head that joins each row's softmax sum (gpt-oss), or None.");
+          "a float32 logit per query head that joins each row's softmax sum (gpt-oss), or None; causal=False: "
+          "every row sees its whole sequence (an encoder).");
     m.attr("ATTENTION_IMPL") = attention_impl();
 }
 

@@ -71,6 +71,9 @@ struct PagedAttentionArgs {  // filled field by field, never by position
     // Attention sinks (gpt-oss): one logit per query head that joins every row's softmax denominator and
     // contributes no value; null = none.
     const float *sinks = nullptr;
+    // false: every query row of a sequence sees all of its seq_lens keys (an encoder's bidirectional attention
+    // over whole prompts); sliding_window must then be 0.
+    bool causal = true;
 };
 void paged_attention(const PagedAttentionArgs &args);
 

@@ -159,7 +159,9 @@ struct Runner {
             const int64_t chunk = Whole::applies(L * G, D) ? whole_chunk : kChunkRows;
             for (int64_t r0 = 0; r0 < L * G; r0 += chunk) {
                 const int64_t rows = std::min(chunk, L * G - r0);
-                const int64_t first_pos = ctx - L + r0 / G, last_pos = ctx - L + (r0 + rows - 1) / G;
+                // Non-causal: every row's keys are the whole sequence's (its last position's).
+                const int64_t first_pos = ctx - L + r0 / G;
+                const int64_t last_pos = a.causal ? ctx - L + (r0 + rows - 1) / G : ctx - 1;
                 const int64_t lo = W > 0 ? std::max<int64_t>(0, first_pos - W + 1) : 0;
                 const int64_t first = lo / P, parts = last_pos / P + 1 - first;
                 for (int64_t h = 0; h < a.num_kv_heads; ++h) {
@@ -229,7 +231,7 @@ struct Runner {
         if (kBf16 && int64_t(sc.qb.size()) < padded * D) sc.qb.resize(size_t(padded * D));
         for (int64_t r = 0; r < rows; ++r) {
             const int64_t t = (g.row0 + r) / G, qh = h * G + (g.row0 + r) % G;
-            pos[r] = ctx - L + t;
+            pos[r] = a.causal ? ctx - L + t : ctx - 1;  // the last key a row sees (every path masks by it)
             const T *src = query + (qs + t) * a.q_token_stride + qh * a.q_head_stride;
             if (!whole && !kPackedQk) load_row(qf + r * D, src);  // the bf16 paths read the raw rows only
             if constexpr (kBf16) std::memcpy(sc.qb.data() + r * D, src, sizeof(T) * D);

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import json
 import os
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -24,7 +25,7 @@ from cpuinfer.quantization.checkpoint import METHODS as QUANTIZATION_METHODS
 
 DP_BACKENDS = ("mp", "ray")
 RUNNERS = ("auto", "generate", "pooling")
-TASKS = ("auto", "generate", "embed", "embedding")
+TASKS = ("auto", "generate", "embed", "embedding", "score", "classify")
 CONVERTS = ("auto", "none", "embed")
 DTYPES = ("auto", "bfloat16", "float16", "half", "float32", "float")
 DEMO_HINT = (
@@ -138,6 +139,9 @@ class EngineArgs:
     task: str | None = None
     convert: str | None = None
     pooler_config: str | dict | None = None
+    # vLLM's hf_overrides: JSON or a dict whose keys replace the model's config.json values (architectures
+    # included): Qwen3-Reranker served as Qwen3ForSequenceClassification, e.g.
+    hf_overrides: str | dict | None = None
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @staticmethod
@@ -198,6 +202,15 @@ class EngineArgs:
             help='JSON overriding the checkpoint\'s pooling, e.g. \'{"pooling_type": "LAST", "normalize": true}\' '
             "(pooling_type LAST, MEAN or CLS). Default: sentence-transformers' modules.json, else last token, "
             "normalized.",
+        )
+        g.add_argument(
+            "--hf-overrides",
+            "--hf_overrides",
+            dest="hf_overrides",
+            default=None,
+            help="JSON whose keys replace the model's config.json values, as vLLM's, e.g. Qwen3-Reranker: "
+            '\'{"architectures": ["Qwen3ForSequenceClassification"], "classifier_from_token": ["no", "yes"], '
+            '"is_original_qwen3_reranker": true}\'.',
         )
         g.add_argument("--dtype", default="auto", choices=DTYPES, help="Weight and activation dtype.")
         g.add_argument(
@@ -444,7 +457,8 @@ class EngineArgs:
                 speculative.model, speculative.revision, self.download_dir, "--speculative-config model"
             )
             speculative = dataclasses.replace(speculative, model=draft)
-        spec = _load_spec(model, self.dtype, self.quantization, os.path.getmtime(model))
+        overrides = _overrides_json(self.hf_overrides)
+        spec = _load_spec(model, self.dtype, self.quantization, os.path.getmtime(model), overrides)
         spec = self._apply_overrides(spec)
         cache_dtype = spec.dtype if self.kv_cache_dtype == "auto" else CACHE_DTYPES[self.kv_cache_dtype]
         tp = self.tensor_parallel_size
@@ -519,7 +533,7 @@ class EngineArgs:
             raise ValueError(f"--convert={self.convert!r} is not one of {', '.join(CONVERTS)}")
         asked = {
             "--runner": None if self.runner == "auto" else self.runner,
-            "--task": {"embed": "pooling", "embedding": "pooling", "generate": "generate"}.get(self.task or ""),
+            "--task": "generate" if self.task == "generate" else "pooling" if self.task not in (None, "auto") else None,
             "--convert": "pooling" if self.convert == "embed" else None,
         }
         chosen = {v for v in asked.values() if v}
@@ -532,12 +546,15 @@ class EngineArgs:
         """The pooling model's PoolerConfig (None under the generate runner); refuses what it cannot run yet.
 
         A base-model checkpoint (no language-model head) pools by default, as vLLM's auto runner does."""
-        pooling_only = spec.base_model or spec.is_encoder
+        from cpuinfer.models.classifier import classifier_of
+
+        classifier = classifier_of(spec.architecture, spec.hf_config)
+        pooling_only = spec.base_model or spec.is_encoder or classifier is not None
         runner = self.resolved_runner() or ("pooling" if pooling_only else "generate")
         if runner == "generate" and pooling_only:
+            what = "a sequence classifier" if classifier else "an encoder" if spec.is_encoder else "a base model"
             raise ValueError(
-                f"{model} is a {'n encoder' if spec.is_encoder else ' base model'} "
-                f"({spec.hf_config.get('architectures', ['?'])[0]}) without a language-model head: it cannot "
+                f"{model} is {what} ({spec.architecture}) without a language-model head: it cannot "
                 "generate text; serve it with --runner pooling"
             )
         if runner != "pooling":
@@ -552,15 +569,30 @@ class EngineArgs:
             raise ValueError("the pooling runner does not decode, so it cannot speculate: drop --speculative-config")
         from cpuinfer.models.pooler import resolve_pooler
 
-        return resolve_pooler(model, spec.hf_config, self.pooler_config)
+        return resolve_pooler(model, spec.hf_config, self.pooler_config, classifier)
 
 
 @functools.lru_cache(maxsize=4)
-def _load_spec(path: str, dtype: str, quantization: str | None, mtime: float):  # noqa: ARG001 - mtime: cache key
-    """load_model_spec, remembered per file version (building a GGUF tokenizer takes seconds)."""
+def _load_spec(path: str, dtype: str, quantization: str | None, mtime: float, overrides: str | None = None):  # noqa: ARG001 - mtime: cache key
+    """load_model_spec, remembered per file version (building a GGUF tokenizer takes seconds); overrides: the
+    --hf-overrides JSON (a cache key, so text)."""
     from cpuinfer.model_loader import load_model_spec
 
-    return load_model_spec(path, dtype, quantization)
+    return load_model_spec(path, dtype, quantization, json.loads(overrides) if overrides else None)
+
+
+def _overrides_json(value: str | dict | None) -> str | None:
+    """--hf-overrides as canonical JSON text of an object; anything else is an error naming the flag."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--hf-overrides is not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ValueError(f"--hf-overrides must be a JSON object of config.json keys, got {type(value).__name__}")
+    return json.dumps(value, sort_keys=True)
 
 
 @dataclass(frozen=True)

@@ -109,9 +109,11 @@ def paged_attention(
     sliding_window: int = 0,
     soft_cap: float = 0.0,
     sinks: torch.Tensor | None = None,
+    causal: bool = True,
 ) -> None:
     """Causal GQA attention of a mixed decode/prefill batch over the paged KV cache, written into out (sinks: a
-    float32 logit per query head that joins each row's softmax sum, gpt-oss's attention sinks)."""
+    float32 logit per query head that joins each row's softmax sum, gpt-oss's attention sinks; causal=False:
+    every row sees its whole sequence, an encoder's bidirectional attention over whole prompts)."""
     _C.paged_attention(
         out,
         query,
@@ -124,6 +126,7 @@ def paged_attention(
         int(sliding_window),
         float(soft_cap),
         sinks,
+        bool(causal),
     )
 
 

@@ -81,3 +81,42 @@ class EmbeddingRequestOutput:
     outputs: EmbeddingOutput
     prompt_token_ids: list[int]
     finished: bool = True
+
+
+@dataclass
+class ClassificationOutput:
+    """One input's classifier scores, one per label (vLLM's ClassificationOutput)."""
+
+    probs: list[float]
+
+    @property
+    def num_classes(self) -> int:
+        """Number of labels."""
+        return len(self.probs)
+
+
+@dataclass
+class ClassificationRequestOutput:
+    """What LLM.classify returns per input (`.outputs.probs`)."""
+
+    request_id: str
+    outputs: ClassificationOutput
+    prompt_token_ids: list[int]
+    finished: bool = True
+
+
+@dataclass
+class ScoringOutput:
+    """One text pair's score (vLLM's ScoringOutput)."""
+
+    score: float
+
+
+@dataclass
+class ScoringRequestOutput:
+    """What LLM.score returns per pair (`.outputs.score`)."""
+
+    request_id: str
+    outputs: ScoringOutput
+    prompt_token_ids: list[int]
+    finished: bool = True

@@ -22,6 +22,7 @@ PENALTY_RANGE = (-2.0, 2.0)  # presence / frequency penalty, as OpenAI
 MAX_REPETITION_PENALTY = 1e4  # > 0; 1 = no penalty
 MAX_TEMPERATURE = 1e6  # anything past ~100 is already uniform sampling
 INT32_MAX = 2**31 - 1  # token ids, token counts, top_k, logprobs
+POOLING_TASKS = ("embed", "classify", "score")
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # seed: what torch.Generator.manual_seed takes
 LOGIT_BIAS_RANGE = (-100.0, 100.0)  # OpenAI's bound on each logit_bias value
 MAX_LOGIT_BIAS = 1024  # entries of logit_bias (OpenAI allows 300; vLLM does not bound it)
@@ -90,19 +91,31 @@ class PoolingParams:
     engine checks the model declares it. normalize: None takes the model's pooler (sentence-transformers'
     Normalize module, or --pooler-config). truncate_prompt_tokens is the front end's: it keeps the last k
     tokens of the prompt before the request is made.
+
+    task: embed (a vector), classify (a classifier's scores per label) or score (a cross-encoder's one score of a
+    text pair); the engine checks the model serves it. activation: whether the classifier's activation (sigmoid or
+    softmax) is applied; None: yes. token_type_ids: a cross-encoder pair's segment of each prompt token (BERT's 0
+    for the first text, 1 for the second); None: all 0.
     """
 
     dimensions: int | None = None
     normalize: bool | None = None
     truncate_prompt_tokens: int | None = None
+    task: str = "embed"
+    activation: bool | None = None
+    token_type_ids: list[int] | None = None
 
     def __post_init__(self) -> None:
         for name in ("dimensions", "truncate_prompt_tokens"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= INT32_MAX):
                 raise ValueError(f"PoolingParams.{name}={v!r} is invalid: must be an integer >= 1 or None")
-        if self.normalize is not None and not isinstance(self.normalize, bool):
-            raise ValueError(f"PoolingParams.normalize={self.normalize!r} is invalid: must be a bool or None")
+        for name in ("normalize", "activation"):
+            v = getattr(self, name)
+            if v is not None and not isinstance(v, bool):
+                raise ValueError(f"PoolingParams.{name}={v!r} is invalid: must be a bool or None")
+        if self.task not in POOLING_TASKS:
+            raise ValueError(f"PoolingParams.task={self.task!r} is invalid: must be one of {', '.join(POOLING_TASKS)}")
 
     def as_sampling(self) -> SamplingParams:
         """The SamplingParams the engine carries a pooling request in (one sequence, nothing to sample)."""

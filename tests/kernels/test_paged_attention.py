@@ -9,7 +9,7 @@ import torch
 
 from cpuinfer import ops
 
-from .paged_reference import CACHE_DTYPES, PagedBatch, make_batch, ref_paged_attention
+from .paged_reference import CACHE_DTYPES, PagedBatch, gather, make_batch, ref_paged_attention
 
 # The kernel computes in f32 and rounds once to the output dtype.
 TOL = {
@@ -300,3 +300,27 @@ def test_attention_sinks(kernels, dtype):
         out = torch.empty_like(b.query)
         torch_paged.paged_attention(out, b.query, b.key_cache, b.value_cache, meta, b.scale, 0, 0.0, sinks)
         torch.testing.assert_close(out, ref_paged_attention(b, 0, sinks=sinks), **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_size", [64, 128])
+def test_non_causal_whole_prompts(kernels, dtype, head_size):
+    """causal=False (an encoder's attention over whole prompts): every row of a sequence attends to all its keys,
+    against torch's SDPA without a mask per sequence (float32, over the cache's values). Lengths from 1 to past
+    a partition and the AMX path's 16-row tiles; MHA (encoders) and GQA; a sliding window is refused."""
+    torch.manual_seed(head_size)
+    for kv_heads, group in ((4, 1), (2, 3)):
+        lens = [1, 7, 16, 33, 300, 1100]
+        b = make_batch([(n, n) for n in lens], kv_heads * group, kv_heads, head_size, 16, dtype, dtype)
+        out = run_kernel(kernels, b, causal=False)
+        for s, n in enumerate(lens):
+            q0 = int(b.query_start_loc[s])
+            q = b.query[q0 : q0 + n].float().transpose(0, 1)  # [Hq, n, D]
+            k, v = (
+                gather(c, b.block_tables[s], n).repeat_interleave(group, 1).transpose(0, 1)
+                for c in (b.key_cache, b.value_cache)
+            )
+            ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=b.scale).transpose(0, 1)
+            torch.testing.assert_close(out[q0 : q0 + n].float(), ref, **TOL[dtype], msg=lambda m, n=n: f"len {n}: {m}")
+    with pytest.raises(ValueError, match="sliding window"):
+        run_kernel(kernels, b, causal=False, sliding_window=8)

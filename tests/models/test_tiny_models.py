@@ -444,20 +444,23 @@ def test_moe_prepack_setting(tmp_path_factory, monkeypatch, prepack):
         assert (logits - ref).abs().max() <= 0.05 * ref.abs().max()
 
 
-def test_bert_encoder_matches_transformers(tmp_path):
-    """BertModel (an encoder: whole prompts, bidirectional) through the model runner's pooling path: every row's
-    final hidden state equals transformers' last_hidden_state, sequences batched flat without padding."""
-    config_class = "BertConfig"  # named as CASES name theirs (tests/toolchain/test_recipes.py reads it)
+@pytest.mark.parametrize("config_class", ["BertConfig", "XLMRobertaConfig"])  # named as CASES name theirs
+def test_bert_encoder_matches_transformers(tmp_path, config_class):
+    """BertModel and XLMRobertaModel (encoders: whole prompts, bidirectional) through the model runner's pooling
+    path: every row's final hidden state equals transformers' last_hidden_state, sequences batched flat without
+    padding (XLM-R's positions counted from padding_idx + 1); attention on the paged kernel and by torch's SDPA."""
     cfg = getattr(transformers, config_class)(
         vocab_size=VOCAB,
         hidden_size=128,
         num_hidden_layers=2,
         num_attention_heads=2,
         intermediate_size=256,
-        max_position_embeddings=512,
+        max_position_embeddings=514,
+        pad_token_id=VOCAB - 1,  # no prompt holds it: transformers' RoBERTa numbers positions around padding
     )
     torch.manual_seed(1234)
-    model = transformers.BertModel(cfg, add_pooling_layer=False).float().eval()
+    model_class = config_class.removesuffix("Config") + "Model"
+    model = getattr(transformers, model_class)(cfg, add_pooling_layer=False).float().eval()
     model.save_pretrained(tmp_path)
     spec = load_model_spec(str(tmp_path), "float32")
     assert spec.is_encoder
@@ -467,4 +470,9 @@ def test_bert_encoder_matches_transformers(tmp_path):
         seqs.append(ScheduledSeq(p, 0, list(range(i * 16, i * 16 + 16)), sample=True, prompt_logits=True))
         with torch.inference_mode():
             ref.append(model(torch.tensor([p])).last_hidden_state[0])
+    # Attention on the paged kernel (causal=False, over the step's cache blocks: head size 64 takes it) and by
+    # torch's SDPA per sequence: both transformers' states.
+    assert runner.model.paged_attention
+    torch.testing.assert_close(runner.execute(seqs), torch.cat(ref), atol=1e-5, rtol=1e-5)
+    runner.model.paged_attention = False
     torch.testing.assert_close(runner.execute(seqs), torch.cat(ref), atol=1e-5, rtol=1e-5)

@@ -12,6 +12,8 @@ import torch
 from cpuinfer.models.bert import BertEncoder
 
 from .tiny_embedders import write_sentence_transformers
+from .tiny_encoders import TEXTS as WORD_TEXTS
+from .tiny_encoders import make_xlmr
 
 pytest.importorskip("sentence_transformers")
 transformers = pytest.importorskip("transformers")
@@ -52,9 +54,9 @@ def st_encode(path: str, texts: list[str]) -> torch.Tensor:
     return torch.tensor(SentenceTransformer(path, device="cpu").encode(texts, batch_size=1))
 
 
-def check(path: str) -> None:
-    ref = st_encode(path, TEXTS)
-    ids = token_ids(path, TEXTS)
+def check(path: str, texts: list[str] = TEXTS) -> None:
+    ref = st_encode(path, texts)
+    ids = token_ids(path, texts)
     enc = BertEncoder(path, torch.float32)
     torch.testing.assert_close(enc.embed(ids), ref, atol=1e-5, rtol=0)
     # One input per batch, and a budget that splits the batch: the same vectors.
@@ -87,6 +89,28 @@ def test_tiny_bert(tmp_path, mode, normalize):
         (tmp_path / name).symlink_to(os.path.join(src, name))
     write_sentence_transformers(tmp_path, mode, normalize)
     check(str(tmp_path))
+
+
+@pytest.mark.parametrize(("mode", "normalize"), [("cls", True), ("mean", False)])
+def test_tiny_xlm_roberta(tmp_path, mode, normalize):
+    """XLMRobertaModel (bge-m3's dense form: CLS, normalised): positions from padding_idx + 1, one token type."""
+    make_xlmr(tmp_path)
+    write_sentence_transformers(tmp_path, mode, normalize)
+    check(str(tmp_path), WORD_TEXTS)
+
+
+def test_xlm_roberta_through_the_engine(tmp_path):
+    """LLM.embed on an XLM-RoBERTa: its context is max_position_embeddings less padding_idx + 1 (514 -> 512), and
+    the vectors equal sentence-transformers'."""
+    from cpuinfer import LLM
+
+    make_xlmr(tmp_path)
+    write_sentence_transformers(tmp_path, "cls", True)
+    ref = st_encode(str(tmp_path), WORD_TEXTS)
+    llm = LLM(str(tmp_path), dtype="float32", block_size=16)
+    assert llm.llm_engine.config.max_model_len == 512
+    got = torch.tensor([o.outputs.embedding for o in llm.embed(WORD_TEXTS, use_tqdm=False)])
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
 
 
 def test_bad_inputs_are_refused():

@@ -104,6 +104,12 @@ def test_generation_model_refuses_embeddings(model_dir):
     with running_server(str(model_dir), "--dtype", "float32", "--block-size", "16") as s:
         r = post(s, {"input": "w1 w2"})
         assert r.status_code == 400 and "generate runner" in r.json()["error"]["message"], r.text
+        for route, body in (
+            ("/score", {"text_1": "w1", "text_2": "w2"}),
+            ("/rerank", {"query": "w1", "documents": ["w2"]}),
+        ):
+            r = httpx.post(s.url + route, json=body, headers=s.headers(), timeout=30)
+            assert r.status_code == 400 and "generate runner" in r.json()["error"]["message"], r.text
         models = httpx.get(s.v1 + "/models", headers=s.headers(), timeout=10).json()
         assert models["data"][0]["runner"] == "generate"
 

@@ -46,5 +46,6 @@ def test_pooler_config_overrides_the_checkpoint_and_generate_stays_default(model
         config(model, "--runner", "pooling", "-tp", "2")
     with pytest.raises(ValueError, match="cannot speculate"):
         config(model, "--runner", "pooling", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}')
+    assert config(model, "--task", "score").runner == "pooling"  # vLLM's --task score: the pooling runner
     with pytest.raises(SystemExit):
-        config(model, "--task", "score")
+        config(model, "--task", "transcription")

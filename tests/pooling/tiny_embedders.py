@@ -60,11 +60,9 @@ def make_qwen3(path: pathlib.Path, seed: int = 1234, **config) -> pathlib.Path:
         num_key_value_heads=2,
         head_dim=64,
         max_position_embeddings=512,
-        initializer_range=0.1,
-        tie_word_embeddings=True,
         eos_token_id=EOS,
         pad_token_id=PAD,
-        **config,
+        **{"initializer_range": 0.1, "tie_word_embeddings": True, **config},
     )
     torch.manual_seed(seed)
     model = transformers.Qwen3ForCausalLM(cfg).float().eval()

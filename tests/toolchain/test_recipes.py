@@ -34,7 +34,8 @@ def test_every_architecture_is_implemented_tested_and_documented():
         source = ROOT / "src" / "cpuinfer" / "models" / f"{module}.py"
         if not source.is_file() or not re.search(rf"^class {cls}\b", source.read_text(), re.M):
             problems.append(f"{arch}: no class {cls} in models/{module}.py")
-        family = arch.removesuffix("ForCausalLM").removesuffix("Model")  # BertModel: an encoder's name
+        # BertModel: an encoder's name; BertForSequenceClassification: its cross-encoder form
+        family = arch.removesuffix("ForCausalLM").removesuffix("ForSequenceClassification").removesuffix("Model")
         if f'"{family}Config"' not in tiny and f'"{family}TextConfig"' not in tiny:
             problems.append(f"{arch}: tests/models/test_tiny_models.py builds no {family}Config checkpoint")
         if f"`{arch}`" not in readme:

@@ -18,6 +18,7 @@ from cpuinfer.engine.messages import AddRequest, EngineStats, SeqOutput
 from cpuinfer.engine.request import Request
 from cpuinfer.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from cpuinfer.errors import EngineBrokenError, InvalidRequestError, new_error_id
+from cpuinfer.models.classifier import activate
 from cpuinfer.models.pooler import finish_pooled
 from cpuinfer.sampling.prompt_logprobs import prompt_token_logprobs
 from cpuinfer.sampling.sampler import Sampler, SampleResult
@@ -239,7 +240,7 @@ class EngineCore:
         """A pooling model's step: fold each chunk's hidden rows into its request; a request whose prompt is
         done gets its pooled vector and finishes (pooling requests never decode)."""
         pooler = self.limits.pooler
-        outputs, row = [], 0
+        done, vecs, row = [], [], 0
         for req, seq in sched.scheduled:
             n = seq.logit_rows
             chunk, row = rows[row : row + n], row + n
@@ -260,8 +261,17 @@ class EngineCore:
                 vec = req.pool_first
             else:
                 vec = chunk[-1]
+            done.append(req)
+            vecs.append(vec)
+        if pooler.task == "classify" and vecs:
+            vecs = list(self.runner.classify(torch.stack(vecs).float()))  # one call for the step's finished inputs
+        outputs = []
+        for req, vec in zip(done, vecs, strict=True):
             p = req.params.pooling
-            vec = finish_pooled(vec, pooler.normalize if p.normalize is None else p.normalize, p.dimensions)
+            if pooler.task == "classify":
+                vec = vec if p.activation is False else activate(vec, pooler.activation)
+            else:
+                vec = finish_pooled(vec, pooler.normalize if p.normalize is None else p.normalize, p.dimensions)
             outputs.append(SeqOutput(req.request_id, [], None, "stop", None, req.num_prefix_hit_tokens, pooled=vec))
         self._consecutive_failures = 0
         for req in self.scheduler.update(sched, []):

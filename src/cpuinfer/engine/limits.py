@@ -43,6 +43,7 @@ class RequestLimits:
     queue_capacity: int | None = None  # running + waiting sequences the engine admits (None: unbounded)
     pooler: PoolerConfig | None = None  # set under the pooling runner: requests pool, none generates
     hidden_size: int = 0  # a pooling model's vector width (the most `dimensions` may ask)
+    type_vocab_size: int = 1  # segment ids an encoder's inputs may carry (token_type_ids)
 
     @property
     def runner(self) -> str:
@@ -67,6 +68,7 @@ class RequestLimits:
             queue_capacity=config.max_num_seqs + a.max_waiting_requests,
             pooler=config.pooler,
             hidden_size=config.spec.hidden_size if config.pooler is not None else 0,
+            type_vocab_size=config.spec.type_vocab_size,
         )
 
 
@@ -174,16 +176,39 @@ def check_runner(params: SamplingParams, limits: RequestLimits) -> None:
     """A generation request to a pooling model, or a pooling one to a generating model: refused, naming the runner."""
     if params.pooling is None and limits.pooler is not None:
         raise InvalidRequestError(
-            "This model runs under the pooling runner (--runner pooling): it serves embeddings "
-            "(/v1/embeddings, LLM.embed), not text generation.",
+            f"This model runs under the pooling runner (--runner pooling): it serves {_serves(limits.pooler)}, "
+            "not text generation.",
             "model",
         )
     if params.pooling is not None and limits.pooler is None:
         raise InvalidRequestError(
-            "This model runs under the generate runner: it generates text and serves no embeddings; start it "
-            "with --runner pooling (or --convert embed) to embed.",
+            "This model runs under the generate runner: it generates text and serves no embeddings or scores; "
+            "start it with --runner pooling (or --convert embed) to embed.",
             "model",
         )
+    if params.pooling is not None:
+        task, pooler = params.pooling.task, limits.pooler
+        if (task == "embed") != (pooler.task == "embed"):
+            raise InvalidRequestError(
+                f"This model cannot {task}: it is {_model_kind(pooler)} and serves {_serves(pooler)}.", "model"
+            )
+        if task == "score" and pooler.num_labels != 1:
+            raise InvalidRequestError(
+                f"This classifier has {pooler.num_labels} labels; scoring text pairs (/score, /rerank, "
+                "LLM.score) needs a one-label cross-encoder: use /classify (LLM.classify) for its label scores.",
+                "model",
+            )
+
+
+def _model_kind(pooler: PoolerConfig) -> str:
+    return "a sequence classifier (a cross-encoder or reranker)" if pooler.num_labels else "an embedding model"
+
+
+def _serves(pooler: PoolerConfig) -> str:
+    """What a pooling model's requests are, by route and LLM method."""
+    if pooler.num_labels:
+        return "scores (/score, /rerank, /classify; LLM.score, LLM.classify)"
+    return "embeddings (/v1/embeddings, LLM.embed)"
 
 
 def check_pooling_text(text: str | None, param: str = "input") -> None:
@@ -204,6 +229,13 @@ def validate_pooling(prompt_token_ids: list[int], pooling, limits: RequestLimits
         raise InvalidRequestError(
             f"This model's maximum context length is {ctx} tokens. However, your input has {n} tokens. "
             "Please reduce the length of the input, or set truncate_prompt_tokens.",
+            "input",
+        )
+    types = pooling.token_type_ids
+    if types is not None and (len(types) != n or any(not 0 <= t < limits.type_vocab_size for t in types)):
+        raise InvalidRequestError(
+            f"token_type_ids must give each of the input's {n} tokens a segment in 0..{limits.type_vocab_size - 1} "
+            "(this model's type_vocab_size)",
             "input",
         )
     dims = pooling.dimensions

@@ -170,6 +170,9 @@ class Scheduler:
             all_rows = req.prompt_logprobs is not None or req.pool_all_rows
             prompt_logits = all_rows and start < len(req.prompt_token_ids)
             seq = ScheduledSeq(ids, start, req.block_ids, sample, len(spec), prompt_logits)
+            pooling = req.params.pooling
+            if pooling is not None and pooling.token_type_ids is not None:
+                seq.token_type_ids = pooling.token_type_ids[start : start + n]
             out.scheduled.append(Scheduled(req, seq))
         return out
 

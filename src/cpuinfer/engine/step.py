@@ -20,6 +20,7 @@ class ScheduledSeq:
     num_spec: int = 0  # the last num_spec tokens are proposals to verify: return the last num_spec + 1 rows
     # True -> return logits for every token of this chunk (prompt logprobs); the last is the sample row.
     prompt_logits: bool = False
+    token_type_ids: list[int] | None = None  # an encoder's segment id of each token (a cross-encoder pair's)
 
     @property
     def num_tokens(self) -> int:

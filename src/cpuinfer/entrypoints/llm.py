@@ -7,15 +7,27 @@ print(outs[0].outputs[0].text)
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from cpuinfer.config import EngineArgs
 from cpuinfer.engine.limits import check_pooling_text
 from cpuinfer.engine.llm_engine import LLMEngine, Prompt, tokenize_prompt
+from cpuinfer.entrypoints.score_inputs import encode_pairs, pair_texts
 from cpuinfer.errors import RequestFailedError
-from cpuinfer.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
+from cpuinfer.outputs import (
+    ClassificationOutput,
+    ClassificationRequestOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    RequestOutput,
+    ScoringOutput,
+    ScoringRequestOutput,
+)
 from cpuinfer.sampling_params import PoolingParams, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -137,26 +149,79 @@ class LLM:
         """Embed every prompt (strings or token-id lists) on a pooling model (runner="pooling"); in order.
 
         truncate_prompt_tokens (or the PoolingParams field) keeps the last k tokens of each prompt, as vLLM."""
-        prompts = _as_prompt_list(prompts)
-        params = pooling_params or PoolingParams()
+        outs = self._pool_prompts(prompts, pooling_params, "embed", use_tqdm, truncate_prompt_tokens)
+        return [
+            EmbeddingRequestOutput(o.request_id, EmbeddingOutput(o.pooled.tolist()), o.prompt_token_ids) for o in outs
+        ]
+
+    def classify(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        pooling_params: PoolingParams | None = None,
+        use_tqdm: bool = True,
+        truncate_prompt_tokens: int | None = None,
+    ) -> list[ClassificationRequestOutput]:
+        """A sequence classifier's scores per label of every prompt (`.outputs.probs`: after its activation,
+        sigmoid for one label, softmax for more, unless pooling_params.activation is False); in order."""
+        outs = self._pool_prompts(prompts, pooling_params, "classify", use_tqdm, truncate_prompt_tokens)
+        return [
+            ClassificationRequestOutput(o.request_id, ClassificationOutput(o.pooled.tolist()), o.prompt_token_ids)
+            for o in outs
+        ]
+
+    def score(
+        self,
+        data_1: str | Sequence[str],
+        data_2: str | Sequence[str],
+        /,
+        *,
+        truncate_prompt_tokens: int | None = None,
+        use_tqdm: bool = True,
+        pooling_params: PoolingParams | None = None,
+    ) -> list[ScoringRequestOutput]:
+        """Score text pairs (one data_1 against each data_2, or pairwise): a cross-encoder's score of each pair
+        as one input (its tokenizer's pair template; truncate_prompt_tokens truncates the pair longest-first, as
+        transformers), or on an embedding model the cosine similarity of the two texts' embeddings, as vLLM."""
+        pairs = pair_texts(data_1, data_2, ("data_1", "data_2"))
+        config = self.llm_engine.config
+        if config.pooler is not None and config.pooler.task == "embed":
+            firsts = list(dict.fromkeys(a for a, _ in pairs))
+            vecs = self.embed([*firsts, *(b for _, b in pairs)], pooling_params, use_tqdm, truncate_prompt_tokens)
+            first = {t: torch.tensor(v.outputs.embedding) for t, v in zip(firsts, vecs, strict=False)}
+            out = []
+            for (a, _), v in zip(pairs, vecs[len(firsts) :], strict=True):
+                cos = torch.nn.functional.cosine_similarity(first[a], torch.tensor(v.outputs.embedding), dim=0)
+                out.append(ScoringRequestOutput(v.request_id, ScoringOutput(float(cos)), v.prompt_token_ids))
+            return out
+        base = dataclasses.replace(pooling_params or PoolingParams(), task="score")
+        keep = truncate_prompt_tokens or base.truncate_prompt_tokens
+        tokenized, params = [], []
+        for ids, types in encode_pairs(self.llm_engine.tokenizer, pairs, config.spec.type_vocab_size, keep):
+            tokenized.append({"prompt_token_ids": ids})
+            params.append(dataclasses.replace(base, token_type_ids=types))
+        outs = self._pool(tokenized, params, use_tqdm)
+        return [ScoringRequestOutput(o.request_id, ScoringOutput(float(o.pooled[0])), o.prompt_token_ids) for o in outs]
+
+    def _pool_prompts(self, prompts, pooling_params, task, use_tqdm, truncate_prompt_tokens) -> list[RequestOutput]:
+        """Tokenize prompts (each text non-empty; the last k tokens kept when truncating) and pool them for task."""
+        params = dataclasses.replace(pooling_params or PoolingParams(), task=task)
         if truncate_prompt_tokens is not None:
-            params = PoolingParams(params.dimensions, params.normalize, truncate_prompt_tokens)
+            params = dataclasses.replace(params, truncate_prompt_tokens=truncate_prompt_tokens)
         keep = params.truncate_prompt_tokens
         tokenized = []
-        for p in prompts:
+        for p in _as_prompt_list(prompts):
             text, ids = tokenize_prompt(self.llm_engine.tokenizer, p)
             check_pooling_text(text)
             tokenized.append({"prompt": text, "prompt_token_ids": ids[-keep:] if keep else ids})
-        sp = params.as_sampling()
-        outs = self._run(tokenized, [sp] * len(tokenized), use_tqdm)
-        results = []
+        return self._pool(tokenized, [params] * len(tokenized), use_tqdm)
+
+    def _pool(self, tokenized: list[dict], params: list[PoolingParams], use_tqdm: bool) -> list[RequestOutput]:
+        """Run pooling requests; each output's .pooled is its vector (or scores); a failed one raises."""
+        outs = self._run(tokenized, [p.as_sampling() for p in params], use_tqdm)
         for out in outs:
             if out.error_id is not None or out.pooled is None:
                 raise RequestFailedError(out.request_id, str(out.error_id), out.error_reason, out.error_param)
-            results.append(
-                EmbeddingRequestOutput(out.request_id, EmbeddingOutput(out.pooled.tolist()), out.prompt_token_ids)
-            )
-        return results
+        return outs
 
     def chat(
         self,

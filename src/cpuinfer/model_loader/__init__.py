@@ -29,10 +29,13 @@ def _check_token_ids(ids: list, vocab_size: int, what: str, source: str) -> None
             )
 
 
-def load_model_spec(path: str, dtype: str | torch.dtype = "auto", quantization: str | None = None) -> ModelSpec:
+def load_model_spec(
+    path: str, dtype: str | torch.dtype = "auto", quantization: str | None = None, hf_overrides: dict | None = None
+) -> ModelSpec:
     """Read config + tokenizer (no weights yet) from an HF directory or a .gguf file.
 
     quantization (vLLM's --quantization): None reads the method from the checkpoint; a name must match it.
+    hf_overrides (vLLM's): config keys replacing the file's, `architectures` included.
     """
     from ..models import registry
     from ..quantization import checkpoint
@@ -42,6 +45,10 @@ def load_model_spec(path: str, dtype: str | torch.dtype = "auto", quantization: 
         raise ModelLoadError(f"model path {path!r} does not exist; pass a Hugging Face model directory or a .gguf file")
     spec_kwargs = _hf_spec(path, dtype) if os.path.isdir(path) else _gguf_spec(path, dtype)
     config = spec_kwargs["hf_config"]
+    if hf_overrides:
+        config.update(hf_overrides)
+        if hf_overrides.get("architectures"):
+            spec_kwargs["architecture"] = hf_overrides["architectures"][0]
     found = "gguf" if spec_kwargs["format"] == "gguf" else checkpoint.declared(config, f"{path}/config.json")
     spec_kwargs["quantization"] = checkpoint.resolve(quantization, found, path)
     arch = spec_kwargs["architecture"]
@@ -67,10 +74,25 @@ def load_model_spec(path: str, dtype: str | torch.dtype = "auto", quantization: 
             f"the model's vocab_size is {shape['vocab_size']}; the tokenizer belongs to another "
             "model: use the tokenizer files of this checkpoint"
         )
+    if config.get("classifier_from_token"):
+        config["classifier_from_token_ids"] = _classifier_token_ids(config["classifier_from_token"], tok, path)
     special = set()
     if tok is not None:
         special = {i for i, t in tok.get_added_tokens_decoder().items() if t.special}
     return ModelSpec(path=path, special_token_ids=special, **shape, **spec_kwargs)
+
+
+def _classifier_token_ids(tokens, tok, source: str) -> list[int]:
+    """vLLM's classifier_from_token (a decoder reranker's label tokens, e.g. ["no", "yes"]) as vocabulary ids."""
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        raise ModelLoadError(f"{source}: classifier_from_token must be a list of token strings, got {tokens!r}")
+    if tok is None:
+        raise ModelLoadError(f"{source}: classifier_from_token needs the model's tokenizer, and it has none")
+    ids = [tok.token_to_id(t) for t in tokens]
+    missing = [t for t, i in zip(tokens, ids, strict=True) if i is None]
+    if missing:
+        raise ModelLoadError(f"{source}: classifier_from_token {missing} are not tokens of the model's vocabulary")
+    return ids
 
 
 def _hf_spec(directory: str, dtype) -> dict:

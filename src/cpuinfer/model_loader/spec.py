@@ -132,6 +132,16 @@ class ModelSpec:
         return self.architecture in ENCODERS
 
     @property
+    def is_classifier(self) -> bool:
+        """True for a sequence-classification model (a cross-encoder or reranker): the pooling runner only."""
+        return self.architecture.endswith("ForSequenceClassification")
+
+    @property
+    def type_vocab_size(self) -> int:
+        """Segment ids (token_type_ids) the model's inputs may carry: an encoder's type_vocab_size, else 1."""
+        return int(self.hf_config.get("type_vocab_size") or 1) if self.is_encoder else 1
+
+    @property
     def hidden_size(self) -> int:
         """Width of the model's hidden states (a pooling model's output vector)."""
         return int(self.hf_config["hidden_size"])

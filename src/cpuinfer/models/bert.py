@@ -1,9 +1,11 @@
-"""BERT encoders (`BertModel`: bge, e5, all-MiniLM): bidirectional attention, no KV cache.
+"""BERT encoders (`BertModel`: bge, e5, all-MiniLM; `XLMRobertaModel`: bge-m3's dense form): bidirectional
+attention, no KV cache; and their cross-encoder forms (`*ForSequenceClassification`: bge-reranker).
 
 A first, plain form: post-norm layers (LayerNorm with bias), GELU MLP, absolute positions and token types,
-each linear on cpuinfer.ops (our packed GEMM in bf16/f16, torch's in float32), attention by torch's SDPA one
-sequence at a time over a flat batch without padding (the engine's layout: query_start_loc bounds each
-sequence). `BertModel` is the engine's (pooling runner only; the scheduler hands it whole prompts);
+each linear on cpuinfer.ops (our packed GEMM in bf16/f16, torch's in float32). Attention over a flat batch
+without padding (the engine's layout: query_start_loc bounds each sequence): in the engine, the paged attention
+kernel with causal=False over the step's own cache blocks (head sizes it takes: 64 and up), else torch's SDPA
+one sequence at a time. `BertModel` is the engine's (pooling runner only; the scheduler hands it whole prompts);
 `BertEncoder` loads a directory on its own and embeds token-id lists in batches of a token budget.
 """
 
@@ -18,14 +20,31 @@ import torch
 import torch.nn.functional as F
 
 from .. import ops
+from ..attention import AttentionMetadata
+from ..attention.backend import uses_kernels
 from ..model_loader.config_check import check_config
 from ..model_loader.errors import ModelLoadError
 from ..model_loader.hf_dir import read_json, safetensors_tensors
+from .classifier import ClassifierHead
 from .layers import select_rows
 from .pooler import PoolerConfig, finish_pooled, resolve_pooler
 
 _ACTIVATIONS = {"gelu": lambda x: F.gelu(x), "gelu_new": lambda x: F.gelu(x, approximate="tanh")}
-_UNUSED = ("pooler.dense.weight", "pooler.dense.bias", "embeddings.position_ids")  # NSP head, a buffer
+# The base models' pooler (an NSP head, which no embedding reads) and buffers some checkpoints carry.
+_UNUSED = ("pooler.dense.weight", "pooler.dense.bias", "embeddings.position_ids", "embeddings.token_type_ids")
+_PREFIXES = ("bert.", "roberta.")  # BertFor* / XLMRobertaFor* checkpoints keep the encoder under these
+
+
+def is_roberta(config: dict) -> bool:
+    """True for the (XLM-)RoBERTa form: positions counted from padding_idx + 1, not 0."""
+    arch = (config.get("architectures") or [""])[0]
+    return config.get("model_type") in ("roberta", "xlm-roberta") or "Roberta" in arch
+
+
+def position_offset(config: dict) -> int:
+    """The first position id of a sequence: RoBERTa's embeddings number real tokens from padding_idx + 1 (its
+    create_position_ids_from_input_ids), BERT's from 0."""
+    return int(config.get("pad_token_id", 1)) + 1 if is_roberta(config) else 0
 
 
 @dataclass
@@ -61,6 +80,7 @@ class BertWeights:
         self.hidden = int(config["hidden_size"])
         self.heads = int(config["num_attention_heads"])
         self.eps = float(config.get("layer_norm_eps", 1e-12))
+        self.pos_offset = position_offset(config)
         # bf16/f16 weights in our GEMM's panel layout (row-major ones would take the GEMV kernel at every M).
         self.packed = dtype in (torch.bfloat16, torch.float16)
 
@@ -102,21 +122,43 @@ class BertWeights:
         return F.layer_norm(x.float(), (self.hidden,), wb[0], wb[1], self.eps).to(self.dtype)
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, bounds: list[int]) -> torch.Tensor:
-        """Final hidden states [tokens, hidden] of a flat batch of whole sequences (bounds: their row offsets)."""
-        types = torch.zeros_like(input_ids)
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        bounds: list[int],
+        token_types: torch.Tensor | None = None,
+        paged: tuple[list, AttentionMetadata] | None = None,
+    ) -> torch.Tensor:
+        """Final hidden states [tokens, hidden] of a flat batch of whole sequences (bounds: their row offsets;
+        positions count from 0 in each; token_types: segment ids, all 0 when None). paged: the engine's
+        (KV caches, metadata), whose caches the attention kernel reads the keys and values from (each step's
+        own: nothing is kept between steps); None: torch's SDPA."""
+        types = torch.zeros_like(input_ids) if token_types is None else token_types
+        positions = positions + self.pos_offset
         h = F.embedding(input_ids, self.word) + F.embedding(positions, self.pos) + F.embedding(types, self.types)
         h = F.layer_norm(h, (self.hidden,), *self.emb_ln, self.eps).to(self.dtype)
         d = self.hidden // self.heads
-        for layer in self.layers:
+        if paged is not None and not uses_kernels(d, paged[1].block_size):
+            paged = None  # a head size the kernels do not take (all-MiniLM's 32)
+        for i, layer in enumerate(self.layers):
             q, k, v = self._linear(h, layer.qkv_w, layer.qkv_b).view(-1, 3, self.heads, d).unbind(1)
             attn = torch.empty(h.shape[0], self.heads, d, dtype=h.dtype)
-            for a, b in itertools.pairwise(bounds):
-                # [1, heads, L, d] per sequence: every token sees every other (no mask, no padding). Four
-                # dimensions: torch's fused CPU attention takes them; 3-D inputs fall back to its math path (~3x
-                # slower in bf16 here: separate matmuls, softmax and masking passes).
-                qs, ks, vs = (x[a:b].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
-                attn[a:b] = F.scaled_dot_product_attention(qs, ks, vs)[0].transpose(0, 1)
+            if paged is not None:
+                # The flat batch's keys and values into this step's cache blocks, then one kernel call over all
+                # sequences (query_start_loc bounds each; no padding), every row seeing its whole sequence.
+                (kc, vc), meta = paged[0][i], paged[1]
+                ops.reshape_and_cache(k, v, kc, vc, meta.slot_mapping)
+                ops.paged_attention(
+                    attn, q, kc, vc, meta.query_start_loc, meta.seq_lens, meta.block_tables, d**-0.5, causal=False
+                )
+            else:
+                for a, b in itertools.pairwise(bounds):
+                    # [1, heads, L, d] per sequence: every token sees every other (no mask, no padding). Four
+                    # dimensions: torch's fused CPU attention takes them; 3-D inputs fall back to its math path
+                    # (~3x slower in bf16 here: separate matmuls, softmax and masking passes).
+                    qs, ks, vs = (x[a:b].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+                    attn[a:b] = F.scaled_dot_product_attention(qs, ks, vs)[0].transpose(0, 1)
             h = self._ln(h + self._linear(attn.view(-1, self.hidden), layer.out_w, layer.out_b), layer.ln1)
             up = self.act(self._linear(h, layer.up_w, layer.up_b))
             h = self._ln(h + self._linear(up, layer.down_w, layer.down_b), layer.ln2)
@@ -127,25 +169,62 @@ class BertModel:
     """The engine's BERT encoder (registry: BertModel): whole prompts in, final hidden states of asked rows out."""
 
     is_encoder = True
+    # Attention on the paged kernel (bidirectional, over the step's cache blocks) where it takes the head size;
+    # False: torch's SDPA per sequence (bench_embed compares the two).
+    paged_attention = True
 
     def __init__(self, config: dict, bag, max_positions: int, rope_freq_factors=None):  # noqa: ARG002 - the registry's one signature
         for name in list(bag.tensors):
-            if name.startswith("bert."):  # BertFor* checkpoints keep the encoder under bert.
-                bag.tensors[name.removeprefix("bert.")] = bag.tensors.pop(name)
+            if name.startswith(_PREFIXES):
+                bag.tensors[name.split(".", 1)[1]] = bag.tensors.pop(name)
+        self.classifier = self._classifier(config, bag)
         for name in _UNUSED:
             bag.tensors.pop(name, None)
         self.weights = BertWeights(config, bag.take, bag.dtype, bag.source)
         self.layers = self.weights.layers
         self.carry_shape = (1, self.weights.hidden)
 
+    def _classifier(self, config: dict, bag) -> ClassifierHead | None:  # noqa: ARG002 - the subclasses' signature
+        """The sequence-classification head on the pooled vector (None: an embedding model)."""
+        return None
+
     @torch.inference_mode()
-    def forward(self, input_ids, positions, meta, kv_caches, sample_idx, carry=None, hidden: bool = False):  # noqa: ARG002 - DecoderModel's signature; an encoder keeps no cache
+    def forward(
+        self,
+        input_ids,
+        positions,
+        meta,
+        kv_caches,
+        sample_idx,
+        carry=None,
+        hidden: bool = False,
+        token_types=None,
+    ):
         """The final hidden states of the rows at sample_idx; every sequence must be whole in this step."""
         if not hidden or carry is not None:
             raise ValueError("a BERT encoder only pools (--runner pooling) on one rank")
         if list(meta.context_lens) != list(meta.query_lens):
             raise ValueError("an encoder step must hold whole prompts (bidirectional attention, no KV cache)")
-        return select_rows(self.weights.forward(input_ids, positions, meta.query_start_loc.tolist()), sample_idx)
+        paged = (kv_caches, meta) if self.paged_attention else None
+        h = self.weights.forward(input_ids, positions, meta.query_start_loc.tolist(), token_types, paged)
+        return select_rows(h, sample_idx)
+
+
+class BertForSequenceClassification(BertModel):
+    """A cross-encoder (bge-reranker, ms-marco MiniLM): the encoder, its first token pooled, then BERT's pooler
+    (dense + tanh) and classifier, or XLM-RoBERTa's classification head (the same two layers, other names)."""
+
+    def _classifier(self, config: dict, bag) -> ClassifierHead:
+        """BERT: pooler.dense + classifier; (XLM-)RoBERTa: classifier.dense + classifier.out_proj."""
+        f32 = torch.float32
+        roberta = is_roberta(config)
+        dense, out = ("classifier.dense", "classifier.out_proj") if roberta else ("pooler.dense", "classifier")
+        return ClassifierHead(
+            bag.take(f"{out}.weight", f32),
+            bag.take(f"{out}.bias", f32),
+            bag.take(f"{dense}.weight", f32),
+            bag.take(f"{dense}.bias", f32),
+        )
 
 
 class BertEncoder:
@@ -154,7 +233,7 @@ class BertEncoder:
     def __init__(self, path: str, dtype: torch.dtype = torch.float32, pooler_config: str | dict | None = None):
         config = read_json(os.path.join(path, "config.json"))
         check_config(config, os.path.join(path, "config.json"))
-        t = {k.removeprefix("bert."): v for k, v in safetensors_tensors(path, dtype)}
+        t = {k.split(".", 1)[1] if k.startswith(_PREFIXES) else k: v for k, v in safetensors_tensors(path, dtype)}
 
         def take(name: str, dt: torch.dtype) -> torch.Tensor:
             if name not in t:
@@ -163,7 +242,7 @@ class BertEncoder:
 
         self.weights = BertWeights(config, take, dtype, path)
         self.hidden = self.weights.hidden
-        self.max_model_len = int(config.get("max_position_embeddings", 512))
+        self.max_model_len = int(config.get("max_position_embeddings", 512)) - position_offset(config)
         self.vocab_size = int(config["vocab_size"])
         self.pooler: PoolerConfig = resolve_pooler(path, config, pooler_config)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .classifier import ClassifierHead, from_2_way_softmax
 from .config_utils import head_dim, sliding_windows
 from .decoder import DecoderModel
 from .layers import WeightBag, attention_plan, dense_mlp_plan, norm_weight
@@ -81,3 +82,27 @@ class Qwen3ForCausalLM(LlamaForCausalLM):
     """Qwen3: Llama with per-head RMS norm on q and k before rotary."""
 
     qk_norm = True
+
+
+class Qwen3ForSequenceClassification(Qwen3ForCausalLM):
+    """Qwen3 rerankers as vLLM serves them: the decoder, its last token's final hidden state through a linear
+    `score`. A Qwen3ForSequenceClassification checkpoint has score.weight; the original Qwen3-Reranker (a causal LM
+    served with hf_overrides classifier_from_token ["no", "yes"] and is_original_qwen3_reranker) gets its from
+    the language-model head's rows of those tokens: yes minus no (one label: sigmoid of it is the softmax of the
+    two logits' yes), or each token's row (method no_post_processing)."""
+
+    def __init__(self, config: dict, bag: WeightBag, max_positions: int, rope_freq_factors: torch.Tensor | None = None):
+        self.classifier = ClassifierHead(self._score_weight(config, bag))
+        super().__init__(config, bag, max_positions, rope_freq_factors)
+
+    @staticmethod
+    def _score_weight(config: dict, bag: WeightBag) -> torch.Tensor:
+        ids = config.get("classifier_from_token_ids")
+        if ids is None:
+            return bag.take("score.weight", torch.float32)
+        tied = config.get("tie_word_embeddings", False) or not bag.has("lm_head.weight")
+        head = bag.tensors["model.embed_tokens.weight" if tied else "lm_head.weight"]
+        rows = head[ids].float()
+        if not tied:
+            bag.tensors.pop("lm_head.weight")  # no logits are ever asked of a classifier
+        return rows[1:2] - rows[0:1] if from_2_way_softmax(config) else rows

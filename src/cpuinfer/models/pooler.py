@@ -34,6 +34,15 @@ class PoolerConfig:
     normalize: bool = True
     is_matryoshka: bool = False  # any `dimensions` <= hidden size may be asked for
     matryoshka_dimensions: tuple[int, ...] | None = None  # only these (when given)
+    # A sequence-classification model (a cross-encoder, a reranker): its pooled vector goes through the model's
+    # classifier head, then this activation (models.classifier); it serves classify and score, not embed.
+    num_labels: int = 0  # 0: an embedding model
+    activation: str = "identity"
+
+    @property
+    def task(self) -> str:
+        """embed (vectors) or classify (a classifier's scores: LLM.classify, LLM.score)."""
+        return "classify" if self.num_labels else "embed"
 
     @property
     def all_rows(self) -> bool:
@@ -41,10 +50,15 @@ class PoolerConfig:
         return self.pooling_type != "LAST"
 
 
-def resolve_pooler(model_dir: str | None, model_config: dict, override: str | dict | None) -> PoolerConfig:
-    """The pooler of a model: sentence-transformers' modules (if any), then --pooler-config's fields on top."""
+def resolve_pooler(
+    model_dir: str | None, model_config: dict, override: str | dict | None, classifier: tuple[int, str] | None = None
+) -> PoolerConfig:
+    """The pooler of a model: sentence-transformers' modules (if any), then --pooler-config's fields on top.
+
+    classifier: (num_labels, activation) of a sequence-classification model, which pools its first token (an
+    encoder: BERT's pooler reads it) or its last (a decoder), unnormalised, and reads no modules.json."""
     pooling_type, normalize = "LAST", True
-    st = _sentence_transformers_pooler(model_dir) if model_dir else None
+    st = _sentence_transformers_pooler(model_dir) if model_dir and classifier is None else None
     if st is not None:
         pooling_type, normalize = st
     if isinstance(override, str):
@@ -67,12 +81,22 @@ def resolve_pooler(model_dir: str | None, model_config: dict, override: str | di
             raise ValueError(f"--pooler-config normalize={override['normalize']!r} must be true or false")
         normalize = override["normalize"]
     dims = model_config.get("matryoshka_dimensions")
+    if classifier is not None:
+        pooling_type = str(override.get("pooling_type", classifier_pooling(model_config))).upper()
+        return PoolerConfig(pooling_type, False, num_labels=classifier[0], activation=classifier[1])
     return PoolerConfig(
         pooling_type,
         normalize,
         bool(model_config.get("is_matryoshka") or dims),
         tuple(int(d) for d in dims) if dims else None,
     )
+
+
+def classifier_pooling(model_config: dict) -> str:
+    """Where a sequence classifier reads its input: the first token of an encoder, the last of a decoder."""
+    from .registry import ENCODERS
+
+    return "CLS" if (model_config.get("architectures") or [""])[0] in ENCODERS else "LAST"
 
 
 def _sentence_transformers_pooler(model_dir: str) -> tuple[str, bool] | None:

@@ -15,6 +15,7 @@ ARCHITECTURES = {
     "MistralForCausalLM": ("llama", "MistralForCausalLM"),
     "Qwen2ForCausalLM": ("llama", "Qwen2ForCausalLM"),
     "Qwen3ForCausalLM": ("llama", "Qwen3ForCausalLM"),
+    "Qwen3ForSequenceClassification": ("llama", "Qwen3ForSequenceClassification"),
     "Gemma3ForCausalLM": ("gemma3", "Gemma3ForCausalLM"),
     "Gemma2ForCausalLM": ("gemma3", "Gemma2ForCausalLM"),
     "Phi3ForCausalLM": ("phi3", "Phi3ForCausalLM"),
@@ -23,9 +24,14 @@ ARCHITECTURES = {
     "GptOssForCausalLM": ("gpt_oss", "GptOssForCausalLM"),
     "OPTForCausalLM": ("opt", "OPTForCausalLM"),
     "BertModel": ("bert", "BertModel"),
+    "XLMRobertaModel": ("bert", "BertModel"),
+    "BertForSequenceClassification": ("bert", "BertForSequenceClassification"),
+    "XLMRobertaForSequenceClassification": ("bert", "BertForSequenceClassification"),
 }
 # Encoders: bidirectional attention over whole prompts, no KV cache; they serve the pooling runner only.
-ENCODERS = frozenset({"BertModel"})
+ENCODERS = frozenset(
+    {"BertModel", "XLMRobertaModel", "BertForSequenceClassification", "XLMRobertaForSequenceClassification"}
+)
 
 
 def causal_lm_of_base_model(architecture: str) -> str | None:
@@ -58,6 +64,10 @@ def describe(architecture: str, config: dict, source: str) -> dict:
             kv_heads = int(config.get("num_key_value_heads") or heads)
             hs, windows = head_dim(config), sliding_windows(config, n_layers)
         vocab, max_len = int(config["vocab_size"]), int(config.get("max_position_embeddings") or 2048)
+        if architecture in ENCODERS:
+            from .bert import position_offset
+
+            max_len -= position_offset(config)  # RoBERTa's first positions are padding_idx + 1 on
     except KeyError as e:
         raise ModelLoadError(f"{source}: config lacks {e.args[0]!r}, needed for {architecture}") from None
     return dict(

@@ -152,13 +152,23 @@ class ModelRunner:
         pick = None
         if sample_idx is not None and any(s.logit_rows > 1 for s in seqs):
             pick, sample_idx = sample_idx, None  # several rows of one sequence: all rows' outputs, picked below
-        if self.pooling:
+        if self.pooling and any(s.token_type_ids for s in seqs):
+            types = torch.tensor([t for s in seqs for t in s.token_type_ids or [0] * len(s.token_ids)])
+            out = self.model.forward(
+                input_ids, positions, meta, self.kv_caches, sample_idx, hidden=True, token_types=types
+            )
+        elif self.pooling:
             out = self.model.forward(input_ids, positions, meta, self.kv_caches, sample_idx, carry, hidden=True)
         elif carry is None:
             out = self.model.forward(input_ids, positions, meta, self.kv_caches, sample_idx)
         else:
             out = self.model.forward(input_ids, positions, meta, self.kv_caches, sample_idx, carry)
         return out if pick is None or not self.pp.last else out[pick]
+
+    @torch.inference_mode()
+    def classify(self, pooled: torch.Tensor) -> torch.Tensor:
+        """A sequence classifier's logits [n, num_labels] of its pooled vectors [n, hidden] (its head, float32)."""
+        return self.model.classifier(pooled)
 
     @property
     def out_width(self) -> int:

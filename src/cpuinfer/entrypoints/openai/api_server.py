@@ -56,6 +56,14 @@ from cpuinfer.entrypoints.openai.protocol import (
     dump,
 )
 from cpuinfer.entrypoints.openai.responses_protocol import ResponsesRequest
+from cpuinfer.entrypoints.openai.scoring_protocol import (
+    ClassificationRequest,
+    ClassificationResponse,
+    RerankRequest,
+    RerankResponse,
+    ScoreRequest,
+    ScoreResponse,
+)
 from cpuinfer.entrypoints.openai.serving import OpenAIServing
 from cpuinfer.errors import EngineDeadError
 
@@ -207,13 +215,35 @@ def build_app(state: ServerState, start_engine: Callable[[], Awaitable[EngineAda
         """OpenAI Responses API (text, function calls, structured output); `stream: true` answers with SSE events."""
         return await state.require_serving().responses(req, raw)
 
-    @app.post("/v1/embeddings", response_model=EmbeddingResponse, responses=ERRORS)
-    async def embeddings(req: EmbeddingRequest, raw: Request):
-        """OpenAI embeddings of a pooling model (--runner pooling): one vector per input."""
-        body = await state.require_serving().embeddings(req, raw)
+    def pooled(body) -> JSONResponse:
+        """A pooling route's answer, or 499 when its client left before it was done."""
         if body is None:
             return JSONResponse({}, status_code=499)  # the client left (nginx's code); nobody reads this
         return JSONResponse(dump(body))
+
+    @app.post("/v1/embeddings", response_model=EmbeddingResponse, responses=ERRORS)
+    async def embeddings(req: EmbeddingRequest, raw: Request):
+        """OpenAI embeddings of a pooling model (--runner pooling): one vector per input."""
+        return pooled(await state.require_serving().embeddings(req, raw))
+
+    @app.post("/score", response_model=ScoreResponse, responses=ERRORS)
+    @app.post("/v1/score", response_model=ScoreResponse, responses=ERRORS)
+    async def score(req: ScoreRequest, raw: Request):
+        """vLLM's scores of text pairs: a cross-encoder's, or an embedding model's cosine similarity."""
+        return pooled(await state.require_serving().score(req, raw))
+
+    @app.post("/rerank", response_model=RerankResponse, responses=ERRORS)
+    @app.post("/v1/rerank", response_model=RerankResponse, responses=ERRORS)
+    @app.post("/v2/rerank", response_model=RerankResponse, responses=ERRORS)
+    async def rerank(req: RerankRequest, raw: Request):
+        """Jina's / Cohere's rerank: documents by relevance to a query, highest first."""
+        return pooled(await state.require_serving().rerank(req, raw))
+
+    @app.post("/classify", response_model=ClassificationResponse, responses=ERRORS)
+    @app.post("/v1/classify", response_model=ClassificationResponse, responses=ERRORS)
+    async def classify(req: ClassificationRequest, raw: Request):
+        """A sequence classifier's label scores of each input."""
+        return pooled(await state.require_serving().classify(req, raw))
 
     @app.post("/tokenize", response_model=TokenizeResponse, responses=ERRORS)
     async def tokenize(req: Annotated[TokenizeCompletionRequest | TokenizeChatRequest, Body()]):

@@ -1,5 +1,4 @@
-"""POST /v1/embeddings: each input is one pooling request on the engine, started as a completions request's prompts
-are (a window of them at once, sharing steps; the same whole-request caps, metrics and request log).
+"""POST /v1/embeddings: each input is one pooling request on the engine (openai/pooling.py's job).
 
 The engine decides what is allowed (the runner, lengths, vocabulary, Matryoshka dimensions: engine/limits.py);
 this turns the body into token ids and PoolingParams and the pooled vectors into OpenAI's response.
@@ -11,7 +10,7 @@ import base64
 
 import numpy as np
 
-from cpuinfer.engine.limits import check_pooling_text, validate_batch
+from cpuinfer.engine.limits import check_pooling_text
 from cpuinfer.entrypoints.openai.embeddings_protocol import (
     EmbeddingData,
     EmbeddingRequest,
@@ -20,11 +19,9 @@ from cpuinfer.entrypoints.openai.embeddings_protocol import (
 )
 from cpuinfer.entrypoints.openai.errors import APIError, to_api_error
 from cpuinfer.entrypoints.openai.job import Prompt
+from cpuinfer.entrypoints.openai.pooling import check_count, run_pooling
 from cpuinfer.entrypoints.openai.protocol import random_id
-from cpuinfer.errors import InvalidRequestError
 from cpuinfer.sampling_params import PoolingParams
-
-MAX_INPUTS = 2048  # OpenAI's limit of inputs in one embeddings request
 
 
 def request_inputs(req: EmbeddingRequest) -> list[str | list[int]]:
@@ -36,8 +33,7 @@ def request_inputs(req: EmbeddingRequest) -> list[str | list[int]]:
         raise APIError("input is empty: send a text, a list of texts, token ids or lists of token ids.", 400, "input")
     if all(isinstance(x, int) for x in inp):
         return [list(inp)]
-    if len(inp) > MAX_INPUTS:
-        raise APIError(f"input has {len(inp)} items; at most {MAX_INPUTS} are allowed in one request.", 400, "input")
+    check_count(len(inp), "input")
     return list(inp)
 
 
@@ -60,7 +56,7 @@ async def create_embeddings(serving, req: EmbeddingRequest, raw=None) -> Embeddi
     if keep == -1:
         keep = engine.max_model_len
     try:
-        params = PoolingParams(req.dimensions, req.normalize, keep or None).as_sampling()
+        params = PoolingParams(req.dimensions, req.normalize, keep or None)
         inputs = request_inputs(req)
         texts = [item for item in inputs if isinstance(item, str)]
         for text in texts:
@@ -72,19 +68,9 @@ async def create_embeddings(serving, req: EmbeddingRequest, raw=None) -> Embeddi
     for item in inputs:
         ids, text = (next(encoded), item) if isinstance(item, str) else (list(item), None)
         prompts.append(Prompt(ids[-keep:] if keep else ids, text))
-    responder = serving.responder
-    try:
-        in_flight = responder.window(len(prompts), 1)
-        validate_batch([len(p.token_ids) for p in prompts], params, engine.limits, in_flight)
-    except InvalidRequestError as e:
-        err = to_api_error(e)
-        err.param = "input" if err.param == "prompt" else err.param  # the body's field of its prompts
-        raise err from e
-    job = responder.start(req.request_id or random_id("embd"), prompts, params)
-    if not await responder.run(raw, job):
+    job = await run_pooling(serving, req.request_id or random_id("embd"), prompts, params, raw, "input")
+    if job is None:
         return None
-    if any(s.pooled is None for s in job.states):
-        raise APIError("a pooling request finished without its vector", 500)
     n = job.prompt_tokens
     data = [
         EmbeddingData(index=i, embedding=encode_vector(s.pooled, req.encoding_format)) for i, s in enumerate(job.states)

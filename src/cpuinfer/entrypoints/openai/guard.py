@@ -18,12 +18,19 @@ from dataclasses import dataclass, field
 
 from cpuinfer.entrypoints.openai.errors import APIError, error_response
 from cpuinfer.entrypoints.openai.prep_pool import release_heap
-from cpuinfer.entrypoints.openai.request_bounds import RequestBounds, check_body
+from cpuinfer.entrypoints.openai.request_bounds import SCORING_ROUTES, RequestBounds, check_body
 
 logger = logging.getLogger("cpuinfer.server")
 
 PROBE_ROUTES = ("/health", "/ping")
-CHECKED_ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/embeddings", "/tokenize")
+CHECKED_ROUTES = (
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/responses",
+    "/v1/embeddings",
+    "/tokenize",
+    *SCORING_ROUTES,
+)
 LARGE_BODY = 1024 * 1024  # bytes: after requests this large, freed heap is given back to the OS
 
 

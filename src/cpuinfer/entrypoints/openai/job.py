@@ -19,6 +19,8 @@ class Prompt:
 
     token_ids: list[int]
     text: str | None
+    # Its own parameters where they differ from its request's (a cross-encoder pair's token types); None: the job's.
+    params: SamplingParams | None = None
 
 
 @dataclass

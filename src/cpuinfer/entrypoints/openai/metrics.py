@@ -245,6 +245,13 @@ class ServerMetrics:
             buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000),
             registry=r,
         ).labels(model_name)
+        self.pooling_inputs = Counter(
+            "cpuinfer:pooling_inputs",
+            "Inputs a pooling model finished: texts embedded (embed), text pairs scored (score: /score, /rerank) or "
+            "texts classified (classify).",
+            [*labels, "task"],
+            registry=r,
+        )
         self.aborted = Counter(
             "cpuinfer:requests_aborted", "Requests aborted (client gone or shutdown).", labels, registry=r
         ).labels(model_name)

@@ -17,6 +17,9 @@ from typing import Any
 from cpuinfer.entrypoints.openai.errors import APIError
 from cpuinfer.sampling_params import MAX_LOGIT_BIAS
 
+# vLLM's scoring routes (openai/scoring.py): their texts are bounded as a completion's prompts are.
+SCORING_ROUTES = ("/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank", "/classify", "/v1/classify")
+
 
 @dataclass(frozen=True)
 class RequestBounds:
@@ -154,6 +157,10 @@ def check_body(
         _check_prompt_texts("prompt", body.get("prompt"), chars_per_prompt, chars_per_request)
     if route == "/v1/embeddings" and body.get("truncate_prompt_tokens") is None:  # else only the last tokens count
         _check_prompt_texts("input", body.get("input"), chars_per_prompt, chars_per_request)
+    if route in SCORING_ROUTES and body.get("truncate_prompt_tokens") is None:
+        for field in ("text_1", "text_2", "query", "documents", "input"):
+            if field in body:
+                _check_prompt_texts(field, body[field], chars_per_prompt, chars_per_request)
     _check_constraints(body, bounds)
     bias = body.get("logit_bias")
     if isinstance(bias, dict) and len(bias) > MAX_LOGIT_BIAS:

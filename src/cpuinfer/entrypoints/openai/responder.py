@@ -130,10 +130,10 @@ class Responder:
         window = self.window(len(prompts), params.n)
         try:
             for p in prompts[window:]:  # started later, as earlier ones finish: checked now
-                self.engine.validate(p.token_ids, params)
+                self.engine.validate(p.token_ids, p.params or params)
             for i, p in enumerate(prompts[:window]):
                 rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
-                streams.append((rid, self.engine.submit(rid, p.token_ids, params)))
+                streams.append((rid, self.engine.submit(rid, p.token_ids, p.params or params)))
         except Exception as e:
             for rid, _ in streams:
                 self.engine.abort(rid)
@@ -159,7 +159,8 @@ class Responder:
         delay = 0.01
         while True:
             try:
-                job.streams.append((rid, self.engine.submit(rid, job.prompts[k].token_ids, job.params)))
+                p = job.prompts[k]
+                job.streams.append((rid, self.engine.submit(rid, p.token_ids, p.params or job.params)))
                 return
             except EngineOverloadedError:
                 await asyncio.sleep(delay)

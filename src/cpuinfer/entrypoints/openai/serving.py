@@ -41,6 +41,15 @@ from cpuinfer.entrypoints.openai.protocol import (
 from cpuinfer.entrypoints.openai.responder import Responder
 from cpuinfer.entrypoints.openai.responses_api import ResponsesFormat, response_id
 from cpuinfer.entrypoints.openai.responses_protocol import ResponsesRequest
+from cpuinfer.entrypoints.openai.scoring import create_classify, create_rerank, create_score
+from cpuinfer.entrypoints.openai.scoring_protocol import (
+    ClassificationRequest,
+    ClassificationResponse,
+    RerankRequest,
+    RerankResponse,
+    ScoreRequest,
+    ScoreResponse,
+)
 from cpuinfer.entrypoints.openai.tool_calls import tool_constraint, tool_parser_for
 from cpuinfer.entrypoints.openai.tool_parsers import ToolParser
 from cpuinfer.errors import InvalidRequestError
@@ -126,6 +135,11 @@ class OpenAIServing:
         """Token ids of each text (one tokenizer call); long ones in all off the event loop."""
         inline = sum(len(t) for t in texts) <= INLINE_TEXT_CHARS
         return await self._prepare(inline, "encode_many", texts, add_special_tokens)
+
+    async def encode_pairs(self, pairs: list[tuple[str, str]], max_length: int | None) -> list:
+        """(token ids, token types) of each text pair as one cross-encoder input; many off the event loop."""
+        inline = sum(len(a) + len(b) for a, b in pairs) <= INLINE_TEXT_CHARS
+        return await self._prepare(inline, "encode_pairs", pairs, max_length)
 
     async def compile_constraint(self, constraint: StructuredOutputsParams | None, source: str | None) -> None:
         """Compile the request's constraint on a worker thread (the grammar backend releases the GIL): a 128 KiB
@@ -317,6 +331,18 @@ class OpenAIServing:
     async def embeddings(self, req: EmbeddingRequest, raw: Request | None = None) -> EmbeddingResponse | None:
         """POST /v1/embeddings (a pooling model's); None when the client left before it was done."""
         return await create_embeddings(self, req, raw)
+
+    async def score(self, req: ScoreRequest, raw: Request | None = None) -> ScoreResponse | None:
+        """POST /score; None when the client left before it was done."""
+        return await create_score(self, req, raw)
+
+    async def rerank(self, req: RerankRequest, raw: Request | None = None) -> RerankResponse | None:
+        """POST /rerank; None when the client left before it was done."""
+        return await create_rerank(self, req, raw)
+
+    async def classify(self, req: ClassificationRequest, raw: Request | None = None) -> ClassificationResponse | None:
+        """POST /classify; None when the client left before it was done."""
+        return await create_classify(self, req, raw)
 
     async def tokenize(self, req: TokenizeCompletionRequest | TokenizeChatRequest) -> TokenizeResponse:
         """POST /tokenize."""

@@ -11,6 +11,7 @@ import re
 from functools import cached_property, lru_cache
 from typing import Any
 
+from cpuinfer.entrypoints.score_inputs import encode_pairs
 from cpuinfer.errors import InvalidRequestError
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -75,6 +76,18 @@ class Tokenization:
         except TypeError:
             for text in texts:
                 check_text(text, "prompt")
+            raise
+
+    def encode_pairs(
+        self, pairs: list[tuple[str, str]], max_length: int | None
+    ) -> list[tuple[list[int], list[int] | None]]:
+        """(token ids, token types) of each text pair as one cross-encoder input (score_inputs.encode_pairs)."""
+        try:
+            return encode_pairs(self.tokenizer, pairs, self.spec.type_vocab_size, max_length)
+        except TypeError:
+            for pair in pairs:
+                for text in pair:
+                    check_text(text, "text")
             raise
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
