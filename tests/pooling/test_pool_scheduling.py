@@ -17,11 +17,8 @@ def test_whole_prompts_wait_instead_of_chunking():
     steps = []
     while sched.has_unfinished():
         out = sched.schedule()
-        assert all(
-            s.start_pos == 0 and len(s.token_ids) == len(r.prompt_token_ids)
-            for r, s in zip(out.requests, out.seqs, strict=True)
-        )
-        steps.append([r.request_id for r in out.requests])
+        assert all(s.start_pos == 0 and len(s.token_ids) == len(r.prompt_token_ids) for r, s in out.scheduled)
+        steps.append([r.request_id for r, _ in out.scheduled])
         sched.update(out, [])
     # 40 fits; 30 would need a chunk of 10, so it waits (and the queue stays in order) for the next step.
     assert steps == [["0"], ["1", "2"]]
