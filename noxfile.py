@@ -14,6 +14,8 @@
     nox -s precompiled       CPUINFER_USE_PRECOMPILED=1 editable install from dist/'s wheel, no compiler
     nox -s index             PEP 503 index from dist/ served locally; pip install from it
     nox -s abi3              the cp312-abi3 wheel (generic variant): abi3audit, installed and run on 3.12 and 3.13
+    nox -s foreign           aarch64 and s390x wheels cross-built, repaired, installed for Debian's CPython of that
+                             architecture and run under qemu-user (`-- aarch64` for one)
     nox -s bench             every script in benchmarks/ (builds llama-cpp-python from its sdist once)
 
 torch is always installed first and pinned: on these machines
@@ -488,9 +490,10 @@ class ForeignArch:
     toolchain: str  # CMake toolchain file (Debian's cross GCC)
     torch: str | None  # a CPU torch of this platform on PyPI, or None (then ci/kernel_check.py instead of cpuinfer)
     cpus: dict[str, str]  # qemu -cpu model -> the variant cpuinfer picks there
-    forced: tuple[str, str]  # (qemu -cpu model, a variant it cannot run): CPUINFER_ISA=that is exit 1
+    forced: tuple[str, str] | None  # (qemu -cpu model, a variant it cannot run): CPUINFER_ISA=that is exit 1
     marks: dict[str, str]  # variant -> an instruction only its target features have (objdump of its module)
     debian_extra: tuple[str, ...] = ()  # Debian packages of this architecture the checks import
+    kernel_variants: tuple[str, ...] = ()  # without torch: the variants ci/kernel_check.py runs on each CPU model
 
 
 FOREIGN = {
@@ -506,18 +509,19 @@ FOREIGN = {
         forced=("neoverse-n1", "sve"),
         marks={"neon_bf16": "bfdot", "sve": "whilelo"},
     ),
-    # PyPI has no s390x torch (nor numpy): the wheel's kernels run on Debian's numpy (ci/kernel_check.py) on each
-    # CPU model, generic and the variant that model runs (qemu 7.2 executes z15 instructions under `max` without
-    # advertising them, so the dispatcher itself would pick vxe there).
+    # PyPI has no s390x torch (nor numpy): the wheel's kernels, every variant, run on Debian's numpy
+    # (ci/kernel_check.py). qemu 7.2's s390x user mode runs only its `max` model (z14 and z15 ask for facilities
+    # it lacks); `max` executes z15 instructions (vxe2) without advertising them in the hwcaps (see CROSS_TARGETS).
     "s390x": ForeignArch(
         deb_arch="s390x",
         triplet="s390x-linux-gnu",
         toolchain="cmake/toolchains/s390x-linux-gnu.cmake",
         torch=None,
-        cpus={"z14": "vxe", "max": "vxe2"},
-        forced=("z14", "vxe2"),
+        cpus={"max": "vxe2"},
+        forced=None,
         marks={},
-        debian_extra=("python3-numpy",),  # nor an s390x numpy: Debian's (1.24)
+        debian_extra=("python3-numpy",),
+        kernel_variants=("generic", "vxe", "vxe2"),
     ),
 }
 # Debian 12's CPython: the foreign wheels are built for it (by a build host CPython of the same minor version).
@@ -555,6 +559,11 @@ def debian_python(session: nox.Session, arch: ForeignArch, root: str) -> str:
     session.chdir(session.invoked_from)
     for deb in sorted(glob.glob(os.path.join(debs, "*.deb"))):
         subprocess.run(["dpkg-deb", "-x", deb, root], check=True)
+    # What update-alternatives would link (numpy loads libblas.so.3 and liblapack.so.3 from the library folder).
+    for lib in glob.glob(os.path.join(root, "usr", "lib", arch.triplet, "*", "lib*.so.3")):
+        link = os.path.join(os.path.dirname(os.path.dirname(lib)), os.path.basename(lib))
+        if os.path.basename(os.path.dirname(lib)) in ("blas", "lapack") and not os.path.lexists(link):
+            os.symlink(os.path.relpath(lib, os.path.dirname(link)), link)
     with open(os.path.join(root, ".complete"), "w") as f:
         f.write("\n".join(pkgs) + "\n")
     return root
@@ -714,8 +723,8 @@ def run_foreign(
         return stdout_of(session, [python, *args], {**qemu_env, "QEMU_CPU": cpu}, cwd=tmp)
 
     for cpu, variant in arch.cpus.items():
-        if not arch.torch:  # the probe, and the kernels of generic and of the variant this CPU model should run
-            session.log(emulated(cpu, "kernel_check.py", "generic", variant))
+        if not arch.torch:  # the probe, and the kernels of each variant
+            session.log(emulated(cpu, "kernel_check.py", *arch.kernel_variants))
             continue
         # One process per CPU model (torch's import alone takes ~20 s of emulated CPU): the variant cpuinfer picked
         # and the greedy tokens; `cpuinfer info` itself on the last model.
@@ -728,7 +737,7 @@ def run_foreign(
         report = json.loads(emulated(cpu, "-m", "cpuinfer", "info", "--json"))
         if report["selected"] != variant:
             session.error(f"qemu-{name} -cpu {cpu}: `cpuinfer info` says {report['selected']}, expected {variant}")
-    if arch.torch:  # (s390x cannot import cpuinfer without torch)
+    if arch.forced:  # (s390x cannot import cpuinfer without torch)
         cpu, variant = arch.forced
         r = subprocess.run(
             [python, "-c", "import cpuinfer"],
