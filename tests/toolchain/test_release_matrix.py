@@ -55,3 +55,14 @@ def test_macos_matrix():
 def test_workflow_copy_is_current():
     """GitHub reads .github/workflows/; ci/release.yml is the maintained original."""
     assert (ROOT / ".github" / "workflows" / "release.yml").read_text() == (ROOT / "ci" / "release.yml").read_text()
+
+
+def test_abi3_session_audits_with_the_release_auditor():
+    """`nox -s abi3` runs the abi3audit that cibuildwheel's audit step pins (its constraints for CPython 3.12)."""
+    cibuildwheel_command()
+    from importlib import resources
+
+    constraints = (resources.files("cibuildwheel") / "resources" / "constraints-python312.txt").read_text()
+    (release,) = re.findall(r"^abi3audit==(\S+)", constraints, re.M)
+    (nox_pin,) = re.findall(r'^ABI3AUDIT = "abi3audit==([^"]+)"', (ROOT / "noxfile.py").read_text(), re.M)
+    assert nox_pin == release
