@@ -1,7 +1,7 @@
 """Every routine job of cpuinfer, one nox session each.
 
     nox                      the default set (what CI runs): lint, wheel, tests, ray, precompiled, index, abi3,
-                             emulated_avx2, cross
+                             emulated_avx2, cross, foreign
     nox -s tests             pytest against the release wheel (built first unless dist/ has one of these sources)
     nox -s lint              ruff
     nox -s ray               data parallelism on a two-node Ray cluster on this machine (the ray extra)
@@ -51,6 +51,11 @@ nox.options.reuse_existing_virtualenvs = True
 # (lint 7 s, wheel 5 min, tests 18 min of which pytest 16 min, ray 3, precompiled 2, index 1,
 # emulated_avx2 3, cross 14; the Apple clang test programs take ~145 s each under qemu). On a Sapphire
 # Rapids pytest ran 13.5 min (it runs all 5 x86 variants natively, against 2 on the Zen 3).
+# abi3 and foreign were measured on a Sapphire Rapids shared with other jobs (load average 12-19 on 2 cores), so
+# their CPU time says more than their wall time: abi3 1m57s CPU with ccache off (6m20s wall); foreign's aarch64
+# part 4m30s CPU to build its 4 variants with ccache empty, then ~20 s of emulated CPU per torch import under qemu
+# (5 runs); `nox -s foreign -- aarch64` with the kernels in ccache 4m06s CPU (9m47s wall); the s390x build 5m27s
+# CPU with ccache empty. Estimated on an idle machine: abi3 ~3 min, foreign ~11 min.
 nox.options.sessions = [
     "lint",
     "wheel",
@@ -61,6 +66,7 @@ nox.options.sessions = [
     "abi3",
     "emulated_avx2",
     "cross",
+    "foreign",
 ]
 
 TORCH = shlex.split(os.environ.get("CPUINFER_TORCH_SPEC", "torch==2.13.0"))
