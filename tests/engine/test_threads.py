@@ -86,3 +86,17 @@ def test_threads_pinned_one_per_cpu():
     # Each requested CPU is the sole allowed CPU of at least one thread (thread i -> cpus[i]).
     for c in cpus:
         assert f"'{c}'" in line, line
+
+
+def test_a_second_binding_in_one_process_sees_every_cpu():
+    """Binding pins the calling (main) thread to one CPU; a second engine in the same process (or a benchmark's
+    child processes) must still be given every CPU the process had, not that one."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os; from cpuinfer.platform.threads import bind_from_env; "
+        "first = bind_from_env(); second = bind_from_env(); print(first.cpus == second.cpus, len(first.cpus))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out[0] == "True", out

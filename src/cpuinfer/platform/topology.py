@@ -9,8 +9,8 @@ passes a fake tree), once, into a `Topology`:
 - the cgroup cpuset: v2 `sys/fs/cgroup/<cgroup>/cpuset.cpus.effective`, v1
   `sys/fs/cgroup/cpuset/<cgroup>/cpuset.effective_cpus`, `<cgroup>` from `proc/self/cgroup` (the nearest
   ancestor that has the file: inside a container the mount's root is the container's own cgroup).
-The CPUs a process may use are online ∩ cgroup cpuset ∩ its affinity mask (`os.sched_getaffinity(0)`,
-or the `affinity` a caller passes).
+The CPUs a process may use are online ∩ cgroup cpuset ∩ its affinity mask (`os.sched_getaffinity(0)` as first
+read, before any binding; or the `affinity` a caller passes).
 """
 
 from __future__ import annotations
@@ -22,6 +22,16 @@ from dataclasses import dataclass, field
 from cpuinfer.envs import EnvError
 
 SYSFS_ROOT = "/"  # where `sys/` and `proc/` are read from; tests point Topology.read(root=...) at a fake tree
+_process_affinity: frozenset[int] | None = None
+
+
+def process_affinity() -> frozenset[int]:
+    """The CPUs this process was given, as first read here: binding an engine pins this (main) thread to one CPU,
+    and a second engine in the same process must still see every CPU the process had, not that one."""
+    global _process_affinity
+    if _process_affinity is None:
+        _process_affinity = frozenset(os.sched_getaffinity(0))
+    return _process_affinity
 
 
 def parse_cpu_list(text: str, name: str = "cpu list") -> list[int]:
@@ -108,13 +118,13 @@ class Topology:
 
     @classmethod
     def read(cls, root: str | None = None, affinity: Iterable[int] | None = None) -> Topology:
-        """Read the tree under `root` (default SYSFS_ROOT); `affinity` defaults to os.sched_getaffinity(0)."""
+        """Read the tree under `root` (default SYSFS_ROOT); `affinity` defaults to process_affinity()."""
         root = SYSFS_ROOT if root is None else root
         cpu_dir = os.path.join(root, "sys/devices/system/cpu")
         node_dir = os.path.join(root, "sys/devices/system/node")
         online_list = _cpu_file(os.path.join(cpu_dir, "online"))
         online = None if online_list is None else frozenset(online_list)
-        allowed = set(os.sched_getaffinity(0) if affinity is None else affinity)
+        allowed = set(process_affinity() if affinity is None else affinity)
         if online is not None:
             allowed &= online
         cpuset = _cgroup_cpuset(root)
