@@ -114,8 +114,8 @@ def _tensors(model):
     return seen.values()
 
 
-def bench_transformers(model: str, args) -> dict:
-    """The same measurements with transformers' generate (bfloat16, greedy, KV cache on)."""
+def hf_model(model: str):
+    """transformers' model of the GGUF in bfloat16 (its default attention: SDPA), weights as cpuinfer loads them."""
     import transformers
 
     from cpuinfer.model_loader import load_model_spec, load_weights
@@ -129,7 +129,12 @@ def bench_transformers(model: str, args) -> dict:
     missing, unexpected = m.load_state_dict(tensors, strict=False)
     assert not unexpected and all("lm_head" in k or "rotary" in k for k in missing), (missing, unexpected)
     m.tie_weights()
-    del tensors
+    return m
+
+
+def bench_transformers(model: str, args) -> dict:
+    """The same measurements with transformers' generate (bfloat16, greedy, KV cache on)."""
+    m = hf_model(model)
     vocab = m.config.vocab_size
 
     def gen(ps, n):

@@ -126,6 +126,11 @@ inline void qk_tile(const float *q, int64_t D, const C *k, int64_t j0, int64_t j
     constexpr int U = unroll<R>();
     const int64_t W = width();
     const int64_t Dv = D - D % W;
+    // Where the layer reduces 16 vectors at once (vec.h's reduce_add16), the keys of each whole run of 16
+    // from j0 keep their rows' accumulators here and are reduced together at the run's end; the same bits
+    // as one by one. (Such a layer's width is kReduceKeys; the size is 1 where there is none.)
+    constexpr int kRun = kReduceKeys > 0 ? 16 : 1;
+    alignas(64) float part[R][kRun * (kReduceKeys > 0 ? kReduceKeys : 1)];
     int64_t j = j0;
     for (; j + U <= j1; j += U) {
         const C *kj = k + j * D;
@@ -151,6 +156,23 @@ inline void qk_tile(const float *q, int64_t D, const C *k, int64_t j0, int64_t j
         CPUINFER_HEAD_DIM_LOOP(BODY)
 #undef STEP
 #undef BODY
+        if constexpr (kReduceKeys > 0) {
+            const int64_t run = j0 + (j - j0) / 16 * 16;  // the run of 16 keys that j is in
+            if (run + 16 <= j1) {
+                const int64_t at = (j - run) * W;
+#define OUT(i)                                                                                 \
+    if constexpr (i < R) {                                                                     \
+        store(part[i] + at, a##i);                                                             \
+        if constexpr (U >= 2) store(part[i] + at + W, b##i);                                   \
+        if constexpr (U >= 4) store(part[i] + at + 2 * W, c##i), store(part[i] + at + 3 * W, d##i); \
+    }
+                CPUINFER_ROWS(OUT)
+#undef OUT
+                if (j + U == run + 16)
+                    for (int r = 0; r < R; ++r) reduce_add16(part[r], s + r * s_stride + run);
+                continue;
+            }
+        }
         // The R x U sums, four at a time (reduce_add4: one transposed
         // reduction): a row's four keys (U = 4), two rows' two keys (U = 2)
         // or four rows' key (U = 1).

@@ -20,6 +20,11 @@
 //   reduce_add4(a, b, c, d, float *out)  out[0..3] = the four sums (a default
 //                           below; layers with a cheaper transposed reduction
 //                           define CPUINFER_VEC_REDUCE_ADD4 and their own)
+//   kReduceKeys, reduce_add16(const float *x, float *out)  out[k] = reduce_add of
+//                           the vector at x + k * width() for k < 16, with its bits
+//                           (the default below: 0, one reduce_add each; layers
+//                           with a transposed 16-way reduction define
+//                           CPUINFER_VEC_REDUCE_ADD16, kReduceKeys = 16 and their own)
 //   vf load2a(const T*), vf load2b(const T*), void store2(T*, vf a, vf b)
 //                           2*width() consecutive elements as two vectors (a, b),
 //                           in a lane order the layer may choose per T (x86 keeps
@@ -81,6 +86,13 @@ inline void reduce_add4(vf a, vf b, vf c, vf d, float *out) {
     out[1] = reduce_add(b);
     out[2] = reduce_add(c);
     out[3] = reduce_add(d);
+}
+#endif
+
+#if !defined(CPUINFER_VEC_REDUCE_ADD16)
+constexpr int kReduceKeys = 0;
+inline void reduce_add16(const float *x, float *out) {
+    for (int k = 0; k < 16; ++k) out[k] = reduce_add(load(x + k * width()));
 }
 #endif
 

@@ -6,9 +6,11 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <random>
 #include <string>
 
 #include "common/kernels.h"
+#include "common/vec.h"
 #include "harness.h"
 
 using namespace cpuinfer;
@@ -340,4 +342,25 @@ CPUINFER_TEST(paged_attention_row_independent_of_its_tile) {
         for (int64_t group : {1, 2, 3})
             check_rows_alone(DType::bf16, DType::bf16, D, 1, group, 128, std::uniform_int_distribution<int>(2, 40)(rng()),
                              std::uniform_int_distribution<int>(60, 300)(rng()));
+}
+
+// vec.h's reduce_add16 (16 sums at once: the QK scores of a run of 16 keys) gives reduce_add's bits for each,
+// on every layer: a key's score goes through either, depending on where the run of keys a row sees starts.
+// Lanes of random magnitudes and signs, so that any other order of the additions rounds differently.
+CPUINFER_TEST(reduce_add16_gives_reduce_adds_bits) {
+    const int64_t W = vec::width();
+    std::vector<float> x(size_t(16 * W));
+    std::uniform_real_distribution<float> mant(-1.f, 1.f);
+    std::uniform_int_distribution<int> expo(-20, 20);
+    bool same = true;
+    for (int trial = 0; trial < 64; ++trial) {
+        for (float &v : x) v = std::ldexp(mant(rng()), expo(rng()));
+        float out[16];
+        vec::reduce_add16(x.data(), out);
+        for (int k = 0; k < 16; ++k) {
+            const float one = vec::reduce_add(vec::load(x.data() + k * W));
+            same = same && std::memcmp(&one, &out[k], sizeof(float)) == 0;
+        }
+    }
+    expect_true("reduce_add16 = 16 x reduce_add, bit for bit", same);
 }

@@ -1,6 +1,7 @@
 """Speculative decoding on SmolLM2 (the bundled GGUF, bf16): greedy tokens and their logprobs with n-gram
-speculation (k = 1..8; batching, chunked prefill, prefix caching, preemption) equal plain decoding's, token
-for token. The kernels are batch-invariant, so a verification row's logits are plain decoding's."""
+speculation (k = 1..8; batching, chunked prefill, prefix caching, preemption; bf16 and fp8_e5m2 KV caches)
+equal plain decoding's, token for token. The kernels are batch-invariant, so a verification row's logits are
+plain decoding's."""
 
 from __future__ import annotations
 
@@ -118,6 +119,23 @@ def test_preemption_identical(smol_runner, smol_spec):
     params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
     ref = [run(engine_on(smol_runner, smol_spec, caching=False), [p], params)[0] for p in prompts]
     eng = engine_on(smol_runner, smol_spec, k=4, num_blocks=6)
+    same(run(eng, prompts, params), ref)
+    assert eng.get_stats().num_preemptions > 0
+
+
+def test_fp8_cache_identical_to_plain_fp8(smol_runner_fp8, smol_spec):
+    """On an fp8_e5m2 KV cache: speculation (with chunked prefill and prefix caching, then with preemption)
+    gives plain fp8 decoding's tokens and logprobs (the verification rows read the same fp8 keys and values)."""
+    ref = [run(engine_on(smol_runner_fp8, smol_spec, caching=False), [p], GREEDY)[0] for p in PROMPTS]
+    eng = engine_on(smol_runner_fp8, smol_spec, k=4, batched=16)
+    same(run(eng, PROMPTS, GREEDY), ref)
+    assert eng.core.spec.stats.num_accepted_tokens > 0
+    same(run(eng, PROMPTS[:1], GREEDY), ref[:1])  # its prompt's blocks now from the fp8 prefix cache
+    assert eng.get_stats().prefix_cache_hits > 0
+    prompts = [[*smol_spec.tokenizer.encode(PROMPTS[1]).ids[:14], i] for i in range(4)]
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    ref = [run(engine_on(smol_runner_fp8, smol_spec, caching=False), [p], params)[0] for p in prompts]
+    eng = engine_on(smol_runner_fp8, smol_spec, k=4, num_blocks=6)
     same(run(eng, prompts, params), ref)
     assert eng.get_stats().num_preemptions > 0
 

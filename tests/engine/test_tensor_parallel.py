@@ -94,12 +94,13 @@ def test_engine_features_under_tp2(checkpoints, kv):
     assert two["preemptions"] > 0 and two["prefix_hits"] > 0
 
 
-def test_speculative_decoding_under_tp2(checkpoints):
-    """n-gram speculation on two ranks (the verification rows cross to the workers with the step): one rank's
-    plain greedy tokens, with proposals accepted."""
-    one = run("engine", checkpoints["llama"], "float32", "auto", "1")
+@pytest.mark.parametrize("kv", ["auto", "fp8_e5m2"])
+def test_speculative_decoding_under_tp2(checkpoints, kv):
+    """n-gram speculation on two ranks (the verification rows cross to the workers with the step), on the
+    model's and an fp8 KV cache: one rank's plain greedy tokens, with proposals accepted."""
+    one = run("engine", checkpoints["llama"], "float32", kv, "1")
     ngram = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1})
-    two = run("engine", checkpoints["llama"], "float32", "auto", ngram, "2")
+    two = run("engine", checkpoints["llama"], "float32", kv, ngram, "2")
     assert two["tokens"] == one["tokens"]
     assert two["accepted"] > 0
 

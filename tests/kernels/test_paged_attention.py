@@ -125,6 +125,27 @@ def test_single_thread_matches_threaded(kernels):
     assert torch.equal(threaded, single)
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float8_e5m2], ids=["bf16", "fp8"])
+def test_long_context_against_float64_on_any_thread_count(kernels, cache_dtype):
+    """Decodes at 16k and 9k context and a 3-token verification chunk at 12k (SmolLM2's heads, the engine's
+    block size): within the bf16 tolerance of float64 attention over the same (dequantized) cache, and the
+    same bits on 1, 2 and 3 threads (the flash-decoding partitions sit where the keys are, whatever thread
+    runs them; 3 threads split the units differently from 2)."""
+    torch.manual_seed(37)
+    b = make_batch([(1, 16384), (1, 9000), (3, 12000)], 9, 3, 64, 128, torch.bfloat16, cache_dtype)
+    ref = ref_paged_attention(b, dtype=torch.float64)
+    prev = torch.get_num_threads()
+    outs = []
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            outs.append(run_kernel(kernels, b))
+    finally:
+        torch.set_num_threads(prev)
+    torch.testing.assert_close(outs[0].double(), ref, **TOL[torch.bfloat16])
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
 def test_strided_query_and_out(kernels):
     """query as a slice of a fused qkv tensor, out as a slice of a wider buffer."""
     b = make_batch([(3, 40), (1, 17)], 4, 2, 64, 16, torch.bfloat16, torch.bfloat16)
