@@ -9,7 +9,7 @@ import textwrap
 
 import torch
 
-from cpuinfer.worker import ScheduledSeq
+from cpuinfer.engine.step import ScheduledSeq
 
 from .conftest import BLOCK, NUM_BLOCKS
 
