@@ -134,7 +134,7 @@ def kernel_path(act16: bool = False, dtype: torch.dtype = torch.bfloat16) -> str
     from .. import _C
 
     if act16:
-        return f"16-bit activations, {_C.quant_wide_impl(dtype)} tile"
+        return f"16-bit activations, {_C.quant_wide_impl(str(dtype).removeprefix('torch.'))} tile"
     return f"int8 activations, integer kernels, {_C.quant_tile_impl()} tile"
 
 
