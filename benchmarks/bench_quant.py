@@ -203,7 +203,11 @@ def one(config: str, model: str, args) -> dict:
 
     assert engine_prompts(2, 8, 49152) == prompts(2, 8, 49152), "bench_engine.prompts changed: update prompts()"
     a = argparse.Namespace(
-        input_len=args.input_len, output_len=args.output_len, long_input_len=args.long_input_len, batch=args.batch
+        input_len=args.input_len,
+        output_len=args.output_len,
+        long_input_len=args.long_input_len,
+        batch=args.batch,
+        repeat=3,  # bench_engine's default: each TTFT the median of 3 prompts
     )
     # peak_rss_mb as rss_mb() measures it (bench_engine's ru_maxrss may be the parent's peak, see rss_mb)
     return dict(bench_engine(model, a), threads=torch.get_num_threads(), peak_rss_mb=rss_mb())
