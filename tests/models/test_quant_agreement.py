@@ -102,15 +102,28 @@ def smollm2_prompts(smollm2_hf):  # noqa: F811 - the fixture imported above
     return _prompts(smollm2_hf)
 
 
+@pytest.fixture(scope="module")
+def made(smollm2_hf, smollm2_prompts, tmp_path_factory):  # noqa: F811
+    """name -> (checkpoint, its reference dequantization, the reference's tokens and logits), made once."""
+    cache = {}
+
+    def make(name: str):
+        if name not in cache:
+            method, opts = HF_FORMATS[name]
+            path = str(tmp_path_factory.mktemp("agree") / name)
+            ref_dir = quantize_dir(smollm2_hf, path, method, **opts)
+            model = transformers.AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).eval()
+            cache[name] = (path, ref_dir, *reference(model, smollm2_prompts))
+        return cache[name]
+
+    return make
+
+
 @pytest.mark.parametrize("name", list(HF_FORMATS))
-def test_weight_only_formats_agree_as_plain_bf16(smollm2_hf, smollm2_prompts, tmp_path, name):  # noqa: F811
+def test_weight_only_formats_agree_as_plain_bf16(made, smollm2_prompts, name):
     """16-bit activations: agreement within 1% of a plain bf16 run on the same dequantized weights, and logit
-    error at most 1.25x that run's; the W4A8 opt-in (int8 activations) is what the README measures against."""
-    method, opts = HF_FORMATS[name]
-    path = str(tmp_path / name)
-    ref_dir = quantize_dir(smollm2_hf, path, method, **opts)
-    model = transformers.AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).eval()
-    tokens, ref = reference(model, smollm2_prompts)
+    error at most 1.25x that run's."""
+    path, ref_dir, tokens, ref = made(name)
     runner = _runner(path)
     assert all(p.act16 for p in runner.model.layers[0].plan.mlp.down_w.parts)
     ours = agreement(ref, run_forced(runner, smollm2_prompts, tokens))
@@ -120,20 +133,16 @@ def test_weight_only_formats_agree_as_plain_bf16(smollm2_hf, smollm2_prompts, tm
     assert ours[1] <= 1.25 * plain[1], f"{name}: logit error {ours[1]:.4f} against plain bf16's {plain[1]:.4f}"
 
 
-def test_w4a8_opt_in(smollm2_hf, smollm2_prompts, tmp_path, monkeypatch):  # noqa: F811
-    """CPUINFER_INT4_W4A8=1 (or vLLM's VLLM_CPU_INT4_W4A8) runs 4-bit weight-only layers with int8 activations:
-    measurably further from the reference than the default (the issue's 483 against 495 of 512)."""
-    method, opts = HF_FORMATS["gptq-4bit-g128-act"]
-    path = str(tmp_path / "gptq")
-    ref_dir = quantize_dir(smollm2_hf, path, method, **opts)
-    model = transformers.AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).eval()
-    tokens, ref = reference(model, smollm2_prompts)
+def test_w4a8_opt_in(made, smollm2_prompts, monkeypatch):
+    """CPUINFER_INT4_W4A8=1 (here vLLM's spelling, VLLM_CPU_INT4_W4A8) runs 4-bit weight-only layers with int8
+    activations: further from the reference than the default 16-bit ones."""
+    path, _, tokens, ref = made("gptq-4bit-g128-act")
     a16 = agreement(ref, run_forced(_runner(path), smollm2_prompts, tokens))
     monkeypatch.setenv(envs.INT4_W4A8.names[1], "1")
     w4a8_runner = _runner(path)
     assert not any(p.act16 for p in w4a8_runner.model.layers[0].plan.mlp.down_w.parts)
     w4a8 = agreement(ref, run_forced(w4a8_runner, smollm2_prompts, tokens))
-    print(f"gptq: 16-bit activations {a16}, W4A8 {w4a8}")
+    print(f"gptq W4A8: int8 activations {w4a8}, 16-bit activations {a16}")
     assert w4a8[1] > a16[1], "int8 activations should move the logits further than 16-bit ones"
 
 
