@@ -1,6 +1,6 @@
 """Quantized models against our own bf16 and against llama.cpp on the same GGUF files, measured in the same run.
 
-    python benchmarks/bench_quant.py [--model FILE.gguf] [--configs bf16,quant,q8_0,q4_0,q4_k_m,gptq4,w8a8]
+    python benchmarks/bench_quant.py [--model FILE.gguf] [--configs bf16,quant,q8_0,q4_0,q4_k_m,gptq4,gptq4-w4a8,w8a8]
                                      [--llama | --no-llama] [--llama-python PY] [--threads 2] [--work-dir DIR]
 
 Each row runs in its own process (peak RSS is per process), with bench_engine.py's loop:
@@ -10,8 +10,11 @@ W1 = batch 1, 128-token prompt, 128 greedy tokens (decode tok/s, prefill exclude
 cpuinfer configurations: `bf16` (the GGUF's quants dequantized: CPUINFER_GGUF_DEQUANTIZE=1), `quant`
 (the --model file, by default the bundled SmolLM2 Q4_1 with a Q8_0 embedding, kept quantized on the
 integer kernels), `q8_0`, `q4_0`, `q4_k_m` (GGUF files of the same model, kept quantized), and the
-same model as Hugging Face checkpoints `gptq4` (GPTQ 4 bit, group 128, act-order) and `w8a8`
-(compressed-tensors int8 per-channel weights, int8 dynamic activations).
+same model as Hugging Face checkpoints `gptq4` (GPTQ 4 bit, group 128, act-order; a weight-only format,
+run with 16-bit activations) and `w8a8` (compressed-tensors int8 per-channel weights, int8 dynamic
+activations). `gptq4-w4a8` is the `gptq4` checkpoint under CPUINFER_INT4_W4A8=1 (int8 activations per
+block of 32, the path GPTQ took before 16-bit activations became the default): the line
+`gptq4 / gptq4-w4a8` gives the speed of the default against the opt-in, same run.
 
 Made once into --work-dir from the --model file: its weights dequantized by the `gguf` package
 (gguf.quants.dequantize) into an F32 GGUF with every metadata key copied (tokenizer included); from
@@ -69,6 +72,7 @@ HF_FORMATS = {
     "gptq4": ("gptq", dict(bits=4, group=128, sym=True, act_order=True)),
     "w8a8": ("compressed-tensors", dict(scheme="W8A8")),
 }
+W4A8_ROWS = {"gptq4-w4a8": "gptq4"}  # row -> the HF_FORMATS checkpoint it runs under CPUINFER_INT4_W4A8=1
 # GGUF files made from the --model file: config -> (GGUF file type, how it is made).
 GGUF_MADE = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k_m": "Q4_K_M"}
 GGUF_CONFIGS = ("quant", *GGUF_MADE)  # the configurations that run from a GGUF file kept quantized
@@ -189,6 +193,10 @@ def one(config: str, model: str, args) -> dict:
         os.environ["CPUINFER_GGUF_DEQUANTIZE"] = "1"
     else:
         os.environ.pop("CPUINFER_GGUF_DEQUANTIZE", None)
+    if config in W4A8_ROWS:
+        os.environ["CPUINFER_INT4_W4A8"] = "1"
+    else:
+        os.environ.pop("CPUINFER_INT4_W4A8", None)
     import torch
     from bench_engine import bench_engine
     from bench_engine import prompts as engine_prompts
@@ -380,7 +388,7 @@ def main() -> int:
     ap.add_argument("--kv-space", default="0.5", help="VLLM_CPU_KVCACHE_SPACE for each run (GiB)")
     ap.add_argument(
         "--configs",
-        default="bf16,quant,q8_0,q4_0,q4_k_m,gptq4,w8a8",
+        default="bf16,quant,q8_0,q4_0,q4_k_m,gptq4,gptq4-w4a8,w8a8",
         help="comma-separated rows; each GGUF one (quant, q8_0, q4_0, q4_k_m) also gets a llama.cpp "
         "row with --llama; `llama:<config>` names a llama.cpp row alone",
     )
@@ -446,8 +454,8 @@ def main() -> int:
         try:
             if config not in paths:
                 paths[config] = (
-                    hf_checkpoint(config, src, args.work_dir)
-                    if config in HF_FORMATS
+                    hf_checkpoint(W4A8_ROWS.get(config, config), src, args.work_dir)
+                    if config in HF_FORMATS or config in W4A8_ROWS
                     else gguf_file(config, src, args.work_dir, llama_python)
                     if config in GGUF_MADE
                     else src
@@ -549,6 +557,14 @@ def main() -> int:
                     f"{config} / bf16 (no target): W1 decode {r['decode_tps'] / b['decode_tps']:.2f}x, "
                     f"TTFT {r['ttft_long'] / b['ttft_long']:.2f}x, W2 {r['throughput'] / b['throughput']:.2f}x"
                 )
+    for a16, a8 in ((w, r) for r, w in W4A8_ROWS.items()):
+        x, y = results.get(a16), results.get(a8)
+        if x and y:
+            print(
+                f"{a16} (16-bit activations) / {a8} (int8, no target): W1 decode "
+                f"{x['decode_tps'] / y['decode_tps']:.2f}x, TTFT {x['ttft_long'] / y['ttft_long']:.2f}x, "
+                f"W2 {x['throughput'] / y['throughput']:.2f}x"
+            )
     for label, x, target, met in checks:
         rel = "<=" if "TTFT" in label or "RSS" in label else ">="
         value = f"{x:.0f}" if "RSS" in label else f"{x:.2f}x"

@@ -295,6 +295,9 @@ NB_MODULE(CPUINFER_MODULE(CPUINFER_VARIANT), m) {
           nb::arg("dtype"), "Consecutive k per column in the packed layout for dtype ('bfloat16', ...).");
     m.def("linear_tile_impl", [](const std::string &dtype) { return std::string(linear_tile_impl(dtype_from_name(dtype))); },
           nb::arg("dtype"), "Tile of the packed linear for dtype ('amx', 'amx-fp16', 'avx512bf16', 'bfdot', 'fmlal', 'fma').");
+    m.def("quant_wide_impl", [](const std::string &dtype) { return std::string(quant_wide_impl(dtype_from_name(dtype))); },
+          nb::arg("dtype"), "Tile of the quantized linear with 16-bit activations (act16 weights) for dtype: "
+          "'avx512bf16', 'portable-f32'.");
     m.def("linear_peak_flops", [](const std::string &dtype, double seconds) {
               DType dt = dtype_from_name(dtype);
               nb::gil_scoped_release nogil;

@@ -2,8 +2,8 @@
 //
 // A quantized weight crosses as a Python object (cpuinfer.quantization's
 // QuantWeight) with attributes qs, d, z, m (tensors; z or m is None), bits,
-// group, n, k and optionally perm (int32 [k] or None: the packed k order); a stack of them (QuantStack) as an object whose `parts` lists
-// them. Every tensor's dtype and size is checked against the shape it claims,
+// group, n, k and optionally perm (int32 [k] or None: the packed k order) and act16 (True: x stays 16-bit,
+// QuantMatrix::act16); a stack of them (QuantStack) as an object whose `parts` lists them. Every tensor's dtype and size is checked against the shape it claims,
 // so a malformed weight is a ValueError naming it, never a read past its end.
 #pragma once
 #include <nanobind/nanobind.h>
@@ -69,6 +69,10 @@ inline QuantMatrix quant_part(nb::handle obj, const std::string &name, std::vect
     if (!quant_form_supported(q.bits, q.group, !m.is_none()))
         fail_value(name + ": no kernel for " + str(q.bits) + "-bit values with " + (m.is_none() ? "zero points" : "minimums") +
                    " in groups of " + str(q.group) + " (5 bits: groups of 32 or more; 6 bits: zero points in groups of 16)");
+    q.act16 = nb::cast<bool>(nb::getattr(obj, "act16", nb::bool_(false)));
+    if (q.act16 && !quant_form_supported(q.bits, q.group, !m.is_none(), true))
+        fail_value(name + ": no 16-bit-activation kernel for " + str(q.bits) + "-bit values in groups of " + str(q.group) +
+                   " (4 or 8 bits in groups of 32 or more); set act16=False to run it with int8 activations");
     auto tensor = [&](nb::object o, const char *what) {
         In t;
         nb::detail::cleanup_list cleanup(nullptr);
@@ -204,8 +208,9 @@ inline void bind_quant(nb::module_ &m) {
     m.def("quant_linear", &py_quant_linear, nb::arg("out"), nb::arg("input"), nb::arg("weight"),
           nb::arg("bias").none(),
           "out = input @ W.T (+ bias) for a quantized weight (QuantWeight or QuantStack): int8 activations per "
-          "block of 32, the variant's integer dot product, f32 accumulation, rounded once to out's dtype (input's, "
-          "or float32 for the unrounded sums).");
+          "block of 32 and the variant's integer dot product (or, for a part with act16, the input as it is against "
+          "the widened weight), f32 accumulation, rounded once to out's dtype (input's, or float32 for the "
+          "unrounded sums).");
     m.def("quant_pack", &py_quant_pack, nb::arg("weight"), nb::arg("u"), nb::arg("d"), nb::arg("z").none(),
           nb::arg("m").none(), "Fill weight's qs, d, z / m from values u [n, k] and per-group d and z or m.");
     m.def("quant_rows", &py_quant_rows, nb::arg("out"), nb::arg("weight"), nb::arg("ids"),

@@ -138,12 +138,18 @@ struct QuantMatrix {
     // multiplies input feature perm[j]. GPTQ's act-order sorts k by group so
     // that groups are contiguous; x is gathered through it when quantized.
     const int32_t *perm = nullptr;  // [K], a permutation of 0..K-1
+    // Weight-only formats (GPTQ, AWQ, compressed-tensors W4A16 / W8A16): x
+    // stays in its 16-bit type (or f32) and meets the widened weight values
+    // (quant_wide.h), as those formats' accuracy is measured. Otherwise x is
+    // quantized to int8 per block of 32 (GGUF, as llama.cpp; W8A8; W4A8 opt-in).
+    bool act16 = false;
 };
 inline int64_t quant_panels(int64_t N) { return (N + 15) / 16; }
 // Whether the kernels are built for this value width and form: 4 and 8 bits
 // in every form, 5 bits with zero points or minimums in groups of 32 or more,
 // 6 bits with zero points in groups of 16 (the forms GGUF's types take).
-bool quant_form_supported(int bits, int64_t group, bool has_min);
+// With 16-bit activations (act16): 4 and 8 bits in groups of 32 or more.
+bool quant_form_supported(int bits, int64_t group, bool has_min, bool act16 = false);
 
 // Writes the panel layout from one value per byte u [N, K] and per-row group
 // parameters d, z or m [N, K / group] (exactly one of z, m non-null; the
@@ -154,7 +160,8 @@ void quant_pack(const QuantMatrix &shape, const uint8_t *u, const f16_t *d, cons
 // out[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]) with x quantized per row
 // and block of 32 k to int8 (quant_tile.h), integer dot products and f32
 // accumulation, rounded once to dt. Each row's result depends on that row
-// only (batch invariant), and is the same on every variant.
+// only (batch invariant), and is the same on every variant. With w.act16, x
+// as it is against the widened weight (quant_wide.h): batch invariant too.
 void quant_linear(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_stride, const QuantMatrix &w,
                   const void *bias, int64_t M, bool out_f32 = false);
 
@@ -210,6 +217,8 @@ void moe_mlp(DType dt, const MoeWeights &m, void *out, int64_t out_stride, const
 // Which tile quant_linear runs on this build ("avx512vnni", "avx2", "neon_i8mm",
 // "neon_dotprod", "sve_dotprod", "vxe", "portable").
 const char *quant_tile_impl();
+// Which tile quant_linear runs for act16 weights in a run of dt ("avx512bf16", "portable-f32").
+const char *quant_wide_impl(DType dt);
 
 // Peak multiply-add rate of one core on this variant's tile instruction
 // (VDPBF16PS for bf16 where the packed kernel uses it, else f32 FMA), from an

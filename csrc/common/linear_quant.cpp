@@ -12,9 +12,15 @@
 // activations in the variant's integer dot product (VPDPBUSD on AVX512-VNNI,
 // USDOT / SDOT on Arm; quant_tile.h lists the tiles), which reads a 4-bit
 // weight as a quarter of the bytes of bf16.
+//
+// Weight-only formats (w.act16: GPTQ, AWQ, compressed-tensors W4A16 / W8A16)
+// keep x in its own type instead: the same driver runs a tile that widens each
+// block of the weight where the rows use it (quant_wide.h), on x as it lies
+// (or gathered through the perm, or widened to the tile's type).
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "aligned.h"
@@ -133,6 +139,57 @@ struct QuantizedX {
     }
 };
 
+// Sum of n values of x in f32, in one fixed order (vector lanes, then their reduction, where n is whole vectors).
+template <typename X>
+float row_sum(const X *x, int64_t n) {
+    const int W = vec::width();
+    if (n % W == 0) {
+        vec::vf s = vec::zero();
+        for (int64_t k = 0; k < n; k += W) s = vec::add(s, vec::load(x + k));
+        return vec::reduce_add(s);
+    }
+    float s = 0.0f;
+    for (int64_t k = 0; k < n; ++k) s += to_f32(x[k]);
+    return s;
+}
+
+// x [M, K] for a 16-bit-activation tile (quant_wide.h): the rows in the tile's type X, copied only where x is
+// not that already (another type, or a perm to gather through), and per group the f32 sum of each row's x if
+// the tile needs it. Each is a function of its row alone.
+template <typename X>
+struct WideX {
+    LineVector<X> copy;
+    LineVector<float> sums;
+    quant::WideRows<X> rows{};
+
+    template <typename T>
+    WideX(const T *x, int64_t xs, int64_t M, int64_t K, const int32_t *perm, int64_t group, bool with_sums) {
+        const bool own = perm || !std::is_same_v<X, T>;
+        const int64_t groups = K / group;
+        if (own) copy.resize(size_t(M * K));
+        if (with_sums) sums.resize(size_t(M * groups));
+        const int64_t grain = std::max<int64_t>(1, 16384 / K);
+        parallel_for(M, grain, [&](int64_t b, int64_t e) {
+            for (int64_t r = b; r < e; ++r) {
+                const T *row = x + r * xs;
+                const X *xr = nullptr;
+                if (own) {
+                    X *c = copy.data() + r * K;
+                    for (int64_t k = 0; k < K; ++k) c[k] = from_f32<X>(to_f32(row[perm ? perm[k] : k]));
+                    xr = c;
+                } else if constexpr (std::is_same_v<X, T>) {
+                    xr = row;
+                }
+                if (with_sums)
+                    for (int64_t g = 0; g < groups; ++g) sums[size_t(r * groups + g)] = row_sum(xr + g * group, group);
+            }
+        });
+        const X *base = own ? copy.data() : nullptr;
+        if constexpr (std::is_same_v<X, T>) base = own ? base : x;
+        rows = {base, with_sums ? sums.data() : nullptr, own ? K : xs, groups};
+    }
+};
+
 int64_t groups_of(const QuantMatrix &w) { return w.K / w.group; }
 
 // Up to this many rows, several row chunks share each panel pass (see run).
@@ -144,12 +201,13 @@ quant::QuantPanel panel(const QuantMatrix &w, int64_t p) {
             blocks, w.group >= kBlock ? w.group / kBlock : 0};
 }
 
-// O: the output's type, T or float (unrounded sums, out_f32).
-template <typename Tile, typename T, typename O>
-void run(O *out, int64_t os, const quant::QuantRows &x, const QuantMatrix &w, const T *bias, int64_t M) {
+// O: the output's type, T or float (unrounded sums, out_f32). Rows: quant::QuantRows (int8 x) or
+// quant::WideRows (16-bit x), as the tile reads them.
+template <typename Tile, typename Rows, typename T, typename O>
+void run(O *out, int64_t os, const Rows &x, const QuantMatrix &w, const T *bias, int64_t M) {
     static_assert(Tile::kMaxRows <= 16, "acc below holds 16 rows");
     const int64_t panels = quant_panels(w.N), K = w.K, MR = Tile::kMaxRows;
-    const int64_t chunk = row_chunk(M, K, MR, Tile::kChunkBytes), chunks = (M + chunk - 1) / chunk;
+    const int64_t chunk = row_chunk(M, K * Rows::kElemBytes, MR, Tile::kChunkBytes), chunks = (M + chunk - 1) / chunk;
     const int64_t tasks = chunks * panels;
     // A decode batch of a few row chunks (the amx tile's are 16 rows: two at M = 32) goes panel-major: a
     // thread takes each of its panels through every chunk, so the weight streams once per call, not once
@@ -171,12 +229,7 @@ void run(O *out, int64_t os, const quant::QuantRows &x, const QuantMatrix &w, co
             for (int64_t r0 = 0; r0 < rows; r0 += per) {
                 const int mr = int(std::min(per, rows - r0));
                 const int64_t m0 = m_begin + r0;
-                quant::QuantRows xr = x;
-                xr.q += m0 * x.q_stride;
-                xr.dx += m0 * x.b_stride;
-                xr.sx += m0 * x.b_stride;
-                xr.s16 += m0 * 2 * x.b_stride;
-                Tile::run(mr, xr, wp, acc);
+                Tile::run(mr, x.from(m0), wp, acc);
                 for (int r = 0; r < mr; ++r) {
                     O *o = out + (m0 + r) * os + n0;
                     const float *a = acc + r * kLanes;
@@ -218,6 +271,20 @@ void with_tile(const QuantMatrix &w, F &&f) {
     }
 }
 
+// Calls f(Tile) with the 16-bit-activation tile for a run of type T and w's bits and form (4 or 8 bits, zero
+// points or minimums, groups of 32 or more: quant_form_supported with act16).
+template <typename T, typename F>
+void with_wide_tile(const QuantMatrix &w, F &&f) {
+    const bool has_min = w.m != nullptr;
+    if (w.bits == 4) {
+        if (has_min) f(quant::Wide<T, 4, true>{});
+        else f(quant::Wide<T, 4, false>{});
+    } else {
+        if (has_min) f(quant::Wide<T, 8, true>{});
+        else f(quant::Wide<T, 8, false>{});
+    }
+}
+
 }  // namespace
 
 void quant_linear(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_stride, const QuantMatrix &w,
@@ -226,6 +293,15 @@ void quant_linear(DType dt, void *out, int64_t out_stride, const void *x, int64_
     with_float_types(dt, out_f32, [&](auto tag, auto out_tag) {
         using T = decltype(tag);
         using O = decltype(out_tag);
+        if (w.act16) {
+            with_wide_tile<T>(w, [&](auto tile) {
+                using Tile = decltype(tile);
+                const WideX<typename Tile::X> xw(static_cast<const T *>(x), x_stride, M, w.K, w.perm, w.group,
+                                                 Tile::kSums);
+                run<Tile>(static_cast<O *>(out), out_stride, xw.rows, w, static_cast<const T *>(bias), M);
+            });
+            return;
+        }
         const QuantizedX xq(static_cast<const T *>(x), x_stride, M, w.K, w.perm);
         with_tile(w, [&](auto tile) {
             run<decltype(tile)>(static_cast<O *>(out), out_stride, xq.rows, w, static_cast<const T *>(bias), M);
@@ -233,7 +309,8 @@ void quant_linear(DType dt, void *out, int64_t out_stride, const void *x, int64_
     });
 }
 
-bool quant_form_supported(int bits, int64_t group, bool has_min) {
+bool quant_form_supported(int bits, int64_t group, bool has_min, bool act16) {
+    if (act16) return (bits == 4 || bits == 8) && group >= kBlock && group % kBlock == 0;
     switch (bits) {
         case 4:
         case 8: return true;
@@ -301,5 +378,11 @@ void quant_rows(DType dt, void *out, int64_t out_stride, const QuantMatrix &w, c
 }
 
 const char *quant_tile_impl() { return quant::Tile<4, false, false>::kName; }
+
+const char *quant_wide_impl(DType dt) {
+    const char *name = "";
+    with_float_type(dt, [&](auto tag) { name = quant::Wide<decltype(tag), 4, false>::kName; });
+    return name;
+}
 
 }  // namespace cpuinfer

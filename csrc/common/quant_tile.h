@@ -84,6 +84,11 @@ struct QuantRows {
     const float *sx;      // [rows][b_stride]: dx * (sum of the block's q)
     const int32_t *s16;   // [rows][2 * b_stride]: sum of each 16-k half's q
     int64_t q_stride, b_stride;
+    static constexpr int64_t kElemBytes = 1;
+    // The rows from row m on.
+    QuantRows from(int64_t m) const {
+        return {q + m * q_stride, dx + m * b_stride, sx + m * b_stride, s16 + m * 2 * b_stride, q_stride, b_stride};
+    }
 };
 
 // One panel of the weight.
@@ -166,16 +171,16 @@ struct TileDefaults {
 
 // run(mr, ...) for a tile written as Tile::tile<MR> per row count 1..MaxRows
 // (rows in registers need the count at compile time).
-template <typename Tile, int MaxRows>
+template <typename Tile, int MaxRows, typename Rows = QuantRows>
 struct UnrolledRows : TileDefaults {
     static constexpr int kMaxRows = MaxRows;
-    static void run(int mr, const QuantRows &x, const QuantPanel &w, float *acc) {
+    static void run(int mr, const Rows &x, const QuantPanel &w, float *acc) {
         run_rows(mr, x, w, acc, std::make_integer_sequence<int, MaxRows>{});
     }
 
   private:
     template <int... I>
-    static void run_rows(int mr, const QuantRows &x, const QuantPanel &w, float *acc, std::integer_sequence<int, I...>) {
+    static void run_rows(int mr, const Rows &x, const QuantPanel &w, float *acc, std::integer_sequence<int, I...>) {
         (void)((mr == I + 1 && (Tile::template tile<I + 1>(x, w, acc), true)) || ...);
     }
 };
@@ -247,6 +252,8 @@ struct TileSelect {
 };
 }  // namespace cpuinfer::quant
 
+#include "quant_wide.h"
+
 #if defined(CPUINFER_QUANT_HOOKS)
 #include CPUINFER_QUANT_HOOKS
 #endif
@@ -254,4 +261,7 @@ struct TileSelect {
 namespace cpuinfer::quant {
 template <int Bits, bool Min, bool G16>
 using Tile = typename TileSelect<>::template Tile<Bits, Min, G16>;
+// The 16-bit-activation tile (quant_wide.h) for a run of type T.
+template <typename T, int Bits, bool Min>
+using Wide = typename WideSelect<>::template Tile<T, Bits, Min>;
 }  // namespace cpuinfer::quant

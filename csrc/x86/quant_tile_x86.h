@@ -382,4 +382,6 @@ struct TileSelect<void> {
 };
 
 }  // namespace cpuinfer::quant
+
+#include "quant_wide_x86.h"
 #endif

@@ -334,3 +334,38 @@ CPUINFER_TEST(quant_linear_row_chunks) {
         check_linear(form, w, M, true, label("quant_linear, row chunks", form, M, N, K));
     }
 }
+
+CPUINFER_TEST(quant_linear_act16_matches_reference_and_is_batch_invariant) {
+    // Weight-only formats (QuantMatrix::act16, common/quant_wide.h): bf16 x as it is (the x86 bf16 tile where
+    // the variant has one, else the portable f32 one), f32 out. Within f32 accumulation of the double
+    // reference (1e-5 of the sum of |w x|: no int8 rounding of x), and each row's bits as when alone.
+    for (const Form &form : kForms) {
+        if (form.bits == 5 || form.bits == 6 || form.group < kBlock) continue;  // no act16 tile for these
+        const int64_t N = 37, K = 384, M = 20;
+        Weight w(form, N, K, false);
+        w.mat.act16 = true;
+        std::vector<bf16_t> x(size_t(M * K));
+        for (auto &v : x) v = from_f32<bf16_t>(normal());
+        std::vector<float> out(static_cast<size_t>(M * N)), one(static_cast<size_t>(N));
+        quant_linear(DType::bf16, out.data(), N, x.data(), K, w.mat, nullptr, M, true);
+        const std::vector<double> wd = w.dequantized();
+        int64_t bad = 0;
+        bool same = true;
+        for (int64_t r = 0; r < M; ++r) {
+            quant_linear(DType::bf16, one.data(), N, x.data() + r * K, K, w.mat, nullptr, 1, true);
+            same = same && std::memcmp(one.data(), out.data() + r * N, size_t(N) * sizeof(float)) == 0;
+            for (int64_t n = 0; n < N; ++n) {
+                double exact = 0.0, magnitude = 0.0;
+                for (int64_t k = 0; k < K; ++k) {
+                    const double p = wd[size_t(n * K + k)] * double(to_f32(x[size_t(r * K + k)]));
+                    exact += p;
+                    magnitude += std::fabs(p);
+                }
+                bad += !(std::fabs(double(out[size_t(r * N + n)]) - exact) <= 1e-5 * magnitude + 1e-30);
+            }
+        }
+        const std::string what = label("quant_linear act16", form, M, N, K);
+        expect_true(what + ": within f32 accumulation of the reference (" + std::to_string(bad) + " outside)", bad == 0);
+        expect_true(what + ": each row's bits as when alone", same);
+    }
+}

@@ -193,11 +193,20 @@ def test_quantization_flag(good, tiny):
     assert config.spec.quantization == "compressed-tensors"
 
 
-def test_info_lists_the_format(good):
-    """`cpuinfer info --model` names the method, its scheme and the kernel path."""
-    from cpuinfer import _C
+def test_info_lists_the_format(good, monkeypatch):
+    """`cpuinfer info --model` names the method, its scheme and the kernel path: 16-bit activations for a
+    weight-only format, int8 ones under the W4A8 opt-in (either spelling)."""
+    from cpuinfer import _C, envs
 
     d = describe(good["gptq"])
     assert d["quantization"] == "gptq" and d["linear layers"] == "GPTQ-4bit-g32-act"
-    assert d["kernel"] == f"integer kernels, {_C.quant_tile_impl()} tile"
-    assert describe(good["compressed-tensors"])["linear layers"] == "W4A16-g32-asym"
+    assert d["kernel"] == f"16-bit activations, {_C.quant_wide_impl('bfloat16')} tile"
+    ct = describe(good["compressed-tensors"])
+    assert ct["linear layers"] == "W4A16-g32-asym" and ct["kernel"].startswith("16-bit activations")
+    for name in envs.INT4_W4A8.names:
+        monkeypatch.setenv(name, "1")
+        assert describe(good["gptq"])["kernel"] == f"int8 activations, integer kernels, {_C.quant_tile_impl()} tile"
+        monkeypatch.delenv(name)
+    monkeypatch.setenv(envs.INT4_W4A8.names[1], "maybe")
+    with pytest.raises(envs.EnvError, match="VLLM_CPU_INT4_W4A8='maybe' is not a boolean"):
+        describe(good["gptq"])

@@ -6,10 +6,11 @@ dequantization (quant_checkpoints.py). Tolerances, per run mode:
   greedy tokens equal transformers' and logits agree to 1e-4; compressed-tensors' float32 scales are
   rounded to f16 (2**-11), measured relative logits error 0.0006-0.0012: checked < 0.01, and tokens
   teacher-forced (below) within 0.02 x RMS (measured <= 0.0001).
-- bfloat16 (weights kept quantized, activations int8 per block of 32): measured relative L2 error of the
-  first-token logits 0.018-0.039 on these models (GPTQ 0.018-0.039, AWQ 0.021-0.030, compressed-tensors
-  0.018-0.034): checked < 0.1. Tiny random models have near ties, so
-  tokens are checked teacher-forced: every token we chose is within 0.25 x the logits' RMS of the
+- bfloat16 (weights kept quantized; 16-bit activations for the weight-only formats, int8 per block of 32
+  for W8A8): measured relative L2 error of the first-token logits 0.018-0.039 on these models when every
+  format ran with int8 activations (GPTQ 0.018-0.039, AWQ 0.021-0.030, compressed-tensors 0.018-0.034):
+  checked < 0.1 (test_quant_agreement.py holds the 16-bit path to a plain bf16 run). Tiny random models
+  have near ties, so tokens are checked teacher-forced: every token we chose is within 0.25 x the logits' RMS of the
   reference's best at that step (measured <= 0.093), and batching changes no token.
 """
 

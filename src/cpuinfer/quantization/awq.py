@@ -82,4 +82,5 @@ def read(t: LinearTensors, s: Scheme) -> QuantWeight:
         bits=4,
         group=s.group_size,
         kind=s.kind,
+        act16=True,  # weight-only: x stays 16-bit (weight.py)
     )

@@ -16,6 +16,7 @@ from types import ModuleType
 
 import torch
 
+from .. import envs
 from ..errors import ModelLoadError
 from . import awq, compressed_tensors, gptq, mxfp4
 from .linear_tensors import LinearTensors
@@ -80,6 +81,8 @@ def quantized_weights(
     marker = "." + reader.MARKER
     prefixes = sorted(n[: -len(marker)] for n in tensors if n.endswith(marker))
     kinds: Counter = Counter()
+    act16: set[bool] = set()  # the activation paths the layers take
+    w4a8 = envs.INT4_W4A8.get()
     for prefix in prefixes:
         t = LinearTensors(prefix, tensors, source, method)
         try:
@@ -89,15 +92,18 @@ def quantized_weights(
         except ValueError as e:  # QuantWeight.pack's checks: a value past its bits, a bad order
             raise ModelLoadError(f"{source}: {method} layer {prefix!r}: {e}") from None
         t.pop_all(reader.SUFFIXES)
+        if w4a8 and w.bits == 4 and w.act16:  # the opt-in: 4-bit weight-only layers with int8 activations
+            w.act16 = False
         tensors[f"{prefix}.weight"] = w if dtype != torch.float32 else w.dequantize(torch.float32)
         kinds[w.kind] += 1
+        act16.add(w.act16)
     _to_dtype(tensors, dtype)
     if not prefixes:
         raise ModelLoadError(
             f"{source}: quantization_config says {method} but no tensor ends in {marker}; the "
             "checkpoint is not quantized as its config says: re-download it"
         )
-    log_kinds(os.path.basename(os.path.normpath(source)), method, kinds, dtype)
+    log_kinds(os.path.basename(os.path.normpath(source)), method, kinds, dtype, act16)
     return tensors
 
 
@@ -108,7 +114,7 @@ def _to_dtype(tensors: dict, dtype: torch.dtype) -> None:
             tensors[name] = v.to(dtype)
 
 
-def log_kinds(name: str, method: str, kinds: Counter, dtype: torch.dtype) -> None:
+def log_kinds(name: str, method: str, kinds: Counter, dtype: torch.dtype, act16: set[bool] | None = None) -> None:
     """One load-log line: the format, and which kernel path its linear layers take."""
     counts = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
     if dtype == torch.float32:
@@ -119,14 +125,27 @@ def log_kinds(name: str, method: str, kinds: Counter, dtype: torch.dtype) -> Non
             counts,
         )
     else:
-        logger.info("%s: %s; %s linear layers kept quantized (%s)", name, method, counts, kernel_path())
+        paths = "; ".join(kernel_path(a, dtype) for a in sorted(act16 or {False}))
+        logger.info("%s: %s; %s linear layers kept quantized (%s)", name, method, counts, paths)
 
 
-def kernel_path() -> str:
-    """The kernel quantized linear layers run on this CPU, e.g. 'integer kernels, avx512vnni tile'."""
+def kernel_path(act16: bool = False, dtype: torch.dtype = torch.bfloat16) -> str:
+    """The kernel quantized linear layers run on this CPU, e.g. 'int8 activations, integer kernels, avx512vnni tile'."""
     from .. import _C
 
-    return f"integer kernels, {_C.quant_tile_impl()} tile"
+    if act16:
+        return f"16-bit activations, {_C.quant_wide_impl(str(dtype).removeprefix('torch.'))} tile"
+    return f"int8 activations, integer kernels, {_C.quant_tile_impl()} tile"
+
+
+def _activation_paths(method: str, s) -> set[bool]:
+    """Which activation paths (act16 or not) a scheme's layers take, as the readers and the W4A8 opt-in set them."""
+    w4a8 = envs.INT4_W4A8.get()
+    if method in ("gptq", "awq"):
+        return {not (w4a8 and getattr(s, "bits", 4) == 4)}
+    if method == "compressed-tensors":
+        return {ws.activations == "none" and not (w4a8 and ws.bits == 4) for _, ws in s.groups}
+    return {False}
 
 
 def describe(path: str) -> dict[str, str]:
@@ -141,7 +160,8 @@ def describe(path: str) -> dict[str, str]:
             return {"path": path, "quantization": "none", "linear layers": "dense", "kernel": "bf16/f16 GEMM"}
         s = HF_READERS[method].scheme(config["quantization_config"], path)
         kinds = [ws.kind for _, ws in s.groups] if method == "compressed-tensors" else [s.kind]
-        return {"path": path, "quantization": method, "linear layers": ", ".join(kinds), "kernel": kernel_path()}
+        kernel = "; ".join(kernel_path(a) for a in sorted(_activation_paths(method, s)))
+        return {"path": path, "quantization": method, "linear layers": ", ".join(kinds), "kernel": kernel}
     from gguf import GGMLQuantizationType, GGUFReader
 
     from .gguf_blocks import KEPT_TYPES

@@ -202,7 +202,14 @@ def read(t: LinearTensors, s: Scheme) -> QuantWeight:
     if perm is not None:
         u = u[:, perm]
     return QuantWeight.pack(
-        np.ascontiguousarray(u), d, z.astype(np.uint8), bits=bits, group=group, kind=ws.kind, perm=perm
+        np.ascontiguousarray(u),
+        d,
+        z.astype(np.uint8),
+        bits=bits,
+        group=group,
+        kind=ws.kind,
+        perm=perm,
+        act16=ws.activations == "none",  # W4A16 / W8A16: x stays 16-bit (weight.py); W8A8: int8
     )
 
 

@@ -10,8 +10,8 @@ G groups, f = 32 / bits values per int32, value j of a word at bits j * bits, lo
 | scales    | f16   | [G, N]     | d[g, n]                                           |
 | g_idx     | int32 | [K]        | the group of input k (optional: k // group_size)  |
 
-w[n, k] = d[g, n] * (u[k, n] - z[g, n]) with g = g_idx[k]: kept exactly as a QuantWeight in
-zero-point form (4 or 8 bit, group = group_size, or K for group_size -1). Where group_size does
+w[n, k] = d[g, n] * (u[k, n] - z[g, n]) with g = g_idx[k]: kept exactly as a weight-only (act16)
+QuantWeight in zero-point form (4 or 8 bit, group = group_size, or K for group_size -1). Where group_size does
 not divide K (the last group is short), the QuantWeight's groups are gcd(K, group_size), each
 GPTQ group's scale and zero point repeated over its sub-groups.
 
@@ -116,7 +116,9 @@ def read(t: LinearTensors, s: Scheme) -> QuantWeight:
             m = scale16(-d.astype(np.float32) * z)
         except ValueError:
             raise t.error("scales", "times a zero point of 256 overflows float16") from None
-        return QuantWeight.pack(np.ascontiguousarray(u), d, m=m, bits=bits, group=sub, kind=s.kind, perm=perm)
+        return QuantWeight.pack(
+            np.ascontiguousarray(u), d, m=m, bits=bits, group=sub, kind=s.kind, perm=perm, act16=True
+        )
     return QuantWeight.pack(
-        np.ascontiguousarray(u), d, z.astype(np.uint8), bits=bits, group=sub, kind=s.kind, perm=perm
+        np.ascontiguousarray(u), d, z.astype(np.uint8), bits=bits, group=sub, kind=s.kind, perm=perm, act16=True
     )

@@ -10,6 +10,12 @@ layout does not depend on the kernel variant. A QuantStack is several of them st
 A weight may be packed in a k order other than the input's (GPTQ act-order: k sorted by group
 so that every group is contiguous): `perm` (int32 [k]) names the input feature of each packed
 k, and the kernel quantizes x gathered through it.
+
+`act16` says how the activations meet the weight. False (GGUF, as llama.cpp calibrates its types;
+compressed-tensors W8A8): x quantized to int8 per block of 32, integer dot products. True (the
+weight-only formats GPTQ, AWQ, compressed-tensors W4A16 / W8A16, as their accuracy is published and
+vLLM runs them): x stays in the run's 16-bit type and the weight is widened where it is used
+(csrc/common/quant_wide.h). CPUINFER_INT4_W4A8=1 turns 4-bit weight-only layers back to int8 activations.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ class QuantWeight:
     k: int
     kind: str  # the source format, e.g. "Q4_1", for logs and `cpuinfer info`
     perm: torch.Tensor | None = None  # int32 [k]: input feature of each packed k, or None (in order)
+    act16: bool = False  # x stays 16-bit (weight-only formats), else int8 per block of 32 (module docstring)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -88,12 +95,14 @@ class QuantWeight:
         group: int,
         kind: str,
         perm: np.ndarray | None = None,
+        act16: bool = False,
     ) -> QuantWeight:
         """From values u [n, k] (uint8, < 2**bits) and per-group d and z or m [n, k / group], all in perm's k order."""
         n, k = u.shape
         if (z is None) == (m is None):
             raise ValueError("pass exactly one of z (zero points) and m (minimums)")
         w = cls.empty(n, k, bits, group, m is not None, kind)
+        w.act16 = act16
         if perm is not None:
             perm = np.asarray(perm)
             if perm.shape != (k,) or not np.array_equal(np.sort(perm), np.arange(k)):
@@ -167,7 +176,7 @@ def is_quantized(w) -> bool:
 def _same_form(a: QuantWeight, b: QuantWeight) -> bool:
     """Whether b can be appended to a's panels (one kernel call reads x once, in one k order)."""
     same_order = a.perm is b.perm or (a.perm is not None and b.perm is not None and torch.equal(a.perm, b.perm))
-    return (a.bits, a.group, a.z is None, a.k) == (b.bits, b.group, b.z is None, b.k) and same_order
+    return (a.bits, a.group, a.z is None, a.k, a.act16) == (b.bits, b.group, b.z is None, b.k, b.act16) and same_order
 
 
 def concat(weights: list[QuantWeight]) -> Quantized:
@@ -192,6 +201,7 @@ def concat(weights: list[QuantWeight]) -> Quantized:
                 k=w.k,
                 kind=last.kind if last.kind == w.kind else f"{last.kind}+{w.kind}",
                 perm=last.perm,
+                act16=w.act16,
             )
         else:
             merged.append(w)
