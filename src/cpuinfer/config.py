@@ -583,16 +583,10 @@ def _load_spec(path: str, dtype: str, quantization: str | None, mtime: float, ov
 
 def _overrides_json(value: str | dict | None) -> str | None:
     """--hf-overrides as canonical JSON text of an object; anything else is an error naming the flag."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"--hf-overrides is not JSON: {exc}") from exc
-    if not isinstance(value, dict):
-        raise ValueError(f"--hf-overrides must be a JSON object of config.json keys, got {type(value).__name__}")
-    return json.dumps(value, sort_keys=True)
+    from cpuinfer.json_arg import json_object
+
+    value = json_object(value, "--hf-overrides")
+    return None if value is None else json.dumps(value, sort_keys=True)
 
 
 @dataclass(frozen=True)

@@ -38,8 +38,12 @@ def test_pooler_config_overrides_the_checkpoint_and_generate_stays_default(model
     assert config(model).runner == "generate"
     with pytest.raises(ValueError, match="--pooler-config needs the pooling runner"):
         config(model, "--pooler-config", "{}")
-    with pytest.raises(ValueError, match="not JSON"):
+    with pytest.raises(ValueError, match="--pooler-config is not valid JSON"):
         config(model, "--runner", "pooling", "--pooler-config", "{last}")
+    with pytest.raises(ValueError, match="--pooler-config must be a JSON object, got list"):  # was a TypeError
+        config(model, "--runner", "pooling", "--pooler-config", '["last"]')
+    with pytest.raises(ValueError, match="--hf-overrides must be a JSON object, got int"):
+        config(model, "--runner", "pooling", "--hf-overrides", "3")
     with pytest.raises(ValueError, match="unsupported field"):
         config(model, "--runner", "pooling", "--pooler-config", '{"softmax": true}')
     with pytest.raises(ValueError, match="one rank"):

@@ -10,16 +10,11 @@ import pathlib
 
 import torch
 
+from .tiny_embedders import TEXTS  # noqa: F401 - the same texts for the encoders' tests
+
 SPECIALS = ["<s>", "<pad>", "</s>", "<unk>"]  # XLM-R's ids 0..3 (padding_idx 1)
 VOCAB = 260
 WORDS = [f"w{i}" for i in range(VOCAB - len(SPECIALS))]
-TEXTS = [
-    "w1 w2 w3",
-    "w10 w20 w30 w40 w50 w60 w70 w80 w90 w100",
-    "w5",
-    " ".join(f"w{(7 * i) % 250}" for i in range(40)),
-    "w200 w201 w202 w203 w204 w205",
-]
 
 
 def write_roberta_tokenizer(path: pathlib.Path) -> None:

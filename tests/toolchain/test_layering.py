@@ -39,7 +39,7 @@ LAYERS = {
     "_info": 5,
 }
 # Anyone may import these; they import no layer (only each other).
-LEAVES = {"errors", "envs", "sampling_params", "outputs", "detokenizer", "platform", "engine.step"}
+LEAVES = {"errors", "envs", "sampling_params", "outputs", "detokenizer", "platform", "engine.step", "json_arg"}
 # Above the layers: the package root (lazy re-exports), `python -m cpuinfer`, and the engine's
 # configuration, which reads the model to size the engine.
 ROOTS = {"__init__", "__main__", "config"}

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from cpuinfer.json_arg import json_object
+
 POOLING_TYPES = ("LAST", "MEAN", "CLS")
 _ST_MODES = {  # sentence-transformers' Pooling config keys, in the order it checks them
     "pooling_mode_cls_token": "CLS",
@@ -61,12 +63,7 @@ def resolve_pooler(
     st = _sentence_transformers_pooler(model_dir) if model_dir and classifier is None else None
     if st is not None:
         pooling_type, normalize = st
-    if isinstance(override, str):
-        try:
-            override = json.loads(override)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"--pooler-config is not JSON: {exc}") from exc
-    override = dict(override or {})
+    override = dict(json_object(override, "--pooler-config") or {})
     unknown = sorted(set(override) - {"pooling_type", "normalize", "dimensions"})
     if unknown:
         raise ValueError(f"--pooler-config has unsupported field(s) {', '.join(unknown)}; use pooling_type, normalize")

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
+
+from cpuinfer.json_arg import json_object
 
 METHODS = ("ngram", "draft_model")
 MAX_SPECULATIVE_TOKENS = 16
@@ -45,13 +46,7 @@ class SpeculativeConfig:
         """A SpeculativeConfig from a JSON string or dict (vLLM's keys); None for None. Raises ValueError."""
         if value is None or isinstance(value, SpeculativeConfig):
             return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise _error(f"is not valid JSON ({exc})") from None
-        if not isinstance(value, dict):
-            raise _error(f"must be a JSON object, got {type(value).__name__}")
+        value = json_object(value, "--speculative-config")
         unknown = sorted(set(value) - set(KEYS))
         if unknown:
             raise _error(f"has unknown key(s) {', '.join(unknown)}; known: {', '.join(KEYS)}")
