@@ -29,9 +29,10 @@
 
 namespace cpuinfer::quant {
 
-template <int Bits, bool Min, bool G16>
-struct NeonQuantTile : UnrolledRows<NeonQuantTile<Bits, Min, G16>, 4> {
+template <int Bits, bool Min, bool G16, bool Fp4 = false>
+struct NeonQuantTile : UnrolledRows<NeonQuantTile<Bits, Min, G16, Fp4>, 4> {
     static_assert(!(Min && G16), "group 16 comes with zero points only (Q6_K)");
+    static_assert(!Fp4 || (Bits == 4 && !Min && !G16), "MXFP4 is 4-bit codes in groups of 32");
 #if defined(__ARM_FEATURE_MATMUL_INT8)
     static constexpr const char *kName = "neon_i8mm";
     static constexpr bool kUnsignedDot = true;
@@ -52,7 +53,9 @@ struct NeonQuantTile : UnrolledRows<NeonQuantTile<Bits, Min, G16>, 4> {
         } else {
             const uint8x16_t v = vld1q_u8(qb + 64 * J + 16 * q);
             const uint8x16_t nib = H ? vshrq_n_u8(v, 4) : vandq_u8(v, vdupq_n_u8(15));
-            if constexpr (Bits == 4) {
+            if constexpr (Fp4) {  // MXFP4 codes -> u (quant_tile.h's kFp4U): one table lookup
+                return vqtbl1q_u8(vld1q_u8(kFp4U), nib);
+            } else if constexpr (Bits == 4) {
                 return nib;
             } else {
                 constexpr int kUp = 4 - plane_bit<Bits>(H, J);
@@ -112,7 +115,7 @@ struct NeonQuantTile : UnrolledRows<NeonQuantTile<Bits, Min, G16>, 4> {
         CPUINFER_QUANT_UNROLL
         for (int q = 0; q < NQ; ++q) {
             const int64_t at = gg * kLanes + 4 * (Q0 + q);
-            const float32x4_t d = half4(w.d + at);
+            const float32x4_t d = Fp4 ? pow2_4(w.z + at) : half4(w.d + at);
             if constexpr (Min) {
                 const float32x4_t m = half4(w.m + at);
                 CPUINFER_QUANT_UNROLL
@@ -122,7 +125,7 @@ struct NeonQuantTile : UnrolledRows<NeonQuantTile<Bits, Min, G16>, 4> {
                     a[r][q] = vfmaq_n_f32(a[r][q], m, x.sx[r * x.b_stride + b]);
                 }
             } else {
-                const int32x4_t z = zero_points4(w.z + at);
+                const int32x4_t z = Fp4 ? vdupq_n_s32(kFp4Zero) : zero_points4(w.z + at);
                 CPUINFER_QUANT_UNROLL
                 for (int r = 0; r < MR; ++r) {
                     const int32_t *s16 = x.s16 + r * 2 * x.b_stride + 2 * b;
@@ -183,6 +186,10 @@ struct NeonQuantTile : UnrolledRows<NeonQuantTile<Bits, Min, G16>, 4> {
     CPUINFER_QUANT_INLINE static float32x4_t half4(const f16_t *p) {
         return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(reinterpret_cast<const uint16_t *>(p))));
     }
+    // 4 E8M0 bytes -> their f32 2^(e - 128) (quant_tile.h's fp4_scale).
+    CPUINFER_QUANT_INLINE static float32x4_t pow2_4(const uint8_t *p) {
+        return vreinterpretq_f32_s32(vshlq_n_s32(vsubq_s32(zero_points4(p), vdupq_n_s32(1)), 23));
+    }
     // 4 u8 -> int32.
     CPUINFER_QUANT_INLINE static int32x4_t zero_points4(const uint8_t *p) {
         uint32_t v;
@@ -205,8 +212,8 @@ struct NeonQuantTile : UnrolledRows<NeonQuantTile<Bits, Min, G16>, 4> {
 // This build's tile (common/quant_tile.h).
 template <>
 struct TileSelect<void> {
-    template <int Bits, bool Min, bool G16>
-    using Tile = NeonQuantTile<Bits, Min, G16>;
+    template <int Bits, bool Min, bool G16, bool Fp4 = false>
+    using Tile = NeonQuantTile<Bits, Min, G16, Fp4>;
 };
 
 }  // namespace cpuinfer::quant

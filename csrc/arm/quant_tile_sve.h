@@ -26,9 +26,10 @@
 
 namespace cpuinfer::quant {
 
-template <int Bits, bool Min, bool G16>
+template <int Bits, bool Min, bool G16, bool Fp4 = false>
 struct SveQuantTile : TileDefaults {
     static_assert(!(Min && G16), "group 16 comes with zero points only (Q6_K)");
+    static_assert(!Fp4 || (Bits == 4 && !Min && !G16), "MXFP4 is 4-bit codes in groups of 32");
     static constexpr const char *kName = "sve_dotprod";
     static constexpr int kMaxRows = 8;
 
@@ -39,6 +40,11 @@ struct SveQuantTile : TileDefaults {
     }
     static svint32_t zero_points(svbool_t pw, const uint8_t *p) {
         return svreinterpret_s32_u32(svld1ub_u32(pw, p));
+    }
+    // E8M0 bytes -> their f32 2^(e - 128) (quant_tile.h's fp4_scale).
+    static svfloat32_t pow2(svbool_t pw, const uint8_t *p) {
+        const svint32_t e = svsub_n_s32_x(pw, zero_points(pw, p), 1);
+        return svreinterpret_f32_s32(svlsl_n_s32_x(pw, e, 23));
     }
     // The int32 start of a sum: 8-bit values through SDOT are u - 128, short by 128 * sum(x).
     static svint32_t start(int32_t sum_x) { return svdup_n_s32(Bits == 8 ? 128 * sum_x : 0); }
@@ -105,13 +111,18 @@ struct SveQuantTile : TileDefaults {
                         n4 = with_high<plane_bit<Bits>(1, 0)>(pb, n4, p1), n5 = with_high<plane_bit<Bits>(1, 1)>(pb, n5, p1);
                         n6 = with_high<plane_bit<Bits>(1, 2)>(pb, n6, p1), n7 = with_high<plane_bit<Bits>(1, 3)>(pb, n7, p1);
                     }
+                    if constexpr (Fp4) {  // MXFP4 codes -> u (quant_tile.h's kFp4U): TBL within the first 16 bytes
+                        const svuint8_t t = svld1rq_u8(all, kFp4U);
+                        n0 = svtbl_u8(t, n0), n1 = svtbl_u8(t, n1), n2 = svtbl_u8(t, n2), n3 = svtbl_u8(t, n3);
+                        n4 = svtbl_u8(t, n4), n5 = svtbl_u8(t, n5), n6 = svtbl_u8(t, n6), n7 = svtbl_u8(t, n7);
+                    }
                     auto s8 = [](svuint8_t v) { return svreinterpret_s8_u8(v); };
                     u0 = s8(n0), u1 = s8(n1), u2 = s8(n2), u3 = s8(n3), u4 = s8(n4), u5 = s8(n5), u6 = s8(n6), u7 = s8(n7);
                 }
                 const int64_t at = g0 * kLanes + off / 4;
-                const svfloat32_t d0 = half(pw, w.d + at);
+                const svfloat32_t d0 = Fp4 ? pow2(pw, w.z + at) : half(pw, w.d + at);
                 const svfloat32_t d1 = G16 ? half(pw, w.d + at + kLanes) : d0;
-                const svint32_t z0 = Min ? svdup_n_s32(0) : zero_points(pw, w.z + at);
+                const svint32_t z0 = Fp4 ? svdup_n_s32(kFp4Zero) : Min ? svdup_n_s32(0) : zero_points(pw, w.z + at);
                 const svint32_t z1 = G16 ? zero_points(pw, w.z + at + kLanes) : z0;
                 const svfloat32_t m = Min ? half(pw, w.m + at) : svdup_n_f32(0.0f);
                 for (int r = 0; r < mr; ++r) {
@@ -140,8 +151,8 @@ struct SveQuantTile : TileDefaults {
 // This build's tile (common/quant_tile.h).
 template <>
 struct TileSelect<void> {
-    template <int Bits, bool Min, bool G16>
-    using Tile = SveQuantTile<Bits, Min, G16>;
+    template <int Bits, bool Min, bool G16, bool Fp4 = false>
+    using Tile = SveQuantTile<Bits, Min, G16, Fp4>;
 };
 
 }  // namespace cpuinfer::quant

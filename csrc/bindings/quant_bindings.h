@@ -70,6 +70,13 @@ inline QuantMatrix quant_part(nb::handle obj, const std::string &name, std::vect
         fail_value(name + ": no kernel for " + str(q.bits) + "-bit values with " + (m.is_none() ? "zero points" : "minimums") +
                    " in groups of " + str(q.group) + " (5 bits: groups of 32 or more; 6 bits: zero points in groups of 16)");
     q.act16 = nb::cast<bool>(nb::getattr(obj, "act16", nb::bool_(false)));
+    q.fp4 = nb::cast<bool>(nb::getattr(obj, "fp4", nb::bool_(false)));
+    if (q.fp4 && !quant_form_supported(q.bits, q.group, !m.is_none(), q.act16, true))
+        fail_value(name + ": MXFP4 (fp4=True) is 4-bit codes in groups of 32 with their exponents in z, run with int8 "
+                   "activations (act16=False); got " + str(q.bits) + " bits in groups of " + str(q.group));
+    if (q.fp4 != obj.attr("d").is_none())
+        fail_value(name + (q.fp4 ? ": an MXFP4 weight (fp4=True) has no d (its scales are the exponents in z)"
+                                 : ": d (the group scales) is missing"));
     if (q.act16 && !quant_form_supported(q.bits, q.group, !m.is_none(), true))
         fail_value(name + ": no 16-bit-activation kernel for " + str(q.bits) + "-bit values in groups of " + str(q.group) +
                    " (4 or 8 bits in groups of 32 or more); set act16=False to run it with int8 activations");
@@ -84,10 +91,13 @@ inline QuantMatrix quant_part(nb::handle obj, const std::string &name, std::vect
         keep.push_back(o);
         return t;
     };
-    In qs = tensor(obj.attr("qs"), "qs"), d = tensor(obj.attr("d"), "d");
+    In qs = tensor(obj.attr("qs"), "qs");
     q.qs = static_cast<const uint8_t *>(
         flat_tensor(qs, name + ".qs", uint8_t(Code::UInt), 8, panels * blocks * 16 * 32 * q.bits / 8, "uint8"));
-    q.d = static_cast<const f16_t *>(flat_tensor(d, name + ".d", uint8_t(Code::Float), 16, panels * groups * 16, "float16"));
+    if (!q.fp4) {
+        In d = tensor(obj.attr("d"), "d");
+        q.d = static_cast<const f16_t *>(flat_tensor(d, name + ".d", uint8_t(Code::Float), 16, panels * groups * 16, "float16"));
+    }
     if (!z.is_none()) {
         In zt = tensor(z, "z");
         q.z = static_cast<const uint8_t *>(flat_tensor(zt, name + ".z", uint8_t(Code::UInt), 8, panels * groups * 16, "uint8"));
@@ -162,15 +172,24 @@ inline void py_quant_linear(Out out, In input, nb::handle weight, std::optional<
     linear_weight(dt, out.data(), o.stride, input.data(), x.stride, w, b, x.rows, N, K, out_f32);
 }
 
-// Pack u [n, k] (uint8 values) with d and z or m [n, k / group] into a QuantWeight's tensors.
-inline void py_quant_pack(nb::handle weight, In u, In d, std::optional<In> z, std::optional<In> m) {
+// Pack u [n, k] (uint8 values) with d and z or m [n, k / group] into a QuantWeight's tensors (MXFP4: the codes
+// and their exponents in z, no d).
+inline void py_quant_pack(nb::handle weight, In u, std::optional<In> d, std::optional<In> z, std::optional<In> m) {
     std::vector<nb::object> keep;
     QuantMatrix q = quant_part(weight, "weight", keep);
     const int64_t groups = q.K / q.group;
     const void *up = flat_tensor(u, "u", uint8_t(Code::UInt), 8, q.N * q.K, "uint8");
-    const void *dp = flat_tensor(d, "d", uint8_t(Code::Float), 16, q.N * groups, "float16");
+    if (bool(d) == q.fp4) fail_value(q.fp4 ? "an MXFP4 weight takes no d (its scales are the exponents in z)" : "pass d");
+    const void *dp = d ? flat_tensor(*d, "d", uint8_t(Code::Float), 16, q.N * groups, "float16") : nullptr;
     if (bool(z) != bool(q.z) || bool(m) != bool(q.m)) fail_value("pass z or m as the weight has them");
     const void *zp = z ? flat_tensor(*z, "z", uint8_t(Code::UInt), 8, q.N * groups, "uint8") : nullptr;
+    if (q.fp4) {  // quant_tile.h's fp4_scale is exact for these
+        const uint8_t *e = static_cast<const uint8_t *>(zp);
+        for (int64_t i = 0; i < q.N * groups; ++i)
+            if (e[i] < 2 || e[i] > 254)
+                fail_value("MXFP4 exponent " + str(e[i]) + " at group " + str(i) +
+                           " is outside 2..254 (2^-126 .. 2^126); dequantize this weight instead");
+    }
     const void *mp = m ? flat_tensor(*m, "m", uint8_t(Code::Float), 16, q.N * groups, "float16") : nullptr;
     if (q.bits < 8) {
         const uint8_t *v = static_cast<const uint8_t *>(up);
@@ -211,7 +230,7 @@ inline void bind_quant(nb::module_ &m) {
           "block of 32 and the variant's integer dot product (or, for a part with act16, the input as it is against "
           "the widened weight), f32 accumulation, rounded once to out's dtype (input's, or float32 for the "
           "unrounded sums).");
-    m.def("quant_pack", &py_quant_pack, nb::arg("weight"), nb::arg("u"), nb::arg("d"), nb::arg("z").none(),
+    m.def("quant_pack", &py_quant_pack, nb::arg("weight"), nb::arg("u"), nb::arg("d").none(), nb::arg("z").none(),
           nb::arg("m").none(), "Fill weight's qs, d, z / m from values u [n, k] and per-group d and z or m.");
     m.def("quant_rows", &py_quant_rows, nb::arg("out"), nb::arg("weight"), nb::arg("ids"),
           "out[i] = dequantized row ids[i] of a quantized weight.");

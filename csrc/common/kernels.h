@@ -131,8 +131,8 @@ struct QuantMatrix {
     int64_t group = 32;
     int64_t N = 0, K = 0;
     const uint8_t *qs = nullptr;  // [panels][K / 32][16 * 32 * bits / 8]
-    const f16_t *d = nullptr;     // [panels][K / group][16]
-    const uint8_t *z = nullptr;   // [panels][K / group][16], or null with m
+    const f16_t *d = nullptr;     // [panels][K / group][16] (null with fp4)
+    const uint8_t *z = nullptr;   // [panels][K / group][16], or null with m; fp4: the E8M0 exponents
     const f16_t *m = nullptr;     // [panels][K / group][16], or null with z
     // The k order the values are packed in, or null for 0..K-1: packed k j
     // multiplies input feature perm[j]. GPTQ's act-order sorts k by group so
@@ -143,17 +143,22 @@ struct QuantMatrix {
     // (quant_wide.h), as those formats' accuracy is measured. Otherwise x is
     // quantized to int8 per block of 32 (GGUF, as llama.cpp; W8A8; W4A8 opt-in).
     bool act16 = false;
+    // MXFP4 (quant_tile.h): 4-bit E2M1 codes in groups of 32, each group's
+    // E8M0 exponent byte in z (d = 2^(e - 128), zero point 12 on the codes'
+    // u), no d: 4.25 bits a weight. int8 activations, as llama.cpp runs it.
+    bool fp4 = false;
 };
 inline int64_t quant_panels(int64_t N) { return (N + 15) / 16; }
 // Whether the kernels are built for this value width and form: 4 and 8 bits
 // in every form, 5 bits with zero points or minimums in groups of 32 or more,
 // 6 bits with zero points in groups of 16 (the forms GGUF's types take).
 // With 16-bit activations (act16): 4 and 8 bits in groups of 32 or more.
-bool quant_form_supported(int bits, int64_t group, bool has_min, bool act16 = false);
+// MXFP4 (fp4): 4 bits in groups of 32 with zero points (the exponents), int8 activations.
+bool quant_form_supported(int bits, int64_t group, bool has_min, bool act16 = false, bool fp4 = false);
 
 // Writes the panel layout from one value per byte u [N, K] and per-row group
 // parameters d, z or m [N, K / group] (exactly one of z, m non-null; the
-// output's likewise).
+// output's likewise; d and d_out null with shape.fp4, u the codes, z the exponents).
 void quant_pack(const QuantMatrix &shape, const uint8_t *u, const f16_t *d, const uint8_t *z, const f16_t *m,
                 uint8_t *qs_out, f16_t *d_out, uint8_t *z_out, f16_t *m_out);
 

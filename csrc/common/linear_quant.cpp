@@ -248,10 +248,11 @@ void run(O *out, int64_t os, const Rows &x, const QuantMatrix &w, const T *bias,
 // Calls f(Tile) with the tile type for w's bits, form and group. The forms
 // built are those the formats bring (quant_form_supported): every form at 4
 // and 8 bits, zero points or minimums at 5 (Q5_0, Q5_1, Q5_K), group 16 with
-// zero points at 6 (Q6_K).
+// zero points at 6 (Q6_K), and MXFP4's codes.
 template <typename F>
 void with_tile(const QuantMatrix &w, F &&f) {
     const bool g16 = w.group == 16, has_min = w.m != nullptr;
+    if (w.fp4) return f(quant::Tile<4, false, false, true>{});
     switch (w.bits) {
         case 4:
             if (g16) f(quant::Tile<4, false, true>{});
@@ -309,7 +310,8 @@ void quant_linear(DType dt, void *out, int64_t out_stride, const void *x, int64_
     });
 }
 
-bool quant_form_supported(int bits, int64_t group, bool has_min, bool act16) {
+bool quant_form_supported(int bits, int64_t group, bool has_min, bool act16, bool fp4) {
+    if (fp4) return bits == 4 && group == kBlock && !has_min && !act16;
     if (act16) return (bits == 4 || bits == 8) && group >= kBlock && group % kBlock == 0;
     switch (bits) {
         case 4:
@@ -340,7 +342,7 @@ void quant_pack(const QuantMatrix &s, const uint8_t *u, const f16_t *d, const ui
                     for (int f = 0; f < kLanes; ++f) {
                         const int64_t n = p * kLanes + f, at = (p * groups + g) * kLanes + f;
                         const bool in = n < N;
-                        d_out[at] = in ? d[n * groups + g] : f16_t{0};
+                        if (d_out) d_out[at] = in ? d[n * groups + g] : f16_t{0};
                         if (z_out) z_out[at] = in ? z[n * groups + g] : 0;
                         if (m_out) m_out[at] = in ? m[n * groups + g] : f16_t{0};
                     }
@@ -365,9 +367,13 @@ void quant_rows(DType dt, void *out, int64_t out_stride, const QuantMatrix &w, c
                     });
                     for (int k = 0; k < kBlock; ++k) {
                         const int64_t g = (b * kBlock + k) / w.group, at = (p * groups + g) * kLanes + f;
-                        const float d = to_f32(w.d[at]);
-                        const float v = w.z ? d * float(int32_t(u[f][k]) - int32_t(w.z[at]))
-                                            : d * float(u[f][k]) + to_f32(w.m[at]);
+                        float v;
+                        if (w.fp4) {
+                            v = quant::fp4_scale(w.z[at]) * float(int32_t(quant::kFp4U[u[f][k]]) - quant::kFp4Zero);
+                        } else {
+                            const float d = to_f32(w.d[at]);
+                            v = w.z ? d * float(int32_t(u[f][k]) - int32_t(w.z[at])) : d * float(u[f][k]) + to_f32(w.m[at]);
+                        }
                         const int64_t kk = b * kBlock + k;
                         o[w.perm ? w.perm[kk] : kk] = from_f32<T>(v);
                     }

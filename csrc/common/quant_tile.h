@@ -19,6 +19,13 @@
 //   block is bits / 8 of a byte per value, as in the file.
 // Per group of `group` k and feature: a scale d (f16) and either a zero point
 // z (u8: w = d * (u - z)) or a minimum m (f16: w = d * u + m).
+// - MXFP4 (the Fp4 tiles; OCP microscaling FP4, gpt-oss's experts): 4-bit
+//   E2M1 codes as the 4-bit block, and per group of 32 one E8M0 exponent
+//   byte e in z, no d: 4.25 bits a weight, as the file has them. The tiles
+//   map each code through kFp4U to u = 2 * value + 12 (0..24, one byte-shuffle
+//   per operand) and run the zero-point form with z = 12 and d = 2^(e - 128),
+//   an f32 made from e's bits (fp4_scale): the same integers and the same f32
+//   steps as that form with an f16 d, so the same bits.
 //
 // x (QuantRows): each row quantized per block of 32 k to int8 with one f32
 // scale dx = amax / 127 (as llama.cpp's q8 activations), plus the integer sum
@@ -76,6 +83,17 @@ constexpr uint8_t plane_mask() { return Bits == 5 ? 0x10 : 0x30; }
 // sums within 16 bits (2 * 63 * 127); only 8-bit values need the tiles' care.
 template <int Bits>
 constexpr bool kNarrow = Bits < 8;
+
+// MXFP4 (see above): u of each E2M1 code (sign in bit 3; twice the values 0, 0.5, 1, 1.5, 2, 3, 4, 6, plus 12).
+constexpr int32_t kFp4Zero = 12;
+alignas(16) inline constexpr uint8_t kFp4U[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
+// The f32 2^(e - 128) of an E8M0 byte, exact for e in 2..254 (what the loader accepts: quant_form_supported).
+inline float fp4_scale(uint8_t e) {
+    const uint32_t b = uint32_t(e - 1) << 23;
+    float f;
+    __builtin_memcpy(&f, &b, 4);
+    return f;
+}
 
 // Quantized activation rows as the tile reads them (row r at offsets r * stride).
 struct QuantRows {
@@ -185,9 +203,10 @@ struct UnrolledRows : TileDefaults {
     }
 };
 
-template <int Bits, bool Min, bool G16>
+template <int Bits, bool Min, bool G16, bool Fp4 = false>
 struct QuantTile : TileDefaults {
     static_assert(!(Min && G16), "group 16 comes with zero points only (Q6_K)");
+    static_assert(!Fp4 || (Bits == 4 && !Min && !G16), "MXFP4 is 4-bit codes in groups of 32");
     static constexpr int kMaxRows = 4;
     static constexpr const char *kName = "portable";
 
@@ -198,6 +217,9 @@ struct QuantTile : TileDefaults {
         int64_t g = 0, in_group = 0;
         for (int64_t b = 0; b < w.blocks; ++b) {
             unpack_block<Bits>(w.qs + b * block_bytes(Bits), u);
+            if constexpr (Fp4)
+                for (auto &row : u)
+                    for (auto &v : row) v = kFp4U[v];
             for (int r = 0; r < mr; ++r) {
                 const int8_t *xq = x.q + r * x.q_stride + b * kBlock;
                 const float dx = x.dx[r * x.b_stride + b];
@@ -230,8 +252,10 @@ struct QuantTile : TileDefaults {
                 } else {
                     const int32_t sum = s16[0] + s16[1];
                     for (int f = 0; f < kLanes; ++f) {
-                        const float ddx = to_f32(w.d[g * kLanes + f]) * dx;
-                        a[f] = std::fma(float(s0[f] + s1[f] - int32_t(w.z[g * kLanes + f]) * sum), ddx, a[f]);
+                        const uint8_t zb = w.z[g * kLanes + f];
+                        const float ddx = (Fp4 ? fp4_scale(zb) : to_f32(w.d[g * kLanes + f])) * dx;
+                        const int32_t z = Fp4 ? kFp4Zero : int32_t(zb);
+                        a[f] = std::fma(float(s0[f] + s1[f] - z * sum), ddx, a[f]);
                     }
                 }
             }
@@ -247,8 +271,8 @@ namespace cpuinfer::quant {
 // header specialises TileSelect<void> with its own.
 template <typename = void>
 struct TileSelect {
-    template <int Bits, bool Min, bool G16>
-    using Tile = QuantTile<Bits, Min, G16>;
+    template <int Bits, bool Min, bool G16, bool Fp4 = false>
+    using Tile = QuantTile<Bits, Min, G16, Fp4>;
 };
 }  // namespace cpuinfer::quant
 
@@ -259,8 +283,8 @@ struct TileSelect {
 #endif
 
 namespace cpuinfer::quant {
-template <int Bits, bool Min, bool G16>
-using Tile = typename TileSelect<>::template Tile<Bits, Min, G16>;
+template <int Bits, bool Min, bool G16, bool Fp4 = false>
+using Tile = typename TileSelect<>::template Tile<Bits, Min, G16, Fp4>;
 // The 16-bit-activation tile (quant_wide.h) for a run of type T.
 template <typename T, int Bits, bool Min>
 using Wide = typename WideSelect<>::template Tile<T, Bits, Min>;

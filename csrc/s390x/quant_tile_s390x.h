@@ -88,13 +88,15 @@ inline i32x4 widen(i32x4 s, i16x8 p) {
 }
 }  // namespace vxe
 
-template <int Bits, bool Min, bool G16>
-struct VxeQuantTile : UnrolledRows<VxeQuantTile<Bits, Min, G16>, 4> {
+template <int Bits, bool Min, bool G16, bool Fp4 = false>
+struct VxeQuantTile : UnrolledRows<VxeQuantTile<Bits, Min, G16, Fp4>, 4> {
     static_assert(!(Min && G16), "group 16 comes with zero points only (Q6_K)");
+    static_assert(!Fp4 || (Bits == 4 && !Min && !G16), "MXFP4 is 4-bit codes in groups of 32");
     static constexpr const char *kName = "vxe";
     // A running sum of one row and quad: 16-bit pair sums widened at the epilogue (4-bit: a block's 8 pairs
-    // stay below 2^15), else int32 (a 5-bit block's 8 pairs could reach 2 * 8 * 31 * 127).
-    static constexpr bool kShortSums = Bits == 4;
+    // stay below 2^15), else int32 (a 5-bit block's 8 pairs could reach 2 * 8 * 31 * 127; MXFP4's u of up
+    // to 24, 2 * 8 * 24 * 127).
+    static constexpr bool kShortSums = Bits == 4 && !Fp4;
     using Sum = std::conditional_t<kShortSums, vxe::i16x8, vxe::i32x4>;
 
     // Quad q (features 4q..4q+3) of the values for k = 16H + 4J .. +3, as signed bytes (5- and 6-bit values:
@@ -106,6 +108,10 @@ struct VxeQuantTile : UnrolledRows<VxeQuantTile<Bits, Min, G16>, 4> {
         } else {
             const vxe::u8x16 v = vec_xl(64 * J + 16 * q, qb);
             vxe::u8x16 u = H ? v >> 4 : v & (unsigned char)15;
+            if constexpr (Fp4) {  // MXFP4 codes -> u (quant_tile.h's kFp4U): VPERM indexes the table's 16 bytes
+                const vxe::u8x16 t = vec_xl(0, kFp4U);
+                u = vec_perm(t, t, u);
+            }
             if constexpr (Bits > 4) {
                 constexpr int kUp = 4 - plane_bit<Bits>(H, J);
                 const vxe::u8x16 p = vec_xl(plane_offset<Bits>(H) + 16 * q, qb);
@@ -169,7 +175,7 @@ struct VxeQuantTile : UnrolledRows<VxeQuantTile<Bits, Min, G16>, 4> {
         CPUINFER_QUANT_UNROLL
         for (int q = 0; q < NQ; ++q) {
             const int64_t at = gg * kLanes + 4 * (Q0 + q);
-            const f32x4 d = half4(w.d + at);
+            const f32x4 d = Fp4 ? (f32x4)((bytes4(w.z + at) - 1) << 23) : half4(w.d + at);  // MXFP4: fp4_scale
             if constexpr (Min) {
                 const f32x4 m = half4(w.m + at);
                 CPUINFER_QUANT_UNROLL
@@ -179,7 +185,7 @@ struct VxeQuantTile : UnrolledRows<VxeQuantTile<Bits, Min, G16>, 4> {
                     a[r][q] = vec_madd(m, vec_splats(x.sx[r * x.b_stride + b]), a[r][q]);
                 }
             } else {
-                const i32x4 z = bytes4(w.z + at);
+                const i32x4 z = Fp4 ? vec_splats(kFp4Zero) : bytes4(w.z + at);
                 CPUINFER_QUANT_UNROLL
                 for (int r = 0; r < MR; ++r) {
                     const int32_t *s16 = x.s16 + r * 2 * x.b_stride + 2 * b;
@@ -246,8 +252,8 @@ struct VxeQuantTile : UnrolledRows<VxeQuantTile<Bits, Min, G16>, 4> {
 // This build's tile (common/quant_tile.h).
 template <>
 struct TileSelect<void> {
-    template <int Bits, bool Min, bool G16>
-    using Tile = VxeQuantTile<Bits, Min, G16>;
+    template <int Bits, bool Min, bool G16, bool Fp4 = false>
+    using Tile = VxeQuantTile<Bits, Min, G16, Fp4>;
 };
 
 }  // namespace cpuinfer::quant

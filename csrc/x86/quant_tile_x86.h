@@ -51,6 +51,15 @@ struct Lanes {
     static I low4(I v) { return _mm512_and_si512(v, _mm512_set1_epi8(15)); }
     static I high4(I v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(15)); }
     static I izero() { return _mm512_setzero_si512(); }
+    // MXFP4 codes (0..15 in each byte) -> their u (quant_tile.h's kFp4U), one byte shuffle.
+    static I fp4(I c) {
+        return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i *>(kFp4U))), c);
+    }
+    // The 16 f32 scales 2^(e - 128) of 16 E8M0 bytes (quant_tile.h's fp4_scale: the exponent field is e - 1).
+    static F pow2(const uint8_t *e) {
+        const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(e)));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_sub_epi32(v, _mm512_set1_epi32(1)), 23));
+    }
     // u | (p moved up by L bits, or down by -L, in every byte) & mask. 16-bit shifts: what crosses a byte edge
     // lands outside the masks used (quant_tile.h's planes: bit 4, or bits 4-5 moved at most 2 down).
     template <int L>
@@ -66,6 +75,7 @@ struct Lanes {
         I zv = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(z)));
         return _mm512_sub_epi32(a, _mm512_mullo_epi32(zv, _mm512_set1_epi32(s)));
     }
+    static I sub(I a, int32_t v) { return _mm512_sub_epi32(a, _mm512_set1_epi32(v)); }
     static F fzero() { return _mm512_setzero_ps(); }
     static F half(const f16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p))); }
     static F to_float(I a) { return _mm512_cvtepi32_ps(a); }
@@ -89,6 +99,18 @@ struct Lanes {
     static I low4(I v) { return {and15(v.a), and15(v.b)}; }
     static I high4(I v) { return {and15(_mm256_srli_epi16(v.a, 4)), and15(_mm256_srli_epi16(v.b, 4))}; }
     static I izero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+    // MXFP4 codes -> their u (see the AVX-512 one).
+    static I fp4(I c) {
+        const __m256i t = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i *>(kFp4U)));
+        return {_mm256_shuffle_epi8(t, c.a), _mm256_shuffle_epi8(t, c.b)};
+    }
+    static F pow2(const uint8_t *e) {
+        auto eight = [](const uint8_t *p) {
+            const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(p)));
+            return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_sub_epi32(v, _mm256_set1_epi32(1)), 23));
+        };
+        return {eight(e), eight(e + 8)};
+    }
     // u | (p moved up by L bits, or down by -L, in every byte) & mask (see the AVX-512 one).
     template <int L>
     static __m256i with_high(__m256i u, __m256i p, uint8_t mask) {
@@ -121,6 +143,10 @@ struct Lanes {
         __m256i zb = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(z + 8)));
         return {_mm256_sub_epi32(x.a, _mm256_mullo_epi32(za, sv)), _mm256_sub_epi32(x.b, _mm256_mullo_epi32(zb, sv))};
     }
+    static I sub(I x, int32_t v) {
+        const __m256i vv = _mm256_set1_epi32(v);
+        return {_mm256_sub_epi32(x.a, vv), _mm256_sub_epi32(x.b, vv)};
+    }
     static F fzero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
     static F half(const f16_t *p) {
         return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))),
@@ -140,9 +166,10 @@ struct Lanes {
 };
 #endif
 
-template <int Bits, bool Min, bool G16>
-struct IsaQuantTile : UnrolledRows<IsaQuantTile<Bits, Min, G16>, Lanes::kMaxRows> {
+template <int Bits, bool Min, bool G16, bool Fp4 = false>
+struct IsaQuantTile : UnrolledRows<IsaQuantTile<Bits, Min, G16, Fp4>, Lanes::kMaxRows> {
     static_assert(!(Min && G16), "group 16 comes with zero points only (Q6_K)");
+    static_assert(!Fp4 || (Bits == 4 && !Min && !G16), "MXFP4 is 4-bit codes in groups of 32");
     static constexpr const char *kName = Lanes::kName;
     using I = typename Lanes::I;
     using F = typename Lanes::F;
@@ -159,7 +186,10 @@ struct IsaQuantTile : UnrolledRows<IsaQuantTile<Bits, Min, G16>, Lanes::kMaxRows
     }
     static F finish(F a, I s, F d0, const QuantRows &x, const QuantPanel &w, int64_t g0, int r, int64_t b) {
         const float dx = x.dx[r * x.b_stride + b];
-        if constexpr (Min) {
+        if constexpr (Fp4) {
+            const int32_t *s16 = x.s16 + r * 2 * x.b_stride + 2 * b;
+            return Lanes::fma(Lanes::to_float(Lanes::sub(s, kFp4Zero * (s16[0] + s16[1]))), Lanes::mul(d0, dx), a);
+        } else if constexpr (Min) {
             a = Lanes::fma(Lanes::to_float(s), Lanes::mul(d0, dx), a);
             return Lanes::fma(Lanes::half(w.m + g0 * kLanes), x.sx[r * x.b_stride + b], a);
         } else {
@@ -167,6 +197,12 @@ struct IsaQuantTile : UnrolledRows<IsaQuantTile<Bits, Min, G16>, Lanes::kMaxRows
             return Lanes::fma(Lanes::to_float(Lanes::sub_zero(s, w.z + g0 * kLanes, s16[0] + s16[1])),
                               Lanes::mul(d0, dx), a);
         }
+    }
+
+    // Group g's 16 scales: f16 d, or MXFP4's from the E8M0 bytes in z.
+    static F scale(const QuantPanel &w, int64_t g) {
+        if constexpr (Fp4) return Lanes::pow2(w.z + g * kLanes);
+        else return Lanes::half(w.d + g * kLanes);
     }
 
     // Operand J's two values (k 4J.. and 16 + 4J..) of a 4-, 5- or 6-bit block as bytes (quant_tile.h).
@@ -190,6 +226,8 @@ struct IsaQuantTile : UnrolledRows<IsaQuantTile<Bits, Min, G16>, Lanes::kMaxRows
             narrow_pair<1>(qb, u);
             narrow_pair<2>(qb, u);
             narrow_pair<3>(qb, u);
+            if constexpr (Fp4)
+                for (auto &v : u) v = Lanes::fp4(v);
         }
     }
 
@@ -207,7 +245,7 @@ struct IsaQuantTile : UnrolledRows<IsaQuantTile<Bits, Min, G16>, Lanes::kMaxRows
             I u[8];
             operands(qb, u);
             const int64_t g0 = G16 ? 2 * b : g;
-            const F d0 = Lanes::half(w.d + g0 * kLanes);
+            const F d0 = scale(w, g0);
             for (int r = 0; r < MR; ++r) {
                 const int8_t *xq = x.q + r * x.q_stride + b * kBlock;
                 I s0 = Lanes::izero(), s1 = Lanes::izero();
@@ -235,9 +273,9 @@ struct IsaQuantTile : UnrolledRows<IsaQuantTile<Bits, Min, G16>, Lanes::kMaxRows
 // steps on the same exact integers, so the bits are those of every other
 // tile and a row's result does not depend on the tile its batch takes.
 // Measured on Sapphire Rapids (quant prefill, 2 threads): see README.
-template <int Bits, bool Min, bool G16>
+template <int Bits, bool Min, bool G16, bool Fp4 = false>
 struct AmxQuantTile {
-    using Vnni = IsaQuantTile<Bits, Min, G16>;
+    using Vnni = IsaQuantTile<Bits, Min, G16, Fp4>;
     using F = typename Lanes::F;
     static constexpr int kMaxRows = 16;
     static constexpr int kReadRows = 16;  // reads 16 rows of x from its start whatever mr (QuantizedX pads)
@@ -286,7 +324,9 @@ struct AmxQuantTile {
         } else {
             const int64_t g0 = group_of(w, b);
             __m512i z0 = _mm512_setzero_si512(), z1 = z0;
-            if constexpr (kSigned) {
+            if constexpr (Fp4) {
+                z0 = z1 = _mm512_set1_epi8(char(kFp4Zero));
+            } else if constexpr (kSigned) {
                 z0 = zero_points(w.z + g0 * kLanes);
                 z1 = G16 ? zero_points(w.z + (g0 + 1) * kLanes) : z0;
             }
@@ -347,8 +387,8 @@ struct AmxQuantTile {
             if (b + 2 < n) next = b_rows(w, b + 2, ub[b & 1]);
             const int32_t (*cb)[16][16] = c[b & 1];
             const int64_t g0 = group_of(w, b);
-            const F d0 = Lanes::half(w.d + g0 * kLanes);
-            const F d1 = G16 ? Lanes::half(w.d + (g0 + 1) * kLanes) : d0;
+            const F d0 = Vnni::scale(w, g0);
+            const F d1 = G16 ? Vnni::scale(w, g0 + 1) : d0;
 #pragma GCC unroll 16
             for (int r = 0; r < 16; ++r) {
                 const __m512i s0 = _mm512_load_si512(cb[0][r]);
@@ -373,11 +413,11 @@ struct AmxQuantTile {
 template <>
 struct TileSelect<void> {
 #if defined(CPUINFER_QUANT_AMX)
-    template <int Bits, bool Min, bool G16>
-    using Tile = AmxQuantTile<Bits, Min, G16>;
+    template <int Bits, bool Min, bool G16, bool Fp4 = false>
+    using Tile = AmxQuantTile<Bits, Min, G16, Fp4>;
 #else
-    template <int Bits, bool Min, bool G16>
-    using Tile = IsaQuantTile<Bits, Min, G16>;
+    template <int Bits, bool Min, bool G16, bool Fp4 = false>
+    using Tile = IsaQuantTile<Bits, Min, G16, Fp4>;
 #endif
 };
 

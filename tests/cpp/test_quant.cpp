@@ -25,20 +25,22 @@ namespace {
 using quant::kBlock;
 using quant::kLanes;
 
-// A weight format: value bits, group, and zero points or minimums (group 16: zero points, Q6_K-style).
+// A weight format: value bits, group, and zero points or minimums (group 16: zero points, Q6_K-style);
+// fp4: MXFP4 (4-bit E2M1 codes, E8M0 exponents in z, no d; quant_tile.h).
 struct Form {
     int bits;
     int64_t group;
     bool min;
+    bool fp4 = false;
 };
 // 5 and 6 bits: the forms GGUF brings (Q5_0 zero points, Q5_1 / Q5_K minimums, Q6_K group 16).
 const Form kForms[] = {{4, 32, false}, {4, 64, false}, {4, 128, false}, {4, 32, true},  {4, 64, true},
                        {4, 128, true}, {4, 16, false}, {5, 32, false},  {5, 128, false}, {5, 32, true},
                        {5, 64, true},  {6, 16, false}, {8, 32, false},  {8, 64, false},  {8, 128, false},
-                       {8, 32, true},  {8, 64, true},  {8, 128, true},  {8, 16, false}};
+                       {8, 32, true},  {8, 64, true},  {8, 128, true},  {8, 16, false},  {4, 32, false, true}};
 
 std::string label(const char *what, const Form &f, int64_t m, int64_t n, int64_t k) {
-    return std::string(what) + " q" + std::to_string(f.bits) + (f.min ? " min" : " zero") + " group " +
+    return std::string(what) + (f.fp4 ? " mxfp4" : " q" + std::to_string(f.bits)) + (f.min ? " min" : " zero") + " group " +
            std::to_string(f.group) + " M=" + std::to_string(m) + " N=" + std::to_string(n) + " K=" + std::to_string(k);
 }
 
@@ -66,6 +68,13 @@ struct Weight {
         if (f.min) {
             m.resize(d.size());
             for (auto &v : m) v = f16(uniform(-1.0f, 1.0f));
+        } else if (f.fp4) {  // exponents: around 1 (2^-28 .. 2^22), extreme ones at both ends of the accepted 2..254
+            z.resize(d.size());
+            std::uniform_int_distribution<int> e(100, 150), pick(0, 3);
+            const uint8_t ends[4] = {2, 50, 128, 200};
+            for (auto &v : z) v = uint8_t(extreme ? ends[pick(rng())] : e(rng()));
+            if (extreme)  // the codes of the largest magnitudes, +6 and -6 (u = 24 and 0)
+                for (auto &v : u) v = coin(rng()) ? 7 : 15;
         } else {
             z.resize(d.size());
             for (auto &v : z) v = value();
@@ -79,10 +88,11 @@ struct Weight {
         mat.group = f.group;
         mat.N = N;
         mat.K = K;
-        quant_pack(mat, u.data(), d.data(), f.min ? nullptr : z.data(), f.min ? m.data() : nullptr, qs.data(),
-                   dp.data(), f.min ? nullptr : zp.data(), f.min ? mp.data() : nullptr);
+        mat.fp4 = f.fp4;
+        quant_pack(mat, u.data(), f.fp4 ? nullptr : d.data(), f.min ? nullptr : z.data(), f.min ? m.data() : nullptr,
+                   qs.data(), f.fp4 ? nullptr : dp.data(), f.min ? nullptr : zp.data(), f.min ? mp.data() : nullptr);
         mat.qs = qs.data();
-        mat.d = dp.data();
+        mat.d = f.fp4 ? nullptr : dp.data();
         mat.z = f.min ? nullptr : zp.data();
         mat.m = f.min ? mp.data() : nullptr;
     }
@@ -93,6 +103,12 @@ struct Weight {
         for (int64_t n = 0; n < N; ++n)
             for (int64_t k = 0; k < K; ++k) {
                 const size_t g = size_t(n * groups + k / form.group);
+                if (form.fp4) {  // OCP MXFP4: E2M1 value (sign bit 3) times 2^(e - 127)
+                    static const double kE2M1[8] = {0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0};
+                    const uint8_t c = u[size_t(n * K + k)];
+                    w[size_t(n * K + k)] = (c & 8 ? -1.0 : 1.0) * kE2M1[c & 7] * std::ldexp(1.0, int(z[g]) - 127);
+                    continue;
+                }
                 const double dd = to_f32(d[g]), uu = u[size_t(n * K + k)];
                 w[size_t(n * K + k)] = form.min ? dd * uu + double(to_f32(m[g])) : dd * (uu - double(z[g]));
             }
@@ -174,7 +190,9 @@ void with_tiles(const Form &form, F &&f) {
     using std::integral_constant;
     using T = integral_constant<bool, true>;
     using Fa = integral_constant<bool, false>;
-    if (form.bits == 4) {
+    if (form.fp4) {
+        f(quant::Tile<4, false, false, true>{}, quant::QuantTile<4, false, false, true>{});
+    } else if (form.bits == 4) {
         if (form.group == 16) go(integral_constant<int, 4>{}, Fa{}, T{});
         else if (form.min) go(integral_constant<int, 4>{}, T{}, Fa{});
         else go(integral_constant<int, 4>{}, Fa{}, Fa{});
@@ -326,6 +344,32 @@ CPUINFER_TEST(quant_linear_matches_reference_and_portable) {
     }
 }
 
+CPUINFER_TEST(mxfp4_is_the_zero_point_form_bit_for_bit) {
+    // MXFP4 (fp4) against the same weight in the 5-bit zero-point form the kernels ran it in before (u = 2 *
+    // value + 12, zero point 12, an f16 scale 2^(e - 128)): the same integers and f32 steps, so the same bits,
+    // on every variant and row count.
+    const int64_t N = 37, K = 384;
+    Weight w(Form{4, 32, false, true}, N, K, false);
+    std::uniform_int_distribution<int> e(104, 143);  // scales float16 holds exactly: 2^-24 .. 2^15
+    for (auto &v : w.z) v = uint8_t(e(rng()));
+    quant_pack(w.mat, w.u.data(), nullptr, w.z.data(), nullptr, w.qs.data(), nullptr, w.zp.data(), nullptr);
+    Weight five(Form{5, 32, false}, N, K, false);
+    for (size_t i = 0; i < five.u.size(); ++i) five.u[i] = quant::kFp4U[w.u[i]];
+    for (size_t g = 0; g < five.d.size(); ++g) {
+        five.d[g] = from_f32<f16_t>(std::ldexp(1.0f, int(w.z[g]) - 128));
+        five.z[g] = uint8_t(quant::kFp4Zero);
+    }
+    quant_pack(five.mat, five.u.data(), five.d.data(), five.z.data(), nullptr, five.qs.data(), five.dp.data(),
+               five.zp.data(), nullptr);
+    for (int64_t M : {int64_t(1), int64_t(3), int64_t(20)}) {
+        std::vector<float> x(size_t(M * K)), a(size_t(M * N)), b(size_t(M * N));
+        for (auto &v : x) v = normal();
+        quant_linear(DType::f32, a.data(), N, x.data(), K, w.mat, nullptr, M);
+        quant_linear(DType::f32, b.data(), N, x.data(), K, five.mat, nullptr, M);
+        expect_true("mxfp4 M=" + std::to_string(M) + ": the 5-bit zero-point form's bits", same_bits(a.data(), b.data(), M * N));
+    }
+}
+
 CPUINFER_TEST(quant_linear_row_chunks) {
     // Enough rows of a long K that the x rows are split into chunks (linear_quant.cpp's kChunkBytes).
     for (const Form &form : {Form{4, 32, true}, Form{8, 16, false}}) {
@@ -340,7 +384,7 @@ CPUINFER_TEST(quant_linear_act16_matches_reference_and_is_batch_invariant) {
     // the variant has one, else the portable f32 one), f32 out. Within f32 accumulation of the double
     // reference (1e-5 of the sum of |w x|: no int8 rounding of x), and each row's bits as when alone.
     for (const Form &form : kForms) {
-        if (form.bits == 5 || form.bits == 6 || form.group < kBlock) continue;  // no act16 tile for these
+        if (form.bits == 5 || form.bits == 6 || form.group < kBlock || form.fp4) continue;  // no act16 tile for these
         const int64_t N = 37, K = 384, M = 20;
         Weight w(form, N, K, false);
         w.mat.act16 = true;

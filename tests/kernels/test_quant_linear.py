@@ -60,9 +60,13 @@ def test_unpack_matches_gguf_dequantize(kind):
         assert torch.equal(got, ref)
     # Never a dequantized copy, and values at their own width (5 and 6 bits too): bits + f16 scale (+ u8 zero
     # point or f16 minimum) per group, at most Q6_K's 7.5 bits per weight against its file's 6.56 (its group
-    # scales are int8 there). MXFP4 is held exactly in the 5-bit form: 5.75 bits against its file's 4.25.
-    assert w.bits == {"Q5_0": 5, "Q5_1": 5, "Q5_K": 5, "Q6_K": 6, "Q8_0": 8, "MXFP4": 5}.get(kind, 4)
-    assert w.nbytes <= raw.nbytes * (1.36 if kind == "MXFP4" else 1.15)
+    # scales are int8 there). MXFP4 stays as the file has it (codes and exponent bytes): 4.25 bits, the same bytes.
+    assert w.bits == {"Q5_0": 5, "Q5_1": 5, "Q5_K": 5, "Q6_K": 6, "Q8_0": 8}.get(kind, 4)
+    assert w.fp4 == (kind == "MXFP4")
+    if kind == "MXFP4":
+        assert w.d is None and w.nbytes == raw.nbytes
+    else:
+        assert w.nbytes <= raw.nbytes * 1.15
 
 
 @pytest.mark.parametrize("kind", KEPT_TYPES)

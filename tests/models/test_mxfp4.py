@@ -3,8 +3,8 @@ stacks), written here by a round-to-nearest MXFP4 quantizer from a tiny transfor
 
 - float32 (the stacks dequantized exactly): transformers' greedy tokens on the same MXFP4 checkpoint (which it
   dequantizes itself on a CPU), token for token;
-- bfloat16: the experts kept in the kernels' exact 5-bit form on the integer kernels, within stated
-  teacher-forced bounds of the float32 run; the two executors equal bit for bit; tensor parallelism.
+- bfloat16: the experts kept packed as MXFP4 (4.25 bits) on the integer kernels, within stated teacher-forced
+  bounds of the float32 run; the two executors equal bit for bit; tensor parallelism.
 """
 
 from __future__ import annotations
@@ -81,8 +81,11 @@ def test_float32_equals_transformers(mxfp4_checkpoint):
 def test_bf16_experts_stay_mxfp4_exactly(mxfp4_checkpoint, monkeypatch):
     path, ref = mxfp4_checkpoint
     runner, _, _ = executors_equal(path, monkeypatch, "MXFP4", batched=True, chunk=7)
-    # The 5-bit form holds MXFP4 exactly: a kept expert's dequantization is the stack's own.
+    # Kept as the file has it (codes and exponent bytes, 4.25 bits a weight), exactly: a kept expert's
+    # dequantization is the stack's own.
     w = runner.model.layers[0].plan.mlp.down_w[3]
+    assert w.fp4 and w.bits == 4 and w.d is None
+    assert w.nbytes * 8 == 4.25 * (-(-w.n // 16) * 16) * w.k
     exact = ModelRunner(load_model_spec(path, "float32"), block_size=16, num_blocks=64, cache_dtype=torch.float32)
     want = exact.model.layers[0].plan.mlp.down_w[3]
     assert torch.equal(w.dequantize(torch.float32), want)
@@ -103,6 +106,10 @@ def test_stack_codes_and_bad_stacks(tmp_path):
     stack = Mxfp4Stack(blocks, scales)
     assert torch.equal(stack.dequantize(torch.float32), w)
     assert torch.equal(stack.weight(()).dequantize(torch.float32), w)
+    # An exponent the kernels cannot take exactly (255 is NaN in E8M0; below 2, f32 subnormal scales): no packed
+    # weight, the caller dequantizes.
+    for e in (0, 1, 255):
+        assert Mxfp4Stack(blocks, np.full_like(scales, e)).weight(()) is None
     with pytest.raises(ModelLoadError, match="no x_scales"):
         rewrite({"x_blocks": torch.from_numpy(blocks)}, torch.bfloat16, str(tmp_path))
     with pytest.raises(ModelLoadError, match="not MXFP4 blocks"):

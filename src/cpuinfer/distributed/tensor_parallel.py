@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,9 +128,7 @@ def _quant_rows(w: QuantWeight, start: int, length: int, what: str, dtype):
     def cut(t):
         return None if t is None else t.view(panels, -1)[p0:p1].reshape(-1).clone()
 
-    return QuantWeight(
-        cut(w.qs), cut(w.d), cut(w.z), cut(w.m), w.bits, w.group, length, w.k, w.kind, w.perm, act16=w.act16
-    )
+    return dataclasses.replace(w, qs=cut(w.qs), d=cut(w.d), z=cut(w.z), m=cut(w.m), n=length)
 
 
 def _quant_cols(w: QuantWeight, start: int, length: int, what: str, dtype):
@@ -151,9 +150,7 @@ def _quant_cols(w: QuantWeight, start: int, length: int, what: str, dtype):
     def cut_g(t):
         return None if t is None else t.view(panels, groups, LANES)[:, g0:g1].reshape(-1).clone()
 
-    return QuantWeight(
-        cut_qs(w.qs), cut_g(w.d), cut_g(w.z), cut_g(w.m), w.bits, w.group, w.n, length, w.kind, act16=w.act16
-    )
+    return dataclasses.replace(w, qs=cut_qs(w.qs), d=cut_g(w.d), z=cut_g(w.z), m=cut_g(w.m), k=length)
 
 
 def vocab_shard(vocab: int, tp: TPGroup) -> tuple[int, int]:

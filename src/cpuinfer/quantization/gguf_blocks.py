@@ -14,6 +14,7 @@ reference the tests compare against):
 | Q4_K | 4 bit  | 32    | (d * sc) * u - dmin * mn           | scales rounded to f16 |
 | Q5_K | 5 bit  | 32    | (d * sc) * u - dmin * mn           | scales rounded to f16 |
 | Q6_K | 6 bit  | 16    | (d * sc) * (u - 32)                | scales rounded to f16 |
+| MXFP4 | 4-bit E2M1 code | 32 | 2^(e - 128) * kvalues[code] (QuantWeight's fp4: as in the file) | yes |
 
 K-quants keep two levels of scales (an f16 per 256 values times a 6- or 8-bit integer per
 sub-block); we store their product per group as f16, a relative error of at most 2^-11 of that
@@ -21,14 +22,14 @@ group's scale, eight times below the int8 activation quantization the kernels ap
 Values keep their width (5- and 6-bit ones as a nibble plus bits in a high-bit plane,
 csrc/common/quant_tile.h), so a tensor takes bits + 16 / group (+ 8 / group for zero points or
 16 / group for minimums) bits per weight: 5.75-6 for the 5-bit types against 5.5-6 in the file,
-7.5 for Q6_K against 6.56 (its group scales are f16 here, int8 there).
+7.5 for Q6_K against 6.56 (its group scales are f16 here, int8 there); MXFP4 4.25, as in the file.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .weight import QuantWeight, scale16
+from .weight import QuantWeight, mxfp4, scale16
 
 KEPT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "MXFP4")
 _BLOCK_BYTES = {
@@ -42,8 +43,6 @@ _BLOCK_BYTES = {
     "Q6_K": (256, 210),
     "MXFP4": (32, 17),
 }
-# ggml's MXFP4 values (kvalues_mxfp4): twice E2M1's, so that with d = 2^(e - 128) they are exact integers.
-_MXFP4_X2 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.int16)
 
 
 def _f16(b: np.ndarray) -> np.ndarray:
@@ -91,12 +90,14 @@ def unpack(type_name: str, data: np.ndarray, rows: int, cols: int, row_order: np
     elif type_name == "Q5_1":
         u = _nibbles(b[:, 8:]) | (_high_bits(b[:, 4:8]) << 4)
         d, m, bits, group = _f16(b[:, :2]), _f16(b[:, 2:4]), 5, 32
-    elif type_name == "MXFP4":  # e8m0 scale byte, 16 bytes of E2M1 nibbles: exact in the 5-bit zero-point form
-        e = b[:, 0].astype(np.int32) - 128
-        if e.min() < -24 or e.max() > 15:
-            raise ValueError("an MXFP4 scale is outside float16's exact powers of two (2^-24 .. 2^15)")
-        u = (_MXFP4_X2[_nibbles(b[:, 1:])] + 12).astype(np.uint8)
-        d, z, bits, group = np.ldexp(np.ones(e.shape, np.float32), e).astype(np.float16), 12, 5, 32
+    elif type_name == "MXFP4":  # e8m0 exponent byte, 16 bytes of E2M1 codes: kept as they are (QuantWeight's fp4)
+        codes, e = _nibbles(b[:, 1:]).reshape(rows, cols), b[:, 0].reshape(rows, cols // 32)
+        if row_order is not None:
+            codes, e = codes[row_order], e[row_order]
+        w = mxfp4(codes, e, type_name)
+        if w is None:
+            raise ValueError("an MXFP4 exponent is outside 2..254 (2^-126 .. 2^126), where the kernels are exact")
+        return w
     elif type_name == "Q8_0":
         u = (b[:, 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
         d, z, bits, group = _f16(b[:, :2]), 128, 8, 32

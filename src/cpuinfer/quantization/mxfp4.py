@@ -4,12 +4,11 @@ OCP microscaling FP4: per block of 32 inputs, 16 bytes of E2M1 values (two a byt
 and one E8M0 scale byte e, w = fp4 * 2^(e - 127). transformers stores a stack of experts' weights as
 `<name>_blocks` (uint8 [*lead, out, in / 32, 16]) and `<name>_scales` (uint8 [*lead, out, in / 32]).
 
-The kernels run it exactly on their 5-bit zero-point form: twice an E2M1 value is an integer in
-[-12, 12], so u = 2 fp4 + 12 (25 levels, 5 bits) with zero point 12 and scale d = 2^(e - 128), a power of
-two that float16 holds exactly from 2^-24 to 2^15. That is 5.75 bits a weight in memory (5 + the group's
-f16 scale and u8 zero point) against MXFP4's 4.25, on the integer kernels of every variant, with the int8
-activations llama.cpp also runs MXFP4 with. A stack whose scales float16 cannot hold exactly is
-dequantized to the run dtype instead (logged).
+The weights stay as the file has them, 4.25 bits each: the codes packed two a byte and the exponent bytes
+(QuantWeight's fp4 form). The integer kernels of every variant look each code up as twice its value, an
+integer in [-12, 12] (one byte shuffle per 64 weights), and take 2^(e - 128) as the group's scale, with the
+int8 activations llama.cpp also runs MXFP4 with; the result is exact up to that int8 rounding. A matrix with
+an exponent outside 2..254 (2^-126 .. 2^126; 255 is NaN) is dequantized to the run dtype instead.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ import numpy as np
 import torch
 
 from ..errors import ModelLoadError
-from .weight import QuantWeight
+from .weight import QuantWeight, mxfp4
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +29,6 @@ MARKER = "_blocks"
 SUFFIXES = ("_blocks", "_scales")
 # E2M1 codes 0..15 (sign in bit 3) as twice their value: exact small integers.
 E2M1_X2 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.int16)
-ZERO = 12  # the 5-bit form's zero point
 
 
 @dataclass(frozen=True)
@@ -59,15 +57,10 @@ class Mxfp4Stack:
         return (*self.scales.shape[:-1], self.scales.shape[-1] * 32)
 
     def weight(self, index: tuple, rows: slice = slice(None)) -> QuantWeight | None:
-        """stack[index] (one [out, in] matrix), rows `rows` of it, exactly in the kernels' 5-bit form; None
-        when a scale is outside float16's exact powers of two (the caller dequantizes)."""
+        """stack[index] (one [out, in] matrix), rows `rows` of it, packed as it is (4.25 bits); None when an
+        exponent is outside what the kernels take exactly (the caller dequantizes)."""
         blocks, scales = self.blocks[index][rows], self.scales[index][rows]
-        e = scales.astype(np.int32) - 128
-        if e.min() < -24 or e.max() > 15:
-            return None
-        u = (E2M1_X2[_codes(blocks)] + ZERO).astype(np.uint8).reshape(blocks.shape[0], -1)
-        d = np.ldexp(np.ones(e.shape, dtype=np.float32), e).astype(np.float16)
-        return QuantWeight.pack(u, d, np.full(d.shape, ZERO, dtype=np.uint8), bits=5, group=32, kind=self.kind)
+        return mxfp4(_codes(blocks).reshape(blocks.shape[0], -1), scales, self.kind)
 
     def dequantize(self, dtype: torch.dtype, index: tuple = ()) -> torch.Tensor:
         """stack[index] as dense [..., out, in] values (exact in float32)."""

@@ -16,6 +16,10 @@ compressed-tensors W8A8): x quantized to int8 per block of 32, integer dot produ
 weight-only formats GPTQ, AWQ, compressed-tensors W4A16 / W8A16, as their accuracy is published and
 vLLM runs them): x stays in the run's 16-bit type and the weight is widened where it is used
 (csrc/common/quant_wide.h). CPUINFER_INT4_W4A8=1 turns 4-bit weight-only layers back to int8 activations.
+
+`fp4` is MXFP4 (gpt-oss's experts, GGUF's MXFP4) as the file has it: 4-bit E2M1 codes in groups of 32 and
+each group's E8M0 exponent byte in z, no d: 4.25 bits a weight. The kernels look each code up as a small
+integer (quant_tile.h) and run it with int8 activations, as llama.cpp does.
 """
 
 from __future__ import annotations
@@ -40,8 +44,8 @@ class QuantWeight:
     """One quantized [n, k] weight in the kernels' panel layout (see the module docstring)."""
 
     qs: torch.Tensor  # uint8 [panels * k / 32 * 16 * 32 * bits / 8]
-    d: torch.Tensor  # float16 [panels * k / group * 16]
-    z: torch.Tensor | None  # uint8, same size as d (zero-point form)
+    d: torch.Tensor | None  # float16 [panels * k / group * 16] (None with fp4)
+    z: torch.Tensor | None  # uint8 [panels * k / group * 16] (zero-point form; fp4: the E8M0 exponents)
     m: torch.Tensor | None  # float16, same size as d (minimum form)
     bits: int
     group: int
@@ -50,6 +54,7 @@ class QuantWeight:
     kind: str  # the source format, e.g. "Q4_1", for logs and `cpuinfer info`
     perm: torch.Tensor | None = None  # int32 [k]: input feature of each packed k, or None (in order)
     act16: bool = False  # x stays 16-bit (weight-only formats), else int8 per block of 32 (module docstring)
+    fp4: bool = False  # MXFP4: qs holds E2M1 codes, z their groups' exponents, no d (module docstring)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -68,12 +73,12 @@ class QuantWeight:
         return sum(t.numel() * t.element_size() for t in held if t is not None)
 
     @classmethod
-    def empty(cls, n: int, k: int, bits: int, group: int, has_min: bool, kind: str) -> QuantWeight:
+    def empty(cls, n: int, k: int, bits: int, group: int, has_min: bool, kind: str, fp4: bool = False) -> QuantWeight:
         """An unfilled weight of this shape and form (quant_pack fills it)."""
         panels, groups = _panels(n), k // group
         return cls(
             qs=torch.empty(panels * (k // BLOCK) * LANES * BLOCK * bits // 8, dtype=torch.uint8),
-            d=torch.empty(panels * groups * LANES, dtype=torch.float16),
+            d=None if fp4 else torch.empty(panels * groups * LANES, dtype=torch.float16),
             z=None if has_min else torch.empty(panels * groups * LANES, dtype=torch.uint8),
             m=torch.empty(panels * groups * LANES, dtype=torch.float16) if has_min else None,
             bits=bits,
@@ -81,13 +86,14 @@ class QuantWeight:
             n=n,
             k=k,
             kind=kind,
+            fp4=fp4,
         )
 
     @classmethod
     def pack(
         cls,
         u: np.ndarray,
-        d: np.ndarray,
+        d: np.ndarray | None,
         z: np.ndarray | None = None,
         m: np.ndarray | None = None,
         *,
@@ -96,12 +102,14 @@ class QuantWeight:
         kind: str,
         perm: np.ndarray | None = None,
         act16: bool = False,
+        fp4: bool = False,
     ) -> QuantWeight:
-        """From values u [n, k] (uint8, < 2**bits) and per-group d and z or m [n, k / group], all in perm's k order."""
+        """From values u [n, k] (uint8, < 2**bits) and per-group d and z or m [n, k / group], all in perm's k order
+        (fp4: u the E2M1 codes, z their E8M0 exponents, no d)."""
         n, k = u.shape
         if (z is None) == (m is None):
             raise ValueError("pass exactly one of z (zero points) and m (minimums)")
-        w = cls.empty(n, k, bits, group, m is not None, kind)
+        w = cls.empty(n, k, bits, group, m is not None, kind, fp4)
         w.act16 = act16
         if perm is not None:
             perm = np.asarray(perm)
@@ -111,7 +119,7 @@ class QuantWeight:
         _C.quant_pack(
             w,
             _tensor(u, np.uint8),
-            _tensor(d, np.float16),
+            None if d is None else _tensor(d, np.float16),
             None if z is None else _tensor(z, np.uint8),
             None if m is None else _tensor(m, np.float16),
         )
@@ -176,7 +184,8 @@ def is_quantized(w) -> bool:
 def _same_form(a: QuantWeight, b: QuantWeight) -> bool:
     """Whether b can be appended to a's panels (one kernel call reads x once, in one k order)."""
     same_order = a.perm is b.perm or (a.perm is not None and b.perm is not None and torch.equal(a.perm, b.perm))
-    return (a.bits, a.group, a.z is None, a.k, a.act16) == (b.bits, b.group, b.z is None, b.k, b.act16) and same_order
+    form = (a.bits, a.group, a.z is None, a.k, a.act16, a.fp4)
+    return form == (b.bits, b.group, b.z is None, b.k, b.act16, b.fp4) and same_order
 
 
 def concat(weights: list[QuantWeight]) -> Quantized:
@@ -192,7 +201,7 @@ def concat(weights: list[QuantWeight]) -> Quantized:
         if last is not None and _same_form(last, w) and last.n % LANES == 0:
             merged[-1] = QuantWeight(
                 qs=torch.cat([last.qs, w.qs]),
-                d=torch.cat([last.d, w.d]),
+                d=None if w.d is None else torch.cat([last.d, w.d]),
                 z=None if w.z is None else torch.cat([last.z, w.z]),
                 m=None if w.m is None else torch.cat([last.m, w.m]),
                 bits=w.bits,
@@ -202,6 +211,7 @@ def concat(weights: list[QuantWeight]) -> Quantized:
                 kind=last.kind if last.kind == w.kind else f"{last.kind}+{w.kind}",
                 perm=last.perm,
                 act16=w.act16,
+                fp4=w.fp4,
             )
         else:
             merged.append(w)
@@ -210,6 +220,15 @@ def concat(weights: list[QuantWeight]) -> Quantized:
     if len(merged) > 3:
         raise ValueError(f"{len(merged)} quantized parts of different formats cannot be stacked (at most 3)")
     return QuantStack(tuple(merged))
+
+
+def mxfp4(codes: np.ndarray, exponents: np.ndarray, kind: str = "MXFP4") -> QuantWeight | None:
+    """An MXFP4 weight from its E2M1 codes [n, k] (0..15, sign in bit 3) and E8M0 exponents [n, k / 32], as the
+    file has them (fp4); None when an exponent is outside 2..254 (2^-126 .. 2^126: beyond that the kernels' f32
+    scale is not exact, and 255 is NaN), for the caller to dequantize."""
+    if exponents.size and (exponents.min() < 2 or exponents.max() > 254):
+        return None
+    return QuantWeight.pack(codes, None, exponents, bits=4, group=BLOCK, kind=kind, fp4=True)
 
 
 def scale16(x: np.ndarray) -> np.ndarray:
