@@ -11,8 +11,9 @@ scaled down: 64 experts, top 4, GQA 16/4 heads of 64, vocab 16k):
 - 32-sequence throughput against transformers' batched `generate` (bfloat16, greedy, same model).
 - llama.cpp on the same model (with --llama, the default where llama-cpp-python imports): the checkpoint
   written as GGUF by llama.cpp's own converter (convert_hf_to_gguf.py from the llama-cpp-python sdist, bf16),
-  then Q8_0 (gguf-py's quantizer) and Q4_K_M (llama.cpp's), each run by both engines on the same file through
-  bench_quant.py's rows: batch-1 decode (W1), a long prompt's TTFT, and --batch sequences at once (W2).
+  then Q8_0 (gguf-py's quantizer), Q4_K_M and MXFP4_MOE (llama.cpp's; the experts MXFP4, the rest Q8_0),
+  each run by both engines on the same file through bench_quant.py's rows: batch-1 decode (W1), a long
+  prompt's TTFT, and --batch sequences at once (W2).
 Targets (issue 31): decode >= 70% of the roofline; 32-sequence throughput >= 3x transformers; on the GGUF
 files, batch-1 decode >= 1.2x and 32-sequence throughput >= 1.5x llama.cpp.
 """
@@ -139,7 +140,7 @@ def bench_transformers(model, args) -> float:
 
 def llama_cpp_rows(path: str, args) -> int:
     """Convert the checkpoint with llama.cpp's converter, then run bench_quant.py's cpuinfer and llama.cpp rows on
-    its Q8_0 and Q4_K_M files; returns bench_quant's exit status (0: its targets met)."""
+    its Q8_0, Q4_K_M and MXFP4_MOE files; returns bench_quant's exit status (0: its targets met)."""
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path.insert(0, os.path.dirname(here))
     from tests.models.llama_cpp_convert import convert
@@ -150,7 +151,7 @@ def llama_cpp_rows(path: str, args) -> int:
     if not os.path.isfile(gguf):
         convert(path, gguf + ".part", "bf16")
         os.replace(gguf + ".part", gguf)
-    cmd = [sys.executable, os.path.join(here, "bench_quant.py"), "--model", gguf, "--configs", "q8_0,q4_k_m"]
+    cmd = [sys.executable, os.path.join(here, "bench_quant.py"), "--model", gguf, "--configs", "q8_0,q4_k_m,mxfp4_moe"]
     cmd += ["--work-dir", args.work_dir, "--input-len", str(args.input_len), "--output-len", str(args.output_len)]
     cmd += ["--batch", str(args.batch), "--long-input-len", "256", "--threads", str(len(CPUS))]
     if args.llama_python:

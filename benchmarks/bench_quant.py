@@ -1,6 +1,7 @@
 """Quantized models against our own bf16 and against llama.cpp on the same GGUF files, measured in the same run.
 
     python benchmarks/bench_quant.py [--model FILE.gguf] [--configs bf16,quant,q8_0,q4_0,q4_k_m,gptq4,gptq4-w4a8,w8a8]
+                                     (also mxfp4_moe, for a mixture-of-experts --model)
                                      [--llama | --no-llama] [--llama-python PY] [--threads 2] [--work-dir DIR]
 
 Each row runs in its own process (peak RSS is per process), with bench_engine.py's loop:
@@ -22,12 +23,14 @@ those weights `q8_0` (every 2-D tensor Q8_0) and `q4_0` (2-D tensors Q4_0, the e
 the bundled Q4_1 file) with gguf.quants.quantize, and `q4_k_m` with llama.cpp's own quantizer
 (llama_cpp.llama_model_quantize, LLAMA_FTYPE_MOSTLY_Q4_K_M: the gguf package has no K-quant
 quantizer; rows of 576 are not a multiple of 256, so llama.cpp stores those tensors as Q5_0/Q8_0 and
-only the 1536-wide ffn_down as Q4_K/Q6_K). The HF checkpoints are converted from the GGUF by
+only the 1536-wide ffn_down as Q4_K/Q6_K), and `mxfp4_moe` likewise (LLAMA_FTYPE_MOSTLY_MXFP4_MOE: a
+mixture-of-experts model's expert tensors MXFP4, the other 2-D tensors Q8_0; bench_moe.py's rows). The
+HF checkpoints are converted from the GGUF by
 transformers and quantized by round to nearest with the tests' helper (tests/models/quant_checkpoints.py,
 which needs transformers and compressed-tensors).
 
 llama.cpp rows (`--llama`, the default): for every GGUF configuration in --configs (quant, q8_0, q4_0,
-q4_k_m) a `llama:<config>` row on the same file, in its own process of --llama-python (default:
+q4_k_m, mxfp4_moe) a `llama:<config>` row on the same file, in its own process of --llama-python (default:
 $CPUINFER_LLAMA_PYTHON, else this interpreter), through llama-cpp-python's low-level API: the same
 prompt token ids as ours, n_threads = n_threads_batch = --threads, greedy (argmax of the logits),
 the library's default context settings otherwise (flash attention auto, f16 KV, mmap, extra
@@ -74,9 +77,10 @@ HF_FORMATS = {
 }
 W4A8_ROWS = {"gptq4-w4a8": "gptq4"}  # row -> the HF_FORMATS checkpoint it runs under CPUINFER_INT4_W4A8=1
 # GGUF files made from the --model file: config -> (GGUF file type, how it is made).
-GGUF_MADE = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k_m": "Q4_K_M"}
+GGUF_MADE = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k_m": "Q4_K_M", "mxfp4_moe": "MXFP4_MOE"}
+BY_LLAMA = ("Q4_K_M", "MXFP4_MOE")  # the types made by llama.cpp's own quantizer (the others by gguf-py's)
 GGUF_CONFIGS = ("quant", *GGUF_MADE)  # the configurations that run from a GGUF file kept quantized
-LLAMA_FTYPE = {"F32": 0, "Q4_0": 2, "Q8_0": 7, "Q4_K_M": 15}  # llama_ftype of general.file_type
+LLAMA_FTYPE = {"F32": 0, "Q4_0": 2, "Q8_0": 7, "Q4_K_M": 15, "MXFP4_MOE": 38}  # llama_ftype of general.file_type
 LLAMA_PIP = "the command in this script's docstring (or nox -s bench)"
 
 
@@ -162,7 +166,7 @@ def gguf_file(config: str, src: str, work_dir: str, llama_python: str | None) ->
         return out
     tmp = out + ".part"
     t = time.perf_counter()
-    if qtype == "Q4_K_M":
+    if qtype in BY_LLAMA:
         f32 = f"{base}-F32.gguf"
         if not os.path.isfile(f32):
             write_gguf(src, f32 + ".part", None)
@@ -446,7 +450,7 @@ def main() -> int:
         if args.llama and config in GGUF_CONFIGS:
             rows.append(f"llama:{config}")
     llama_python, why = (None, "--no-llama")
-    if any(r.startswith("llama:") for r in rows) or "q4_k_m" in rows:
+    if any(r.startswith("llama:") or GGUF_MADE.get(r) in BY_LLAMA for r in rows):
         llama_python, why = find_llama_python(args.llama_python)
     paths, failed = {}, {}
     for row in rows:
@@ -488,19 +492,19 @@ def main() -> int:
     )
     ttft = f"TTFT {args.long_input_len} ms"
     print(
-        f"{'row':<14}{'file':>8}{'file MB':>9}{'threads':>8}{'W1 tok/s':>10}{ttft:>13}{'W2 tok/s':>10}"
+        f"{'row':<17}{'file':>10}{'file MB':>9}{'threads':>8}{'W1 tok/s':>10}{ttft:>13}{'W2 tok/s':>10}"
         f"{'weights MB':>12}{'RSS MB':>9}"
     )
     for row, r in results.items():
         config = row.removeprefix("llama:")
         mb = f"{size_mb[config]:.0f}" if config in size_mb else ""
         print(
-            f"{row:<14}{types.get(config, ''):>8}{mb:>9}{r['threads']:>8}{r['decode_tps']:>10.1f}"
+            f"{row:<17}{types.get(config, ''):>10}{mb:>9}{r['threads']:>8}{r['decode_tps']:>10.1f}"
             f"{r['ttft_long'] * 1000:>13.0f}{r['throughput']:>10.1f}{r['weights_mb']:>12.0f}"
             f"{r['peak_rss_mb']:>9.0f}"
         )
     for row, why_failed in failed.items():
-        print(f"{row:<14}not measured: {why_failed}")
+        print(f"{row:<17}not measured: {why_failed}")
     info = next((r["system_info"] for r in results.values() if "system_info" in r), None)
     if info:
         print(f"llama.cpp: {info}")
@@ -521,7 +525,7 @@ def main() -> int:
             continue
         # Q4 targets for the Q4_0 / Q4_1 files: the made q4_0, and `quant` when it is the bundled Q4_1.
         is_q4 = types[config] in ("Q4_0", "Q4_1")
-        if ref and config == "q4_k_m":
+        if ref and config in ("q4_k_m", "mxfp4_moe"):
             print(
                 f"{config} / llama.cpp (no target): W1 decode {ours['decode_tps'] / ref['decode_tps']:.2f}x, "
                 f"TTFT {ours['ttft_long'] / ref['ttft_long']:.2f}x, "
@@ -550,7 +554,7 @@ def main() -> int:
             )
         )
     if b:
-        for config in ("quant", "q8_0", "q4_0", "q4_k_m", *HF_FORMATS):
+        for config in (*GGUF_CONFIGS, *HF_FORMATS):
             r = results.get(config)
             if r:
                 print(

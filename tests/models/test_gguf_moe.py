@@ -146,10 +146,11 @@ def llama_cpp_logits(py: str, path: str, tokens: list[int], f32_cache: bool) -> 
 
 
 def test_logits_close_to_llama_cpps_own(converted, tmp_path):
-    """The same GGUF files run by llama.cpp (llama-cpp-python): the f32 file in a float32 run, and a Q4_K_M file
-    made by llama.cpp's own quantizer in a bfloat16 run (both engines quantize activations to int8 for its
-    blocks), every position of a prompt and transformers' greedy continuation. Skipped where no interpreter
-    imports llama_cpp (CI does not build it: set CPUINFER_LLAMA_PYTHON, as for bench_quant.py)."""
+    """The same GGUF files run by llama.cpp (llama-cpp-python): the f32 file in a float32 run, and Q4_K_M and
+    MXFP4_MOE files (experts MXFP4, the rest Q8_0) made by llama.cpp's own quantizer in bfloat16 runs (both
+    engines quantize activations to int8 for their blocks), every position of a prompt and transformers'
+    greedy continuation. Skipped where no interpreter imports llama_cpp (CI does not build it: set
+    CPUINFER_LLAMA_PYTHON, as for bench_quant.py)."""
     import subprocess
 
     py = llama_python()
@@ -158,14 +159,19 @@ def test_logits_close_to_llama_cpps_own(converted, tmp_path):
     from cpuinfer.engine.step import ScheduledSeq
 
     name, model, files = converted
-    q4 = str(tmp_path / f"{name}.q4_k_m.gguf")
     quantize = (
-        "import ctypes, sys, llama_cpp as L; p = L.llama_model_quantize_default_params(); p.ftype = 15; "
+        "import ctypes, sys, llama_cpp as L; p = L.llama_model_quantize_default_params(); p.ftype = int(sys.argv[3]); "
         "sys.exit(L.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), ctypes.byref(p)))"
     )
-    subprocess.run([py, "-c", quantize, files["f32"], q4], check=True, capture_output=True, timeout=600)
-    for file, dtype, bound in ((files["f32"], torch.float32, 5e-3), (q4, torch.bfloat16, 0.05)):
+    made = {}
+    for qtype, ftype in (("q4_k_m", 15), ("mxfp4_moe", 38)):  # llama_ftype LLAMA_FTYPE_MOSTLY_*
+        made[qtype] = str(tmp_path / f"{name}.{qtype}.gguf")
+        subprocess.run([py, "-c", quantize, files["f32"], made[qtype], str(ftype)], check=True, capture_output=True)
+    runs = [(files["f32"], torch.float32, 5e-3), (made["q4_k_m"], torch.bfloat16, 0.05)]
+    for file, dtype, bound in [*runs, (made["mxfp4_moe"], torch.bfloat16, 0.05)]:
         runner = ModelRunner(load_model_spec(file, str(dtype).removeprefix("torch.")), 16, 64, cache_dtype=dtype)
+        if file == made["mxfp4_moe"]:  # its experts stay MXFP4 (4.25 bits), not dequantized
+            assert all(w.fp4 for w in runner.model.layers[0].plan.mlp.down_w)
         for prompt in PROMPTS:
             tokens = prompt + hf_greedy(model, prompt, 16)[0][:-1]
             table = list(range(-(-len(tokens) // 16)))
@@ -176,9 +182,12 @@ def test_logits_close_to_llama_cpps_own(converted, tmp_path):
             # rotary angles and summation order); argmax agreement 0.98-1.0. Q4_K_M: both engines run int8
             # activations against the same blocks but round differently (bf16 vs f32 between the ops): measured
             # median 0.022-0.038, agreement 0.89-1.0 (Sapphire Rapids, amx); the bounds of this module's Q8_0 test.
+            # MXFP4_MOE (our experts kept as MXFP4 codes and exponents, 4.25 bits): median 0.019-0.034, agreement
+            # 0.89-0.97.
             err = ((ours - theirs).norm(dim=-1) / theirs.norm(dim=-1)).median().item()
             agree = (ours.argmax(-1) == theirs.argmax(-1)).double().mean().item()
-            print(f"{name} {dtype}: median relative L2 error {err:.4f}, argmax agreement {agree:.2f} vs llama.cpp")
+            what = f"{name} {file.rsplit('/', 1)[-1]} {dtype}"
+            print(f"{what}: median relative L2 error {err:.4f}, argmax agreement {agree:.2f} vs llama.cpp")
             assert err < bound, f"{name} {file}: median relative L2 error {err:.4f} against llama.cpp"
             assert agree >= (0.95 if dtype == torch.float32 else 0.85), f"{name} {file}: argmax agreement {agree}"
 

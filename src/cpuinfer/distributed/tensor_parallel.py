@@ -19,9 +19,9 @@ groups are scattered over the input features) is dequantized for this rank's sha
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
