@@ -410,11 +410,17 @@ def precompiled(session: nox.Session) -> None:
 
 @nox.session
 def index(session: nox.Session) -> None:
-    """Serve a PEP 503 index made from dist/ on 127.0.0.1 and pip install cpuinfer from it in a fresh venv."""
-    release_wheel(session)
+    """Serve a PEP 503 index of dist/'s wheel and its PEP 825 variant wheels (ci/variant_wheels.py) on 127.0.0.1:
+    pip installs the fat wheel from it in a fresh venv; uv's wheel-variant preview installs the slim wheel for this
+    CPU and for qemu's AVX2-only model, and cpuinfer then picks the variant the fat wheel picks there."""
+    fat = release_wheel(session)
     with tempfile.TemporaryDirectory(prefix="cpuinfer-index-") as tmp:
         site = os.path.join(tmp, "site")
-        session.run(sys.executable, "ci/make_index.py", DIST, site, external=True)
+        wheels = os.path.join(tmp, "wheels")
+        os.makedirs(wheels)
+        shutil.copy(fat, wheels)
+        session.run(sys.executable, "ci/variant_wheels.py", fat, wheels, external=True)  # logs fat vs slim sizes
+        session.run(sys.executable, "ci/make_index.py", wheels, site, external=True)
         server = subprocess.Popen(
             [sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1", "--directory", site],
             stdout=subprocess.PIPE,
@@ -439,6 +445,11 @@ def index(session: nox.Session) -> None:
             )
             session.chdir(tmp)
             session.run(python, os.path.join(session.invoked_from, "ci", "smoke_test.py"), external=True)
+            if installed_variant_label(session, python) is not None:
+                session.error("pip installed a variant wheel: without variant support it must take the fat wheel")
+            fat_selected = json.loads(stdout_of(session, [python, "-m", "cpuinfer", "info", "--json"], {}, tmp))
+            check_variant_installs(session, python, f"http://127.0.0.1:{port}/simple", fat_selected["selected"], tmp)
+            session.chdir(tmp)
             # A precompiled editable install with no wheel location: the wheel comes from the index.
             env = {"CPUINFER_USE_PRECOMPILED": "1", "CPUINFER_WHEEL_INDEX": f"http://127.0.0.1:{port}/simple"}
             session.run(
@@ -448,6 +459,69 @@ def index(session: nox.Session) -> None:
         finally:
             server.terminate()
             server.wait(timeout=10)
+
+
+UV = "uv==0.13.8"  # the first uv with `--preview-features wheel-variants` (PEP 825, built-in x86-64 provider)
+# The installed package's folder and its dispatcher's CPU probe, without importing cpuinfer (and torch).
+PROBE = (
+    "import glob, importlib.util as u, json; p = u.find_spec('cpuinfer').submodule_search_locations[0]; "
+    "s = u.spec_from_file_location('cpuinfer._cpu_probe', glob.glob(p + '/_cpu_probe.*.so')[0]); "
+    "m = u.module_from_spec(s); s.loader.exec_module(m); print(json.dumps(m.features()[1]))"
+)
+
+
+def installed_variant_label(session: nox.Session, python: str) -> str | None:
+    """The variant label of the installed cpuinfer (its dist-info's variant.json), None for the fat wheel."""
+    code = (
+        "import json; from importlib.metadata import distribution as d; t = d('cpuinfer').read_text('variant.json'); "
+        "print(json.dumps(t and list(json.loads(t)['variants'])[0]))"
+    )
+    return json.loads(stdout_of(session, [python, "-c", code], {}, session.invoked_from))
+
+
+def emulated_cpuinfo(session: nox.Session, python: str, emulator: list[str], where: str) -> str:
+    """A /proc/cpuinfo for the emulated CPU: qemu-user shows the host's, and uv's x86-64 provider reads its flags.
+    It is the host's flags line without each feature the dispatcher's probe finds on the host and not under
+    emulation (the probe asks CPUID, which qemu emulates); returns its path."""
+    host = set(json.loads(stdout_of(session, [python, "-c", PROBE], {}, where)))
+    emulated = set(json.loads(stdout_of(session, [*emulator, python, "-c", PROBE], {}, where)))
+    lacking = {f.replace("_", "").replace("lzcnt", "abm") for f in host - emulated}
+    with open("/proc/cpuinfo") as f:
+        flags = next(line for line in f if line.startswith("flags")).split(":", 1)[1].split()
+    kept = [f for f in flags if f.replace("_", "") not in lacking]
+    session.log(f"emulated /proc/cpuinfo: without {sorted(set(flags) - set(kept))}")
+    path = os.path.join(where, "cpuinfo")
+    with open(path, "w") as f:
+        f.write(f"processor\t: 0\nflags\t\t: {' '.join(kept)}\n\n")
+    return path
+
+
+def check_variant_installs(session: nox.Session, python: str, index_url: str, fat_selected: str, where: str) -> None:
+    """uv's wheel-variant preview installs a slim wheel from the index: on this CPU the one whose kernels include
+    what the fat wheel picks here; under qemu's AVX2-only model the x86-64-v3 one, which picks avx2 there."""
+    session.install(UV)
+    uv = [
+        "uv", "pip", "install", "--python", python, "--reinstall", "--no-deps", "--no-cache",
+        "--index-url", index_url, "--preview-features", "wheel-variants", "cpuinfer",
+    ]  # fmt: skip
+    session.run(*uv)
+    label = installed_variant_label(session, python)
+    selected = json.loads(stdout_of(session, [python, "-m", "cpuinfer", "info", "--json"], {}, where))["selected"]
+    session.log(f"this CPU: uv installed variant {label}, which selects {selected} (the fat wheel: {fat_selected})")
+    if label is None or selected != fat_selected:
+        session.error(f"variant wheel {label} selects {selected} here, the fat wheel {fat_selected}")
+    if shutil.which("qemu-x86_64") is None or shutil.which("unshare") is None:
+        session.error("the AVX2-only check needs qemu-x86_64 and unshare (apt install qemu-user util-linux)")
+    cpuinfo = emulated_cpuinfo(session, python, QEMU_X86, where)
+    # A private mount namespace (root, as in CI) where /proc/cpuinfo is the emulated CPU's, for uv and the
+    # interpreter it asks; nothing outside it sees the change.
+    mount = 'mount --bind "$0" /proc/cpuinfo && exec "$@"'
+    session.run("unshare", "--mount", "--propagation", "private", "sh", "-c", mount, cpuinfo, *uv, external=True)
+    label = installed_variant_label(session, python)
+    got = json.loads(stdout_of(session, [*QEMU_X86, python, "-m", "cpuinfer", "info", "--json"], {}, where))
+    session.log(f"qemu {' '.join(QEMU_X86[1:])}: uv installed variant {label}, which selects {got['selected']}")
+    if (label, got["selected"]) != ("x8664v3", "avx2"):
+        session.error(f"AVX2-only CPU: uv installed {label} selecting {got['selected']}, expected x8664v3 and avx2")
 
 
 # --- the stable-ABI wheel on CPython 3.12 and 3.13 ---------------------------------
