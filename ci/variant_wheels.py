@@ -15,8 +15,9 @@ that installers ship:
   variant (avx512, avx512bf16, amx) and the dispatcher picks among them at import, as in the fat wheel.
 - aarch64: `aarch64 :: <feature> :: on` for each CPU feature the variant needs (the names of the ISA table
   are the kernel's hwcap names, which the aarch64 provider plugin (provider-variant-aarch64) reports). A
-  variant that the dispatcher demotes on some CPUs (sve without wide vectors) carries the variants that
-  outrank it there, so its wheel picks what the fat wheel would.
+  wheel also carries each variant the dispatcher may prefer on a CPU the wheel installs on (see
+  slim_groups), so it picks what the fat wheel would. uv 0.13.8's aarch64 provider reports only
+  `aarch64 :: version`: uv installs the fat wheel there.
 Other platforms (s390x, macOS) have no provider: they ship the fat wheel only.
 """
 
@@ -54,14 +55,22 @@ def slim_groups(platform: str, ptable: dict) -> dict[str, tuple[list[str], dict[
             if levels:
                 groups.setdefault(f"x8664{levels[0]}", ([], {"level": levels}))[0].append(name)
     elif platform == "aarch64":
+
+        def lowest(entry: dict) -> int:  # its priority where the dispatcher demotes it
+            return int(entry.get("demote_unless", entry)["priority"])
+
         for name, entry in ptable.items():
             if not entry["features"]:
                 continue
-            kernels = [name]
-            demote = entry.get("demote_unless")
-            if demote:  # where it is demoted, these outrank it
-                low, high = int(demote["priority"]), int(entry["priority"])
-                kernels += [n for n, e in ptable.items() if low < int(e["priority"]) < high]
+            # A CPU this wheel is installed on may also run a variant the dispatcher prefers to this one. Where
+            # that variant's properties include all of this one's, an installer ranks its wheel first; else
+            # this wheel carries it (neon_bf16 carries sve: a CPU with both features and wide SVE runs sve).
+            mine = set(entry["features"])
+            kernels = [name] + [
+                other
+                for other, e in ptable.items()
+                if other != name and int(e["priority"]) > lowest(entry) and not mine <= set(e["features"])
+            ]
             groups[f"a64{name.replace('_', '')}"] = (kernels, {f: ["on"] for f in entry["features"]})
     for label in groups:
         assert LABEL.fullmatch(label), label
