@@ -462,6 +462,10 @@ def index(session: nox.Session) -> None:
 
 
 UV = "uv==0.13.8"  # the first uv with `--preview-features wheel-variants` (PEP 825, built-in x86-64 provider)
+# PEP 825's reference resolution and the published aarch64 provider (pinned as in pyproject's test extra)
+VARIANT_RESOLVER = ("variantlib==0.2.2", "provider-variant-aarch64==0.0.1.post2")
+# In a private mount namespace (root, as in CI): /proc/cpuinfo is "$0" for the command and its children only.
+PROC_CPUINFO_MOUNT = 'mount --bind "$0" /proc/cpuinfo && exec "$@"'
 # The installed package's folder and its dispatcher's CPU probe, without importing cpuinfer (and torch).
 PROBE = (
     "import glob, importlib.util as u, json; p = u.find_spec('cpuinfer').submodule_search_locations[0]; "
@@ -515,8 +519,7 @@ def check_variant_installs(session: nox.Session, python: str, index_url: str, fa
     cpuinfo = emulated_cpuinfo(session, python, QEMU_X86, where)
     # A private mount namespace (root, as in CI) where /proc/cpuinfo is the emulated CPU's, for uv and the
     # interpreter it asks; nothing outside it sees the change.
-    mount = 'mount --bind "$0" /proc/cpuinfo && exec "$@"'
-    session.run("unshare", "--mount", "--propagation", "private", "sh", "-c", mount, cpuinfo, *uv, external=True)
+    session.run("unshare", "--mount", "--propagation", "private", "sh", "-c", PROC_CPUINFO_MOUNT, cpuinfo, *uv)
     label = installed_variant_label(session, python)
     got = json.loads(stdout_of(session, [*QEMU_X86, python, "-m", "cpuinfer", "info", "--json"], {}, where))
     session.log(f"qemu {' '.join(QEMU_X86[1:])}: uv installed variant {label}, which selects {got['selected']}")
@@ -602,6 +605,9 @@ class ForeignArch:
     marks: dict[str, str]  # variant -> an instruction only its target features have (objdump of its module)
     debian_extra: tuple[str, ...] = ()  # Debian packages of this architecture the checks import
     kernel_variants: tuple[str, ...] = ()  # without torch: the variants ci/kernel_check.py runs on each CPU model
+    # qemu -cpu model -> (the variant label uv's wheel-variant preview installs, the one PEP 825's reference resolution
+    # with the published provider plugin picks; None: the fat wheel): check_variant_choice
+    variant_choices: dict[str, tuple[str | None, str | None]] = dataclasses.field(default_factory=dict)
 
 
 FOREIGN = {
@@ -616,6 +622,10 @@ FOREIGN = {
         cpus={"neoverse-n1": "neon", "max,sve=off": "neon_bf16", "max": "sve"},
         forced=("neoverse-n1", "sve"),
         marks={"neon_bf16": "bfdot", "sve": "whilelo"},
+        # uv 0.13.8's aarch64 provider reports only `aarch64 :: version`, the aarch64 wheels need features: it takes
+        # the fat wheel. provider-variant-aarch64 knows cores from archspec's catalog (by MIDR): neoverse-n1 gets
+        # a64neon, cortex-a72 (no dotprod) no variant, qemu's `max` (implementer 0, no catalog entry) only v8.0.
+        variant_choices={"cortex-a72": (None, None), "neoverse-n1": (None, "a64neon"), "max": (None, None)},
     ),
     # PyPI has no s390x torch (nor numpy): the wheel's kernels, every variant, run on Debian's numpy
     # (ci/kernel_check.py). qemu 7.2's s390x user mode runs only its `max` model (z14 and z15 ask for facilities
@@ -857,6 +867,70 @@ def run_foreign(
         session.log(f"CPUINFER_ISA={variant} on -cpu {cpu}: exit {r.returncode}: {r.stderr.strip().splitlines()[-1:]}")
         if r.returncode != 1 or f"CPUINFER_ISA={variant!r} cannot run on this CPU: it lacks" not in r.stderr:
             session.error(f"CPUINFER_ISA={variant} on qemu-{name} -cpu {cpu}: exit {r.returncode}, not the clear error")
+    if arch.variant_choices:
+        check_variant_choice(session, arch, wheel_path, python, qemu_env, site, tmp)
+
+
+def check_variant_choice(
+    session: nox.Session, arch: ForeignArch, wheel_path: str, python: str, qemu_env: dict, site: str, tmp: str
+) -> None:
+    """The foreign wheel's variant wheels (ci/variant_wheels.py) beside it in a find-links folder with the
+    variants.json (ci/make_index.py); under each qemu CPU model, with /proc/cpuinfo as Linux would write it for that
+    CPU (ci/aarch64_cpuinfo.py, bound in a private mount namespace), the wheel uv installs and the label
+    PEP 825's reference resolution picks (ci/variant_choice.py). Where it picks a variant wheel, that wheel's
+    cpuinfer selects the variant the fat wheel selects on that CPU (arch.cpus)."""
+    import zipfile
+
+    wheels, found = os.path.join(tmp, "variant-wheels"), os.path.join(tmp, "variant-index")
+    os.makedirs(wheels)
+    shutil.copy(wheel_path, wheels)
+    session.run(sys.executable, "ci/variant_wheels.py", wheel_path, wheels, external=True)
+    session.run(sys.executable, "ci/make_index.py", wheels, found, external=True)
+    packages = os.path.join(found, "packages")
+    (variants_json,) = glob.glob(os.path.join(packages, "*-variants.json"))
+    resolver = os.path.join(tmp, "variant-resolver")  # pure Python, imported by the emulated interpreter
+    session.run("python", "-m", "pip", "install", "-q", "--target", resolver, *VARIANT_RESOLVER, "platformdirs")
+    session.install(UV)
+    ci = os.path.join(session.invoked_from, "ci")
+    for cpu, (uv_expected, ref_expected) in arch.variant_choices.items():
+        env = {**qemu_env, "QEMU_CPU": cpu}
+        cpuinfo = os.path.join(tmp, f"cpuinfo-{cpu}")
+        with open(cpuinfo, "w") as f:
+            f.write(stdout_of(session, [python, os.path.join(ci, "aarch64_cpuinfo.py")], env, tmp))
+        in_namespace = ["unshare", "--mount", "--propagation", "private", "sh", "-c", PROC_CPUINFO_MOUNT, cpuinfo]
+        target = os.path.join(tmp, f"uv-target-{cpu}")
+        uv = ["uv", "pip", "install", "-q", "--python", python, "--target", target, "--no-deps", "--no-cache"]
+        uv += ["--no-index", "--find-links", packages, "--preview-features", "wheel-variants", "cpuinfer"]
+        session.run(*in_namespace, *uv, env=env, external=True)
+        (vfile,) = glob.glob(os.path.join(target, "cpuinfer-*.dist-info")) or [""]
+        vfile = os.path.join(vfile, "variant.json")
+        uv_label = None
+        if os.path.exists(vfile):
+            with open(vfile) as f:
+                uv_label = next(iter(json.load(f)["variants"]))
+        choose = [python, os.path.join(ci, "variant_choice.py"), variants_json]
+        ref = stdout_of(session, [*in_namespace, *choose], {**env, "PYTHONPATH": resolver}, tmp).strip()
+        ref_label = None if ref == "none" else ref
+        session.log(f"qemu -cpu {cpu}: uv installs {uv_label or 'the fat wheel'}, variantlib picks {ref}")
+        if (uv_label, ref_label) != (uv_expected, ref_expected):
+            session.error(
+                f"-cpu {cpu}: variant choice (uv, variantlib) = {(uv_label, ref_label)}, expected "
+                f"{(uv_expected, ref_expected)}"
+            )
+        if ref_label and arch.torch and cpu in arch.cpus:  # that wheel, unpacked over the fat one, on that CPU
+            slim = os.path.join(tmp, f"slim-{cpu}")
+            (path,) = glob.glob(os.path.join(wheels, f"*-{ref_label}.whl"))
+            with zipfile.ZipFile(path) as zf:
+                zf.extractall(slim)
+            env_slim = {**env, "PYTHONPATH": slim + os.pathsep + site}
+            report = json.loads(stdout_of(session, [python, "-m", "cpuinfer", "info", "--json"], env_slim, tmp))
+            session.log(f"qemu -cpu {cpu}: variant wheel {ref_label} selects {report['selected']}")
+            path = report["variants"][report["selected"]]
+            if report["selected"] != arch.cpus[cpu] or not path.startswith(slim):
+                session.error(
+                    f"-cpu {cpu}: {ref_label} selects {report['selected']} from {path}, "
+                    f"expected {arch.cpus[cpu]} from the variant wheel"
+                )
 
 
 def emulated_python(name: str, sysroot: str) -> str:
