@@ -8,8 +8,8 @@ No rebuild: a slim wheel is the fat wheel minus the other variants' extension mo
 variant support skip variant filenames (pip cannot parse them) and take it. ci/make_index.py serves both
 and writes the index-level `{name}-{version}-variants.json`.
 
-The labels come from the ISA table (`_isa_table.json`, the dispatcher's), through the variant providers
-that installers ship:
+The labels come from the ISA table (cmake/isa_table.json, in the wheel as cpuinfer/_isa_table.json, the
+dispatcher's), through the variant providers that installers ship:
 - x86_64: `x86_64 :: level :: vN`, the psABI level of the variant's `-march=x86-64-vN`. uv's x86-64 provider
   (uv 0.13.8, `--preview-features wheel-variants`) reports only the level, so the v4 wheel holds every v4
   variant (avx512, avx512bf16, amx) and the dispatcher picks among them at import, as in the fat wheel.

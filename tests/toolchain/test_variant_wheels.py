@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-TABLE = json.loads((ROOT / "src" / "cpuinfer" / "_isa_table.json").read_text())
+TABLE = json.loads((ROOT / "cmake" / "isa_table.json").read_text())  # installed as cpuinfer/_isa_table.json
 
 
 def load(name: str):
