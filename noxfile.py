@@ -13,7 +13,8 @@
     nox -s wheel             release wheel for this machine (every variant) -> auditwheel -> dist/, tested in
                              a fresh venv
     nox -s precompiled       CPUINFER_USE_PRECOMPILED=1 editable install from dist/'s wheel, no compiler
-    nox -s index             PEP 503 index from dist/ served locally; pip install from it
+    nox -s index             PEP 503 index from dist/ (the wheel and its PEP 825 variant wheels) served locally;
+                             pip install from it, and uv's wheel-variant install here and for qemu's AVX2 CPU
     nox -s abi3              the cp312-abi3 wheel (generic variant): abi3audit, installed and run on 3.12 and 3.13
     nox -s foreign           aarch64 and s390x wheels cross-built, repaired, installed for Debian's CPython of that
                              architecture and run under qemu-user (`-- aarch64` for one)
