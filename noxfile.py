@@ -520,7 +520,9 @@ def check_variant_installs(session: nox.Session, python: str, index_url: str, fa
     cpuinfo = emulated_cpuinfo(session, python, QEMU_X86, where)
     # A private mount namespace (root, as in CI) where /proc/cpuinfo is the emulated CPU's, for uv and the
     # interpreter it asks; nothing outside it sees the change.
-    session.run("unshare", "--mount", "--propagation", "private", "sh", "-c", PROC_CPUINFO_MOUNT, cpuinfo, *uv)
+    session.run(
+        "unshare", "--mount", "--propagation", "private", "sh", "-c", PROC_CPUINFO_MOUNT, cpuinfo, *uv, external=True
+    )
     label = installed_variant_label(session, python)
     got = json.loads(stdout_of(session, [*QEMU_X86, python, "-m", "cpuinfer", "info", "--json"], {}, where))
     session.log(f"qemu {' '.join(QEMU_X86[1:])}: uv installed variant {label}, which selects {got['selected']}")
