@@ -13,7 +13,8 @@
     nox -s wheel             release wheel for this machine (every variant) -> auditwheel -> dist/, tested in
                              a fresh venv
     nox -s precompiled       CPUINFER_USE_PRECOMPILED=1 editable install from dist/'s wheel, no compiler
-    nox -s index             PEP 503 index from dist/ served locally; pip install from it
+    nox -s index             PEP 503 index from dist/ (the wheel and its PEP 825 variant wheels) served locally;
+                             pip install from it, and uv's wheel-variant install here and for qemu's AVX2 CPU
     nox -s abi3              the cp312-abi3 wheel (generic variant): abi3audit, installed and run on 3.12 and 3.13
     nox -s foreign           aarch64 and s390x wheels cross-built, repaired, installed for Debian's CPython of that
                              architecture and run under qemu-user (`-- aarch64` for one)
@@ -410,11 +411,17 @@ def precompiled(session: nox.Session) -> None:
 
 @nox.session
 def index(session: nox.Session) -> None:
-    """Serve a PEP 503 index made from dist/ on 127.0.0.1 and pip install cpuinfer from it in a fresh venv."""
-    release_wheel(session)
+    """Serve a PEP 503 index of dist/'s wheel and its PEP 825 variant wheels (ci/variant_wheels.py) on 127.0.0.1:
+    pip installs the fat wheel from it in a fresh venv; uv's wheel-variant preview installs the slim wheel for this
+    CPU and for qemu's AVX2-only model, and cpuinfer then picks the variant the fat wheel picks there."""
+    fat = release_wheel(session)
     with tempfile.TemporaryDirectory(prefix="cpuinfer-index-") as tmp:
         site = os.path.join(tmp, "site")
-        session.run(sys.executable, "ci/make_index.py", DIST, site, external=True)
+        wheels = os.path.join(tmp, "wheels")
+        os.makedirs(wheels)
+        shutil.copy(fat, wheels)
+        session.run(sys.executable, "ci/variant_wheels.py", fat, wheels, external=True)  # logs fat vs slim sizes
+        session.run(sys.executable, "ci/make_index.py", wheels, site, external=True)
         server = subprocess.Popen(
             [sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1", "--directory", site],
             stdout=subprocess.PIPE,
@@ -439,6 +446,11 @@ def index(session: nox.Session) -> None:
             )
             session.chdir(tmp)
             session.run(python, os.path.join(session.invoked_from, "ci", "smoke_test.py"), external=True)
+            if installed_variant_label(session, python) is not None:
+                session.error("pip installed a variant wheel: without variant support it must take the fat wheel")
+            fat_selected = json.loads(stdout_of(session, [python, "-m", "cpuinfer", "info", "--json"], {}, tmp))
+            check_variant_installs(session, python, f"http://127.0.0.1:{port}/simple", fat_selected["selected"], tmp)
+            session.chdir(tmp)
             # A precompiled editable install with no wheel location: the wheel comes from the index.
             env = {"CPUINFER_USE_PRECOMPILED": "1", "CPUINFER_WHEEL_INDEX": f"http://127.0.0.1:{port}/simple"}
             session.run(
@@ -448,6 +460,74 @@ def index(session: nox.Session) -> None:
         finally:
             server.terminate()
             server.wait(timeout=10)
+
+
+UV = "uv==0.13.8"  # the first uv with `--preview-features wheel-variants` (PEP 825, built-in x86-64 provider)
+# PEP 825's reference resolution and the published aarch64 provider (pinned as in pyproject's test extra)
+VARIANT_RESOLVER = ("variantlib==0.2.2", "provider-variant-aarch64==0.0.1.post2")
+# In a private mount namespace (root, as in CI): /proc/cpuinfo is "$0" for the command and its children only.
+PROC_CPUINFO_MOUNT = 'mount --bind "$0" /proc/cpuinfo && exec "$@"'
+# The installed package's folder and its dispatcher's CPU probe, without importing cpuinfer (and torch).
+PROBE = (
+    "import glob, importlib.util as u, json; p = u.find_spec('cpuinfer').submodule_search_locations[0]; "
+    "s = u.spec_from_file_location('cpuinfer._cpu_probe', glob.glob(p + '/_cpu_probe.*.so')[0]); "
+    "m = u.module_from_spec(s); s.loader.exec_module(m); print(json.dumps(m.features()[1]))"
+)
+
+
+def installed_variant_label(session: nox.Session, python: str) -> str | None:
+    """The variant label of the installed cpuinfer (its dist-info's variant.json), None for the fat wheel."""
+    code = (
+        "import json; from importlib.metadata import distribution as d; t = d('cpuinfer').read_text('variant.json'); "
+        "print(json.dumps(t and list(json.loads(t)['variants'])[0]))"
+    )
+    return json.loads(stdout_of(session, [python, "-c", code], {}, session.invoked_from))
+
+
+def emulated_cpuinfo(session: nox.Session, python: str, emulator: list[str], where: str) -> str:
+    """A /proc/cpuinfo for the emulated CPU: qemu-user shows the host's, and uv's x86-64 provider reads its flags.
+    It is the host's flags line without each feature the dispatcher's probe finds on the host and not under
+    emulation (the probe asks CPUID, which qemu emulates); returns its path."""
+    host = set(json.loads(stdout_of(session, [python, "-c", PROBE], {}, where)))
+    emulated = set(json.loads(stdout_of(session, [*emulator, python, "-c", PROBE], {}, where)))
+    lacking = {f.replace("_", "").replace("lzcnt", "abm") for f in host - emulated}
+    with open("/proc/cpuinfo") as f:
+        flags = next(line for line in f if line.startswith("flags")).split(":", 1)[1].split()
+    kept = [f for f in flags if f.replace("_", "") not in lacking]
+    session.log(f"emulated /proc/cpuinfo: without {sorted(set(flags) - set(kept))}")
+    path = os.path.join(where, "cpuinfo")
+    with open(path, "w") as f:
+        f.write(f"processor\t: 0\nflags\t\t: {' '.join(kept)}\n\n")
+    return path
+
+
+def check_variant_installs(session: nox.Session, python: str, index_url: str, fat_selected: str, where: str) -> None:
+    """uv's wheel-variant preview installs a slim wheel from the index: on this CPU the one whose kernels include
+    what the fat wheel picks here; under qemu's AVX2-only model the x86-64-v3 one, which picks avx2 there."""
+    session.install(UV)
+    uv = [
+        "uv", "pip", "install", "--python", python, "--reinstall", "--no-deps", "--no-cache",
+        "--index-url", index_url, "--preview-features", "wheel-variants", "cpuinfer",
+    ]  # fmt: skip
+    session.run(*uv)
+    label = installed_variant_label(session, python)
+    selected = json.loads(stdout_of(session, [python, "-m", "cpuinfer", "info", "--json"], {}, where))["selected"]
+    session.log(f"this CPU: uv installed variant {label}, which selects {selected} (the fat wheel: {fat_selected})")
+    if label is None or selected != fat_selected:
+        session.error(f"variant wheel {label} selects {selected} here, the fat wheel {fat_selected}")
+    if shutil.which("qemu-x86_64") is None or shutil.which("unshare") is None:
+        session.error("the AVX2-only check needs qemu-x86_64 and unshare (apt install qemu-user util-linux)")
+    cpuinfo = emulated_cpuinfo(session, python, QEMU_X86, where)
+    # A private mount namespace (root, as in CI) where /proc/cpuinfo is the emulated CPU's, for uv and the
+    # interpreter it asks; nothing outside it sees the change.
+    session.run(
+        "unshare", "--mount", "--propagation", "private", "sh", "-c", PROC_CPUINFO_MOUNT, cpuinfo, *uv, external=True
+    )
+    label = installed_variant_label(session, python)
+    got = json.loads(stdout_of(session, [*QEMU_X86, python, "-m", "cpuinfer", "info", "--json"], {}, where))
+    session.log(f"qemu {' '.join(QEMU_X86[1:])}: uv installed variant {label}, which selects {got['selected']}")
+    if (label, got["selected"]) != ("x8664v3", "avx2"):
+        session.error(f"AVX2-only CPU: uv installed {label} selecting {got['selected']}, expected x8664v3 and avx2")
 
 
 # --- the stable-ABI wheel on CPython 3.12 and 3.13 ---------------------------------
@@ -528,6 +608,9 @@ class ForeignArch:
     marks: dict[str, str]  # variant -> an instruction only its target features have (objdump of its module)
     debian_extra: tuple[str, ...] = ()  # Debian packages of this architecture the checks import
     kernel_variants: tuple[str, ...] = ()  # without torch: the variants ci/kernel_check.py runs on each CPU model
+    # qemu -cpu model -> (the variant label uv's wheel-variant preview installs, the one PEP 825's reference resolution
+    # with the published provider plugin picks; None: the fat wheel): check_variant_choice
+    variant_choices: dict[str, tuple[str | None, str | None]] = dataclasses.field(default_factory=dict)
 
 
 FOREIGN = {
@@ -542,6 +625,10 @@ FOREIGN = {
         cpus={"neoverse-n1": "neon", "max,sve=off": "neon_bf16", "max": "sve"},
         forced=("neoverse-n1", "sve"),
         marks={"neon_bf16": "bfdot", "sve": "whilelo"},
+        # uv 0.13.8's aarch64 provider reports only `aarch64 :: version`, the aarch64 wheels need features: it takes
+        # the fat wheel. provider-variant-aarch64 knows cores from archspec's catalog (by MIDR): neoverse-n1 gets
+        # a64neon, cortex-a72 (no dotprod) no variant, qemu's `max` (implementer 0, no catalog entry) only v8.0.
+        variant_choices={"cortex-a72": (None, None), "neoverse-n1": (None, "a64neon"), "max": (None, None)},
     ),
     # PyPI has no s390x torch (nor numpy): the wheel's kernels, every variant, run on Debian's numpy
     # (ci/kernel_check.py). qemu 7.2's s390x user mode runs only its `max` model (z14 and z15 ask for facilities
@@ -783,6 +870,70 @@ def run_foreign(
         session.log(f"CPUINFER_ISA={variant} on -cpu {cpu}: exit {r.returncode}: {r.stderr.strip().splitlines()[-1:]}")
         if r.returncode != 1 or f"CPUINFER_ISA={variant!r} cannot run on this CPU: it lacks" not in r.stderr:
             session.error(f"CPUINFER_ISA={variant} on qemu-{name} -cpu {cpu}: exit {r.returncode}, not the clear error")
+    if arch.variant_choices:
+        check_variant_choice(session, arch, wheel_path, python, qemu_env, site, tmp)
+
+
+def check_variant_choice(
+    session: nox.Session, arch: ForeignArch, wheel_path: str, python: str, qemu_env: dict, site: str, tmp: str
+) -> None:
+    """The foreign wheel's variant wheels (ci/variant_wheels.py) beside it in a find-links folder with the
+    variants.json (ci/make_index.py); under each qemu CPU model, with /proc/cpuinfo as Linux would write it for that
+    CPU (ci/aarch64_cpuinfo.py, bound in a private mount namespace), the wheel uv installs and the label
+    PEP 825's reference resolution picks (ci/variant_choice.py). Where it picks a variant wheel, that wheel's
+    cpuinfer selects the variant the fat wheel selects on that CPU (arch.cpus)."""
+    import zipfile
+
+    wheels, found = os.path.join(tmp, "variant-wheels"), os.path.join(tmp, "variant-index")
+    os.makedirs(wheels)
+    shutil.copy(wheel_path, wheels)
+    session.run(sys.executable, "ci/variant_wheels.py", wheel_path, wheels, external=True)
+    session.run(sys.executable, "ci/make_index.py", wheels, found, external=True)
+    packages = os.path.join(found, "packages")
+    (variants_json,) = glob.glob(os.path.join(packages, "*-variants.json"))
+    resolver = os.path.join(tmp, "variant-resolver")  # pure Python, imported by the emulated interpreter
+    session.run("python", "-m", "pip", "install", "-q", "--target", resolver, *VARIANT_RESOLVER, "platformdirs")
+    session.install(UV)
+    ci = os.path.join(session.invoked_from, "ci")
+    for cpu, (uv_expected, ref_expected) in arch.variant_choices.items():
+        env = {**qemu_env, "QEMU_CPU": cpu}
+        cpuinfo = os.path.join(tmp, f"cpuinfo-{cpu}")
+        with open(cpuinfo, "w") as f:
+            f.write(stdout_of(session, [python, os.path.join(ci, "aarch64_cpuinfo.py")], env, tmp))
+        in_namespace = ["unshare", "--mount", "--propagation", "private", "sh", "-c", PROC_CPUINFO_MOUNT, cpuinfo]
+        target = os.path.join(tmp, f"uv-target-{cpu}")
+        uv = ["uv", "pip", "install", "-q", "--python", python, "--target", target, "--no-deps", "--no-cache"]
+        uv += ["--no-index", "--find-links", packages, "--preview-features", "wheel-variants", "cpuinfer"]
+        session.run(*in_namespace, *uv, env=env, external=True)
+        (vfile,) = glob.glob(os.path.join(target, "cpuinfer-*.dist-info")) or [""]
+        vfile = os.path.join(vfile, "variant.json")
+        uv_label = None
+        if os.path.exists(vfile):
+            with open(vfile) as f:
+                uv_label = next(iter(json.load(f)["variants"]))
+        choose = [python, os.path.join(ci, "variant_choice.py"), variants_json]
+        ref = stdout_of(session, [*in_namespace, *choose], {**env, "PYTHONPATH": resolver}, tmp).strip()
+        ref_label = None if ref == "none" else ref
+        session.log(f"qemu -cpu {cpu}: uv installs {uv_label or 'the fat wheel'}, variantlib picks {ref}")
+        if (uv_label, ref_label) != (uv_expected, ref_expected):
+            session.error(
+                f"-cpu {cpu}: variant choice (uv, variantlib) = {(uv_label, ref_label)}, expected "
+                f"{(uv_expected, ref_expected)}"
+            )
+        if ref_label and arch.torch and cpu in arch.cpus:  # that wheel, unpacked over the fat one, on that CPU
+            slim = os.path.join(tmp, f"slim-{cpu}")
+            (path,) = glob.glob(os.path.join(wheels, f"*-{ref_label}.whl"))
+            with zipfile.ZipFile(path) as zf:
+                zf.extractall(slim)
+            env_slim = {**env, "PYTHONPATH": slim + os.pathsep + site}
+            report = json.loads(stdout_of(session, [python, "-m", "cpuinfer", "info", "--json"], env_slim, tmp))
+            session.log(f"qemu -cpu {cpu}: variant wheel {ref_label} selects {report['selected']}")
+            path = report["variants"][report["selected"]]
+            if report["selected"] != arch.cpus[cpu] or not path.startswith(slim):
+                session.error(
+                    f"-cpu {cpu}: {ref_label} selects {report['selected']} from {path}, "
+                    f"expected {arch.cpus[cpu]} from the variant wheel"
+                )
 
 
 def emulated_python(name: str, sysroot: str) -> str:

@@ -214,6 +214,13 @@ def select() -> Selection:
         reason = "best installed variant this CPU supports"
         if skipped:
             reason += f"; better ones need what this CPU lacks: {'; '.join(skipped)}"
+        absent = [c.name for c in candidates if c.priority > chosen.priority and c.runnable and not c.installed]
+        if absent:  # e.g. a variant wheel (generic + one variant) made for another CPU
+            reason += (
+                f"; this CPU could run {', '.join(absent)}, which this installation lacks (install the wheel without "
+                "a variant label, or the variant wheel an installer with variant support picks here)"
+            )
+            logger.info("cpuinfer: %s", reason)
         forced = False
 
     module = importlib.import_module(f"cpuinfer._C_{chosen.name}")

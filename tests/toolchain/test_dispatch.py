@@ -49,6 +49,20 @@ def test_rank_uses_features_and_priority():
     assert next(c for c in no_os if c.runnable).name == "generic"
 
 
+def test_a_runnable_variant_missing_from_the_installation_is_named(monkeypatch):
+    """A variant wheel holds generic and one variant: on a CPU it was not made for, cpuinfer says what it lacks."""
+    generic = _dispatch._variant_path("generic")
+    monkeypatch.setattr(_dispatch, "_variant_path", lambda name: generic if name == "generic" else None)
+    monkeypatch.delenv("CPUINFER_ISA", raising=False)
+    sel = _dispatch.select()
+    assert sel.name == "generic"
+    runnable = [c.name for c in SEL.candidates if c.runnable and c.name != "generic"]
+    if runnable:
+        assert f"this CPU could run {', '.join(runnable)}, which this installation lacks" in sel.reason
+    else:
+        assert "could run" not in sel.reason
+
+
 def test_sve_is_demoted_when_only_128_bits_wide():
     table = _dispatch.load_table(_dispatch._install_dir())["platforms"]["aarch64"]
     feats = {"asimd", "asimddp", "fphp", "asimdhp", "asimdfhm", "bf16", "i8mm", "sve"}
