@@ -109,7 +109,8 @@ struct VxeQuantTile : UnrolledRows<VxeQuantTile<Bits, Min, G16, Fp4>, 4> {
             const vxe::u8x16 v = vec_xl(64 * J + 16 * q, qb);
             vxe::u8x16 u = H ? v >> 4 : v & (unsigned char)15;
             if constexpr (Fp4) {  // MXFP4 codes -> u (quant_tile.h's kFp4U): VPERM indexes the table's 16 bytes
-                const vxe::u8x16 t = vec_xl(0, kFp4U);
+                vxe::u8x16 t;  // (copied: GCC 12 has an internal error on vec_xl of the constexpr table)
+                std::memcpy(&t, kFp4U, sizeof t);
                 u = vec_perm(t, t, u);
             }
             if constexpr (Bits > 4) {
