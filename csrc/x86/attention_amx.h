@@ -82,6 +82,12 @@ struct FlashScratch {
         alignas(64) bf16_t p_hi[kFlashChunks * 16 * 32];  // weights, chunk c's 16 x 32 A tile at c * 512
         alignas(64) bf16_t p_lo[kFlashChunks * 16 * 32];
         alignas(64) float alpha[16];  // the rows' accumulator factors
+        // Per row, the chunks from the first that may hold nonzero weights (p_hi / p_lo are written only by
+        // flash_softmax): a row that sees no key zeroes just those. A decode unit's tile has 1-15 such rows
+        // in every item, and zeroing all their chunks again was 2 x 64 B of stores a row and chunk.
+        uint8_t dirty[16] = {kFlashChunks, kFlashChunks, kFlashChunks, kFlashChunks, kFlashChunks, kFlashChunks,
+                             kFlashChunks, kFlashChunks, kFlashChunks, kFlashChunks, kFlashChunks, kFlashChunks,
+                             kFlashChunks, kFlashChunks, kFlashChunks, kFlashChunks};
     } item[2];
     struct ItemPlan {
         int64_t b, r0, a0, a1;  // its block, its tile's first row, its chunks [a0, a1)
@@ -277,15 +283,18 @@ inline void flash_softmax(const FlashUnit &u, int64_t r0, int R, int64_t a0, int
     _mm512_store_ps(f.alpha, exp2_nonpos(_mm512_load_ps(to_alpha), live));
     for (int r = 0; r < 16; ++r) {
         bf16_t *ph = f.p_hi + r * 32, *pl = f.p_lo + r * 32;  // chunk c's row at + c * 512
-        if (!(sees >> r & 1)) {  // nothing to add: zero weights
+        if (!(sees >> r & 1)) {  // nothing to add: zero weights (where they may not be already)
             f.alpha[r] = 1.f;
-            for (int v = 0; v < nv; v += 2) {
+            const int nz = std::min(nv, 2 * int(f.dirty[r]));
+            for (int v = 0; v < nz; v += 2) {
                 _mm512_store_si512(ph + v * 256, _mm512_setzero_si512());
                 _mm512_store_si512(pl + v * 256, _mm512_setzero_si512());
             }
+            if (nz == 2 * int(f.dirty[r])) f.dirty[r] = 0;
             tick(r);
             continue;
         }
+        f.dirty[r] = uint8_t(std::max(int(f.dirty[r]), nv / 2));
         const float *sr = f.s + r * kFlashBlock;
         const __m512 nm = _mm512_set1_ps(float(-double(mnew[r]) * kLog2e));
         __m512 sum = _mm512_setzero_ps();
