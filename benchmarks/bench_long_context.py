@@ -12,21 +12,31 @@
    twice the L3, so that no call finds its blocks cached), with the same KV warm in the caches (one table
    again and again), and with every table entry on one block (the arithmetic alone), against the measured
    streaming read.
-4. Prefill attention alone: an 8k prompt's two 4096-token chunks at SmolLM2's heads, GFLOP/s against the
-   variant's bf16 tile peak (bench_linear's), timed in alternating rounds.
+4. Prefill attention alone: an 8k prompt's two 4096-token chunks at SmolLM2's heads, bf16 and fp8 KV,
+   GFLOP/s against the variant's bf16 tile peak (bench_linear's), timed in alternating rounds.
+5. llama.cpp on the same GGUF files (--llama, the default; skipped where no interpreter imports llama_cpp:
+   --llama-python or $CPUINFER_LLAMA_PYTHON, see bench_quant.py): the bundled SmolLM2 Q4_1 file and its
+   weights as a BF16 file (bench_quant.gguf_file's `gguf_bf16`), each run by cpuinfer (kept as it is,
+   bf16 KV) and by llama.cpp (llama_cpp_run.long_context: the library's defaults, f16 KV, flash attention
+   auto) on the same prompt ids: batch-1 decode tokens/s (median step) after a prompt of each
+   --llama-contexts length, and the prompt's time to first token (ours: chunked prefill; llama.cpp's: one
+   llama_decode, which it runs in ubatches of 512).
 Targets (issue 37): batch-1 decode >= 90% of the roofline at every context, bf16 and fp8 KV; TTFT <= 0.5x
-transformers'; prefill attention >= 50% of the tile peak. (The exit status follows the first.)
+transformers'; prefill attention >= 50% of the tile peak; decode >= 1.3x llama.cpp and TTFT <= 0.6x its
+on the same file. (The exit status follows the first.)
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import math
 import multiprocessing
 import os
 import random
 import statistics
+import subprocess
 import time
 from concurrent.futures import ProcessPoolExecutor
 
@@ -34,6 +44,7 @@ import torch
 from bench_attention import STREAM_BUF, bench, kernel_fn, make_prefill, stream_read_fn
 from bench_engine import _tensors, hf_model
 from bench_linear import peak_flops
+from llama_cpp_run import prompt_ids
 
 from cpuinfer.platform.memory import zeros_huge
 
@@ -57,18 +68,20 @@ def bandwidth(stream, reps: int = 5, warmup: int = 1) -> float:
     return STREAM_BUF * 4 / bench(stream, reps, warmup)
 
 
-def engine_decode(kv_dtype: str, contexts: list[int], steps: int) -> list[dict]:
+def engine_decode(kv_dtype: str, contexts: list[int], steps: int, model: str | None = None) -> list[dict]:
     """Batch-1 decode at each context: tokens/s, bytes per token, the read bandwidth around it. Run in a
     process of its own: an engine binds the process's threads, and a second engine in the same process
-    found one CPU left to it."""
+    found one CPU left to it. model: a GGUF file kept as it is (default: the bundled one, dequantized)."""
     from cpuinfer.config import EngineArgs, default_model_path
     from cpuinfer.engine.llm_engine import LLMEngine
     from cpuinfer.sampling_params import SamplingParams
 
+    if model is not None:
+        os.environ.pop("CPUINFER_GGUF_DEQUANTIZE", None)
     max_len = max(contexts) + steps + 1
     eng = LLMEngine.from_engine_args(
         EngineArgs(
-            model=default_model_path(),
+            model=model or default_model_path(),
             dtype="bfloat16",
             kv_cache_dtype=kv_dtype,
             enable_prefix_caching=False,
@@ -81,23 +94,23 @@ def engine_decode(kv_dtype: str, contexts: list[int], steps: int) -> list[dict]:
     spec = eng.config.spec
     stream = stream_read_fn()
     kv_per_token = sum(k[0, :, 0].numel() * k.element_size() * 2 for k, _ in runner.kv_caches)
-    rng = random.Random(0)
     rows = []
     for ctx in contexts:
-        prompt = [rng.randrange(1000, spec.vocab_size) for _ in range(ctx)]
+        prompt = prompt_ids(ctx, spec.vocab_size, 0)  # llama.cpp's rows take the same
         sp = SamplingParams(temperature=0, max_tokens=steps + 1, ignore_eos=True)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         eng.add_request(eng.next_request_id(), prompt, sp)
-        ttft, times, bws = None, [], []
+        ttft, ttft_cpu, times, cpu, bws = None, None, [], [], []
         while eng.has_unfinished_requests():
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             outs = eng.step()
-            dt = time.perf_counter() - t
+            dt, dc = time.perf_counter() - t, time.process_time() - c
             if ttft is None:
                 if any(o.outputs[0].token_ids for o in outs):
-                    ttft = time.perf_counter() - t0
+                    ttft, ttft_cpu = time.perf_counter() - t0, time.process_time() - c0
                 continue  # the prefill's steps: no read after them, the prompt's KV stays as written
             times.append(dt)
+            cpu.append(dc)
             # A streaming read after every step: the next step finds no weights or KV left in the caches
             # (the roofline counts them as read from memory), and each step has a bandwidth measured
             # moments from it (a shared host's load drifts).
@@ -109,6 +122,8 @@ def engine_decode(kv_dtype: str, contexts: list[int], steps: int) -> list[dict]:
             dict(
                 ctx=ctx,
                 tps=1 / statistics.median(times),
+                cpu_tps=1 / statistics.median(cpu),
+                ttft_cpu=ttft_cpu,
                 bytes=per_token,
                 bw=statistics.median(bws),
                 share=statistics.median(shares),
@@ -179,18 +194,66 @@ def hf_ttft(length: int, repeat: int) -> tuple[float, str]:
     return statistics.median(times), m.config._attn_implementation
 
 
-def prefill_attention(mod, prefix: int, new: int, rounds: int) -> tuple[float, float, float]:
+def prefill_attention(
+    mod, prefix: int, new: int, rounds: int, cache_dtype=torch.bfloat16
+) -> tuple[float, float, float]:
     """One layer's attention of a prefill chunk (new tokens after prefix cached ones) at SmolLM2's heads and
     block size 128: seconds, flop/s, and the share of the variant's bf16 tile peak timed in alternating rounds."""
     hq, hkv, d = SMOL_HEADS
-    case, flops = make_prefill(new, prefix, hq, hkv, d, BLOCK)
-    fn = kernel_fn(mod, *case)
+    (q, kc, vc, *rest), flops = make_prefill(new, prefix, hq, hkv, d, BLOCK)
+    fn = kernel_fn(mod, q, kc.to(cache_dtype), vc.to(cache_dtype), *rest)
     times, peaks = [], []
     for _ in range(rounds):
         times.append(bench(fn, 3, warmup=1))
         peaks.append(peak_flops(mod, torch.get_num_threads(), 0.2))
     t = statistics.median(times)
     return t, flops / t, statistics.median(flops / a / p for a, p in zip(times, peaks, strict=True))
+
+
+def llama_cpp_rows(args, contexts: list[int], steps: int) -> None:
+    """Section 5: batch-1 decode and TTFT at each context, llama.cpp against cpuinfer on the same GGUF files
+    (the bundled Q4_1 file, and its weights as BF16 made by bench_quant.gguf_file), in that order, each in a
+    process of its own."""
+    from bench_quant import find_llama_python, gguf_file
+
+    from cpuinfer.config import default_model_path
+
+    python, why = find_llama_python(args.llama_python)
+    print(f"\n5. llama.cpp on the same GGUF files, batch 1 ({steps} steps after the prompt; median step), bf16 KV")
+    if python is None:
+        print(f"  skipped: {why}")
+        return
+    q41 = default_model_path()
+    files = {"Q4_1": q41, "BF16": gguf_file("gguf_bf16", q41, args.work_dir, python)}
+    here = os.path.dirname(os.path.abspath(__file__))
+    threads = args.llama_threads
+    cpus = sorted(os.sched_getaffinity(0))
+    env = dict(os.environ)
+    if threads != len(cpus):  # the engine's threads on the first `threads` CPUs (else one per core already)
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cpus[:threads]))
+    print(f"  {threads} thread(s) each; wall-clock, and from process CPU time (fair on a shared host with 1 thread)")
+    print(
+        "  file  context | decode tok/s: cpuinfer llama.cpp ratio | TTFT s: cpuinfer llama.cpp ratio | CPU time ratios"
+    )
+    for name, path in files.items():
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            ours = pool.submit(engine_decode, "bfloat16", contexts, steps, path).result()
+        cmd = [python, os.path.join(here, "llama_cpp_run.py"), "--long", path, "--contexts"]
+        cmd += [",".join(map(str, contexts)), "--steps", str(steps), "--threads", str(threads)]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"  {name}: llama.cpp failed (exit {r.returncode}): {r.stderr[-2000:]}")
+            continue
+        theirs = json.loads(r.stdout.strip().splitlines()[-1])["rows"]
+        for o, t in zip(ours, theirs, strict=True):
+            print(
+                f"  {name:5s} {o['ctx']:7d} | {o['tps']:8.1f} {t['tps']:8.1f} {o['tps'] / t['tps']:5.2f}x"
+                f" | {o['ttft']:7.2f} {t['ttft']:7.2f} {o['ttft'] / t['ttft']:5.2f}x"
+                f" | decode {o['cpu_tps'] / t['cpu_tps']:5.2f}x, TTFT {o['ttft_cpu'] / t['ttft_cpu']:5.2f}x"
+            )
+    os.environ.clear()
+    os.environ.update(env)
+    print("  targets: decode >= 1.3x llama.cpp, TTFT <= 0.6x llama.cpp (llama.cpp: f16 KV, flash attention auto)")
 
 
 def main() -> int:
@@ -202,6 +265,21 @@ def main() -> int:
     ap.add_argument("--ttft-len", type=int, default=8000, help="prompt length of the TTFT comparison (in --contexts)")
     ap.add_argument("--skip-engine", action="store_true")
     ap.add_argument("--skip-kernel", action="store_true")
+    ap.add_argument("--skip-prefill", action="store_true")
+    ap.add_argument(
+        "--llama",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="section 5, llama.cpp on the same GGUF files (default: on; skipped where no interpreter has llama_cpp)",
+    )
+    ap.add_argument("--llama-python", default=None, help="interpreter with llama-cpp-python (see bench_quant.py)")
+    ap.add_argument("--llama-contexts", default="4096,8000", help="contexts of section 5")
+    ap.add_argument("--llama-threads", type=int, default=2, help="threads of both engines in section 5")
+    ap.add_argument(
+        "--work-dir",
+        default=os.path.join(os.path.expanduser("~"), ".cache", "cpuinfer-bench"),
+        help="where section 5's BF16 GGUF file is made (once)",
+    )
     args, _ = ap.parse_known_args()  # nox passes its posargs to every benchmark
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "0.5")
     os.environ.setdefault("CPUINFER_GGUF_DEQUANTIZE", "1")  # SmolLM2 in bf16, as the issue measures it
@@ -261,13 +339,17 @@ def main() -> int:
                         f"   {r['bw'] / 1e9:6.1f}"
                     )
                 gc.collect()
-    print("\n4. prefill attention, one layer, SmolLM2 heads, bf16 KV, block size 128 (an 8k prompt's two chunks)")
-    for prefix, new in ((0, 4096), (4096, 4096)):
-        t, rate, share = prefill_attention(best, prefix, new, 3)
-        print(
-            f"  {new} tokens after {prefix}: {t * 1e3:.1f} ms, {rate / 1e9:.1f} GFLOP/s, {share:.0%} of the "
-            f"variant's bf16 tile peak (target >= 50%)"
-        )
+    print("\n4. prefill attention, one layer, SmolLM2 heads, block size 128 (an 8k prompt's two chunks)")
+    for kv in kv_dtypes if not args.skip_prefill else ():
+        for prefix, new in ((0, 4096), (4096, 4096)):
+            cd = torch.bfloat16 if kv == "bfloat16" else torch.float8_e5m2
+            t, rate, share = prefill_attention(best, prefix, new, 3, cd)
+            print(
+                f"  {kv:9s} KV, {new} tokens after {prefix}: {t * 1e3:.1f} ms, {rate / 1e9:.1f} GFLOP/s, {share:.0%}"
+                f" of the variant's bf16 tile peak (target >= 50%)"
+            )
+    if args.llama:
+        llama_cpp_rows(args, [int(c) for c in args.llama_contexts.split(",")], 16 if args.quick else 32)
     return 0 if met else 1
 
 

@@ -19,8 +19,9 @@ block of 32, the path GPTQ took before 16-bit activations became the default): t
 
 Made once into --work-dir from the --model file: its weights dequantized by the `gguf` package
 (gguf.quants.dequantize) into an F32 GGUF with every metadata key copied (tokenizer included); from
-those weights `q8_0` (every 2-D tensor Q8_0) and `q4_0` (2-D tensors Q4_0, the embedding Q8_0 as in
-the bundled Q4_1 file) with gguf.quants.quantize, and `q4_k_m` with llama.cpp's own quantizer
+those weights `q8_0` (every 2-D tensor Q8_0), `q4_0` (2-D tensors Q4_0, the embedding Q8_0 as in
+the bundled Q4_1 file) and `gguf_bf16` (2-D tensors BF16: bench_long_context.py's llama.cpp rows) with
+gguf.quants.quantize, and `q4_k_m` with llama.cpp's own quantizer
 (llama_cpp.llama_model_quantize, LLAMA_FTYPE_MOSTLY_Q4_K_M: the gguf package has no K-quant
 quantizer; rows of 576 are not a multiple of 256, so llama.cpp stores those tensors as Q5_0/Q8_0 and
 only the 1536-wide ffn_down as Q4_K/Q6_K), and `mxfp4_moe` likewise (LLAMA_FTYPE_MOSTLY_MXFP4_MOE: a
@@ -77,10 +78,11 @@ HF_FORMATS = {
 }
 W4A8_ROWS = {"gptq4-w4a8": "gptq4"}  # row -> the HF_FORMATS checkpoint it runs under CPUINFER_INT4_W4A8=1
 # GGUF files made from the --model file: config -> (GGUF file type, how it is made).
-GGUF_MADE = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k_m": "Q4_K_M", "mxfp4_moe": "MXFP4_MOE"}
+GGUF_MADE = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k_m": "Q4_K_M", "gguf_bf16": "BF16", "mxfp4_moe": "MXFP4_MOE"}
 BY_LLAMA = ("Q4_K_M", "MXFP4_MOE")  # the types made by llama.cpp's own quantizer (the others by gguf-py's)
 GGUF_CONFIGS = ("quant", *GGUF_MADE)  # the configurations that run from a GGUF file kept quantized
-LLAMA_FTYPE = {"F32": 0, "Q4_0": 2, "Q8_0": 7, "Q4_K_M": 15, "MXFP4_MOE": 38}  # llama_ftype of general.file_type
+# llama_ftype of general.file_type
+LLAMA_FTYPE = {"F32": 0, "Q4_0": 2, "Q8_0": 7, "Q4_K_M": 15, "BF16": 32, "MXFP4_MOE": 38}
 LLAMA_PIP = "the command in this script's docstring (or nox -s bench)"
 
 
@@ -127,7 +129,8 @@ def hf_checkpoint(config: str, gguf: str, work_dir: str) -> str:
 def write_gguf(src: str, dst: str, qtype: str | None) -> None:
     """src's weights dequantized by the gguf package, written to dst with every metadata key of src:
     all tensors F32 when qtype is None, else every 2-D tensor quantized to qtype by gguf.quants.quantize
-    (the token embedding to Q8_0, as in the bundled Q4_1 file) and the 1-D ones (norms) F32."""
+    (the token embedding to Q8_0, as in the bundled Q4_1 file, unless qtype is BF16) and the 1-D ones
+    (norms) F32."""
     import numpy as np
     from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
     from gguf.quants import dequantize, quantize
@@ -148,7 +151,7 @@ def write_gguf(src: str, dst: str, qtype: str | None) -> None:
         if qtype is None or w.ndim < 2:
             writer.add_tensor(t.name, w)
             continue
-        tt = GGMLQuantizationType["Q8_0" if t.name == "token_embd.weight" else qtype]
+        tt = GGMLQuantizationType["Q8_0" if t.name == "token_embd.weight" and qtype != "BF16" else qtype]
         writer.add_tensor(t.name, quantize(w, tt), raw_dtype=tt)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -230,89 +233,30 @@ def llama_quantize(src: str, dst: str, qtype: str) -> None:
 
 def one_llama(model_path: str, args) -> dict:
     """The same measurements with llama.cpp (llama-cpp-python's low-level API) in this process."""
-    import llama_cpp as L
-    import numpy as np
+    from llama_cpp_run import Llama
 
-    L.llama_backend_init()
-    t0 = time.perf_counter()
-    model = L.llama_model_load_from_file(model_path.encode(), L.llama_model_default_params())
-    if not model:
-        raise RuntimeError(f"llama.cpp could not load {model_path}")
-    load = time.perf_counter() - t0
-    vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
-    threads = args.threads
-
-    def context(n_ctx: int, n_batch: int, n_seq: int):
-        cp = L.llama_context_default_params()
-        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = n_ctx, n_batch, min(n_batch, 512), n_seq
-        cp.n_threads = cp.n_threads_batch = threads
-        cp.no_perf = True
-        ctx = L.llama_init_from_model(model, cp)
-        if not ctx:
-            raise RuntimeError(f"llama_init_from_model failed (n_ctx {n_ctx}, n_batch {n_batch}, n_seq {n_seq})")
-        return ctx
-
-    def make_batch(n_max: int, n_seq: int):
-        batch = L.llama_batch_init(n_max, 0, n_seq)
-        view = {
-            f: np.ctypeslib.as_array(getattr(batch, f), shape=(n_max,)) for f in ("token", "pos", "n_seq_id", "logits")
-        }
-        return batch, view
-
-    def fill(batch, view, seqs: list[tuple[int, list[int], int]]) -> None:
-        """seqs: (seq id, tokens, position of the first); logits for the last token of each."""
-        i = 0
-        for s, toks, p0 in seqs:
-            n = len(toks)
-            view["token"][i : i + n] = toks
-            view["pos"][i : i + n] = np.arange(p0, p0 + n)
-            view["n_seq_id"][i : i + n] = 1
-            view["logits"][i : i + n] = 0
-            view["logits"][i + n - 1] = 1
-            for j in range(i, i + n):
-                batch.seq_id[j][0] = s
-            i += n
-        batch.n_tokens = i
-
-    def decode(ctx, batch, n_out: int) -> np.ndarray:
-        rc = L.llama_decode(ctx, batch)
-        if rc != 0:
-            raise RuntimeError(f"llama_decode returned {rc}")
-        return np.ctypeslib.as_array(L.llama_get_logits(ctx), shape=(n_out, vocab)).argmax(axis=1)
-
-    def generate(ctx, batch, view, ps: list[list[int]], n_new: int) -> tuple[float, float]:
-        """Greedy n_new tokens for each prompt at once; (total seconds, seconds to the first tokens)."""
-        L.llama_memory_clear(L.llama_get_memory(ctx), True)
-        t = time.perf_counter()
-        fill(batch, view, [(s, p, 0) for s, p in enumerate(ps)])
-        nxt = decode(ctx, batch, len(ps))
-        first = time.perf_counter() - t
-        for step in range(n_new - 1):
-            fill(batch, view, [(s, [int(nxt[s])], len(p) + step) for s, p in enumerate(ps)])
-            nxt = decode(ctx, batch, len(ps))
-        return time.perf_counter() - t, first
-
+    llama = Llama(model_path, args.threads)
+    vocab = llama.vocab
     # W1 and the long-prompt TTFT: one sequence.
     n_ctx = max(args.input_len + args.output_len, args.long_input_len, 16 + args.output_len) + 256
     n_batch = max(args.input_len, args.long_input_len, 512)
-    ctx = context(n_ctx, n_batch, 1)
-    batch, view = make_batch(n_batch, 1)
-    generate(ctx, batch, view, prompts(1, 16, vocab), args.output_len)  # warm-up, as bench_engine
-    total, prefill = generate(ctx, batch, view, prompts(1, args.input_len, vocab), args.output_len)
-    _, long_prefill = generate(ctx, batch, view, prompts(1, args.long_input_len, vocab), 1)
-    L.llama_batch_free(batch)
-    L.llama_free(ctx)
+    ctx = llama.context(n_ctx, n_batch, 1)
+    batch, view = llama.make_batch(n_batch, 1)
+    llama.generate(ctx, batch, view, prompts(1, 16, vocab), args.output_len)  # warm-up, as bench_engine
+    total, prefill = llama.generate(ctx, batch, view, prompts(1, args.input_len, vocab), args.output_len)
+    _, long_prefill = llama.generate(ctx, batch, view, prompts(1, args.long_input_len, vocab), 1)
+    llama.free(batch, ctx)
     # W2: `batch` sequences, each with a KV stream of its own (the default, kv_unified off).
     per_seq = -(-(args.input_len + args.output_len) // 256) * 256
-    ctx = context(args.batch * per_seq, args.batch * args.input_len, args.batch)
-    batch, view = make_batch(args.batch * args.input_len, args.batch)
-    ttotal, _ = generate(ctx, batch, view, prompts(args.batch, args.input_len, vocab), args.output_len)
-    L.llama_batch_free(batch)
-    L.llama_free(ctx)
-    weights = L.llama_model_size(model)
-    L.llama_model_free(model)
+    ctx = llama.context(args.batch * per_seq, args.batch * args.input_len, args.batch)
+    batch, view = llama.make_batch(args.batch * args.input_len, args.batch)
+    ttotal, _ = llama.generate(ctx, batch, view, prompts(args.batch, args.input_len, vocab), args.output_len)
+    llama.free(batch, ctx)
+    weights = llama.L.llama_model_size(llama.model)
+    info = llama.L.llama_print_system_info().decode().strip()
+    llama.close()
     return dict(
-        load=load,
+        load=llama.load,
         latency=total,
         ttft=prefill,
         ttft_long=long_prefill,
@@ -321,8 +265,8 @@ def one_llama(model_path: str, args) -> dict:
         weights_mb=weights / 2**20,
         kv_mb=float("nan"),
         peak_rss_mb=rss_mb(),
-        threads=threads,
-        system_info=L.llama_print_system_info().decode().strip(),
+        threads=args.threads,
+        system_info=info,
     )
 
 

@@ -115,6 +115,8 @@ template <typename T, typename C>
 struct Runner {
     // Query and cache both bf16: the ISA's bf16 dot-product paths apply.
     static constexpr bool kBf16 = std::is_same_v<T, bf16_t> && std::is_same_v<C, bf16_t>;
+    // bf16 query rows, which a whole-unit path takes raw (on a bf16 or, for amx, an fp8 cache).
+    static constexpr bool kRawQ = std::is_same_v<T, bf16_t>;
     // QK^T through the ISA's packed-key path (attention_tile.h's QkBf16 hook).
     static constexpr bool kPackedQk = kBf16 && attn::QkBf16<T, C>::kAvailable;
 
@@ -228,13 +230,14 @@ struct Runner {
         // Raw bf16 query rows for the bf16 fast paths, in whole 16-row tiles (the AMX path reads them so).
         const bool whole = attn::WholeUnit<T, C>::applies(rows, D);
         const int64_t padded = (rows + 15) / 16 * 16;
-        if (kBf16 && int64_t(sc.qb.size()) < padded * D) sc.qb.resize(size_t(padded * D));
+        const bool raw = kRawQ && (whole || kPackedQk);
+        if (raw && int64_t(sc.qb.size()) < padded * D) sc.qb.resize(size_t(padded * D));
         for (int64_t r = 0; r < rows; ++r) {
             const int64_t t = (g.row0 + r) / G, qh = h * G + (g.row0 + r) % G;
             pos[r] = a.causal ? ctx - L + t : ctx - 1;  // the last key a row sees (every path masks by it)
             const T *src = query + (qs + t) * a.q_token_stride + qh * a.q_head_stride;
             if (!whole && !kPackedQk) load_row(qf + r * D, src);  // the bf16 paths read the raw rows only
-            if constexpr (kBf16) std::memcpy(sc.qb.data() + r * D, src, sizeof(T) * D);
+            if (raw) std::memcpy(sc.qb.data() + r * D, src, sizeof(T) * D);
         }
         if (whole) std::memset(sc.qb.data() + rows * D, 0, sizeof(bf16_t) * size_t((padded - rows) * D));
         // Where the group's partition results go: this thread's scratch when this unit is the group's only one
@@ -285,7 +288,7 @@ struct Runner {
         // flash attention) writes natural order, which the layers that
         // have one keep for load2a/b.
         if (whole) {
-            const auto *kb = reinterpret_cast<const bf16_t *>(kc), *vb = reinterpret_cast<const bf16_t *>(vc);
+            const C *kb = kc, *vb = vc;
             attn::WholeUnit<T, C>::run({.q = sc.qb.data(), .rows = rows, .D = D, .pos = pos, .k0 = k0, .k1 = k1,
                                         .window = W, .qscale = qscale, .soft_cap = a.soft_cap, .m = o.m,
                                         .l = o.l, .acc = acc, .ahead = ahead},

@@ -30,7 +30,11 @@
 // result does not depend on its batch, the rows beside it in a tile, or
 // which chunks its tile skips (the engine's greedy outputs rely on it).
 //
-// Precision: Q and K are bf16 already, and their products are exact in
+// Caches: bf16, or fp8_e5m2 widened to bf16 as the rows are packed (or, for
+// a single-tile unit's K, copied: see key_run), exactly (cache_bf16x32), so
+// an fp8 cache gives the bits of a bf16 cache holding its values.
+//
+// Precision: Q and K are bf16, and their products are exact in
 // the f32 accumulators. P is not: rounding it to bf16 (as flash-attention
 // kernels on GPUs do) cost ~2^-9 per weight, which measured on real models
 // (SmolLM2 Q4_1, Gemma 3) moved first-token logits 2-8x further from
@@ -78,6 +82,12 @@ struct FlashScratch {
         alignas(64) bf16_t p_hi[kFlashChunks * 16 * 32];  // weights, chunk c's 16 x 32 A tile at c * 512
         alignas(64) bf16_t p_lo[kFlashChunks * 16 * 32];
         alignas(64) float alpha[16];  // the rows' accumulator factors
+        // Per row, the chunks from the first that may hold nonzero weights (p_hi / p_lo are written only by
+        // flash_softmax): a row that sees no key zeroes just those. A decode unit's tile has 1-15 such rows
+        // in every item, and zeroing all their chunks again was 2 x 64 B of stores a row and chunk.
+        uint8_t dirty[16] = {kFlashChunks, kFlashChunks, kFlashChunks, kFlashChunks, kFlashChunks, kFlashChunks,
+                             kFlashChunks, kFlashChunks, kFlashChunks, kFlashChunks, kFlashChunks, kFlashChunks,
+                             kFlashChunks, kFlashChunks, kFlashChunks, kFlashChunks};
     } item[2];
     struct ItemPlan {
         int64_t b, r0, a0, a1;  // its block, its tile's first row, its chunks [a0, a1)
@@ -142,14 +152,28 @@ inline void split_weights(__m512 e0, __m512 e1, bf16_t *hi, bf16_t *lo) {
 // through a paged cache's block table (a division by the block size and two
 // loads) per row was ~30% of the packing, and the packing about a third of
 // a decode unit (3 rows, 192 keys, in L2).
-template <typename Row>
-inline void run_rows(int64_t D, int64_t j, int64_t lo, int64_t hi, Row &&row, const bf16_t **out) {
+template <typename E, typename Row>
+inline void run_rows(int64_t D, int64_t j, int64_t lo, int64_t hi, Row &&row, const E **out) {
     const int64_t a = std::max(j, lo), b = std::min(j + 16, hi);
     for (int i = 0; i < 16; ++i) out[i] = nullptr;
     if (a >= b) return;
-    const bf16_t *first = row(a), *last = b - 1 > a ? row(b - 1) : first;
+    const E *first = row(a), *last = b - 1 > a ? row(b - 1) : first;
     const bool straight = last == first + (b - 1 - a) * D;
     for (int64_t k = a; k < b; ++k) out[k - j] = straight ? first + (k - a) * D : row(k);
+}
+
+// The element type of a cache's rows, as key(j) / value(j) give them: bf16_t or fp8_e5m2_t.
+template <typename Row>
+using RowElem = std::remove_cv_t<std::remove_pointer_t<std::invoke_result_t<Row, int64_t>>>;
+
+// 32 consecutive elements of a cache row as bf16, for the tiles. fp8_e5m2 widens exactly: an e5m2 byte is
+// the top byte of an f16 (1-5-2: every finite value, its subnormals 2^-16 .. 3 * 2^-16 included, is a
+// normal f32 and, with 2 mantissa bits and bf16's 8-bit exponent, a bf16 value; inf and NaN stay inf and
+// NaN), so f16 -> f32 -> bf16 rounds nothing and a tile sees the same values as the vector path's
+// vec::load. The AMX tiles' bf16 inputs flush denormals, which no widened e5m2 value is.
+inline __m512i cache_bf16x32(const bf16_t *p) { return _mm512_loadu_si512(p); }
+inline __m512i cache_bf16x32(const fp8_e5m2_t *p) {
+    return (__m512i)_mm512_cvtne2ps_pbh(vec::load(p + 16).v, vec::load(p).v);  // vec::load: exact, through f16
 }
 
 // Packs the chunk of keys [a0, a0 + 32) as K^T (unless !keys) and V tiles;
@@ -159,7 +183,8 @@ template <typename KeyRow, typename ValueRow>
 inline void flash_pack(int64_t D, int64_t a0, int64_t lo, int64_t hi, KeyRow &&key, ValueRow &&value, uint32_t *kt,
                        uint16_t *vv, bool keys = true) {
     const __m512i zero = _mm512_setzero_si512();
-    const bf16_t *krows[32], *vrows[32];
+    const RowElem<KeyRow> *krows[32];
+    const RowElem<ValueRow> *vrows[32];
     if (keys) {
         run_rows(D, a0, lo, hi, key, krows);
         run_rows(D, a0 + 16, lo, hi, key, krows + 16);
@@ -167,10 +192,10 @@ inline void flash_pack(int64_t D, int64_t a0, int64_t lo, int64_t hi, KeyRow &&k
     run_rows(D, a0, lo, hi, value, vrows);
     run_rows(D, a0 + 16, lo, hi, value, vrows + 16);
     for (int h = 0; h < 2 && keys; ++h) {
-        const bf16_t *const *rows = krows + 16 * h;
+        const auto *const *rows = krows + 16 * h;
         for (int64_t ch = 0; ch < D / 32; ++ch) {
             __m512i r[16];
-            for (int j = 0; j < 16; ++j) r[j] = rows[j] ? _mm512_loadu_si512(rows[j] + ch * 32) : zero;
+            for (int j = 0; j < 16; ++j) r[j] = rows[j] ? cache_bf16x32(rows[j] + ch * 32) : zero;
             transpose16(r);
             uint32_t *dst = kt + (ch * 2 + h) * 256;
             for (int i = 0; i < 16; ++i) _mm512_storeu_si512(dst + i * 16, r[i]);
@@ -181,9 +206,9 @@ inline void flash_pack(int64_t D, int64_t a0, int64_t lo, int64_t hi, KeyRow &&k
                                                    8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
     const __m512i ilo = _mm512_load_si512(lo_idx), ihi = _mm512_add_epi16(ilo, _mm512_set1_epi16(16));
     for (int64_t i = 0; i < 16; ++i) {
-        const bf16_t *a = vrows[2 * i], *b = vrows[2 * i + 1];
+        const auto *a = vrows[2 * i], *b = vrows[2 * i + 1];
         for (int64_t g = 0; g < D / 32; ++g) {
-            const __m512i va = a ? _mm512_loadu_si512(a + 32 * g) : zero, vb = b ? _mm512_loadu_si512(b + 32 * g) : zero;
+            const __m512i va = a ? cache_bf16x32(a + 32 * g) : zero, vb = b ? cache_bf16x32(b + 32 * g) : zero;
             _mm512_storeu_si512(vv + ((2 * g) * 16 + i) * 32, _mm512_permutex2var_epi16(va, ilo, vb));
             _mm512_storeu_si512(vv + ((2 * g + 1) * 16 + i) * 32, _mm512_permutex2var_epi16(va, ihi, vb));
         }
@@ -258,15 +283,18 @@ inline void flash_softmax(const FlashUnit &u, int64_t r0, int R, int64_t a0, int
     _mm512_store_ps(f.alpha, exp2_nonpos(_mm512_load_ps(to_alpha), live));
     for (int r = 0; r < 16; ++r) {
         bf16_t *ph = f.p_hi + r * 32, *pl = f.p_lo + r * 32;  // chunk c's row at + c * 512
-        if (!(sees >> r & 1)) {  // nothing to add: zero weights
+        if (!(sees >> r & 1)) {  // nothing to add: zero weights (where they may not be already)
             f.alpha[r] = 1.f;
-            for (int v = 0; v < nv; v += 2) {
+            const int nz = std::min(nv, 2 * int(f.dirty[r]));
+            for (int v = 0; v < nz; v += 2) {
                 _mm512_store_si512(ph + v * 256, _mm512_setzero_si512());
                 _mm512_store_si512(pl + v * 256, _mm512_setzero_si512());
             }
+            if (nz == 2 * int(f.dirty[r])) f.dirty[r] = 0;
             tick(r);
             continue;
         }
+        f.dirty[r] = uint8_t(std::max(int(f.dirty[r]), nv / 2));
         const float *sr = f.s + r * kFlashBlock;
         const __m512 nm = _mm512_set1_ps(float(-double(mnew[r]) * kLog2e));
         __m512 sum = _mm512_setzero_ps();
@@ -344,21 +372,25 @@ inline void pack_qt(const bf16_t *q, int64_t D, uint32_t *qt) {
 }
 
 // The rows of keys [a, a + 16), D apart, for A tiles: the cache's own when all
-// sixteen are in [lo, hi) and lie D apart, else a copy in tmp ([16][D]) with
-// zero rows outside [lo, hi) (which may not be in the cache at all).
+// sixteen are in [lo, hi) and lie D apart (bf16 caches), else a copy in tmp
+// ([16][D], fp8 rows widened to bf16) with zero rows outside [lo, hi) (which
+// may not be in the cache at all).
 // (The common case checks its two ends itself: going through run_rows's 16
 // row pointers for it made a decode unit of 192 keys 7-12% slower.)
 template <typename KeyRow>
 inline const bf16_t *key_run(int64_t D, int64_t a, int64_t lo, int64_t hi, KeyRow &&key, bf16_t *tmp) {
-    if (a >= lo && a + 16 <= hi) {
-        const bf16_t *first = key(a);
-        if (key(a + 15) == first + 15 * D) return first;
+    using E = RowElem<KeyRow>;
+    if constexpr (std::is_same_v<E, bf16_t>) {
+        if (a >= lo && a + 16 <= hi) {
+            const bf16_t *first = key(a);
+            if (key(a + 15) == first + 15 * D) return first;
+        }
     }
-    const bf16_t *rows[16];
+    const E *rows[16];
     run_rows(D, a, lo, hi, key, rows);
     for (int j = 0; j < 16; ++j)
         for (int64_t d = 0; d < D; d += 32)
-            _mm512_store_si512(tmp + j * D + d, rows[j] ? _mm512_loadu_si512(rows[j] + d) : _mm512_setzero_si512());
+            _mm512_store_si512(tmp + j * D + d, rows[j] ? cache_bf16x32(rows[j] + d) : _mm512_setzero_si512());
     return tmp;
 }
 

@@ -1,6 +1,7 @@
 // x86 fast paths for the QK^T and PV tiles of paged attention, used when the
-// query and the KV cache are both bf16 (products of bf16 values are exact in
-// f32, so these paths only change the summation order):
+// query and the KV cache are both bf16, and on amx for bf16 queries on an
+// fp8_e5m2 cache too (products of bf16 values are exact in f32, so these
+// paths only change the summation order):
 //   avx512bf16: QK^T with VDPBF16PS (pairs of bf16 multiplied and summed into
 //               f32) on keys transposed once per block, 16 keys to a vector; PV
 //               on the vector layer's f32 FMAs (attention_tile.h)
@@ -174,8 +175,8 @@ struct QkBf16<bf16_t, bf16_t> {
 #endif
 
 #if defined(CPUINFER_ATTN_AMX)
-template <>
-struct WholeUnit<bf16_t, bf16_t> {
+// bf16 queries on a bf16 or an fp8_e5m2 cache (whose rows the packing widens to bf16 exactly).
+struct WholeUnitAmx {
     // Every row count, decode included, so that a row's result does not depend
     // on its batch (the engine's greedy outputs rely on it, as on the GEMM's).
     static bool applies(int64_t, int64_t D) { return D % 32 == 0; }
@@ -189,6 +190,10 @@ struct WholeUnit<bf16_t, bf16_t> {
         flash_unit_amx(u, key, value);
     }
 };
+template <>
+struct WholeUnit<bf16_t, bf16_t> : WholeUnitAmx {};
+template <>
+struct WholeUnit<bf16_t, fp8_e5m2_t> : WholeUnitAmx {};
 template <>
 struct Impl<void> {
     static constexpr const char *kName = "amx";

@@ -269,6 +269,37 @@ CPUINFER_TEST(paged_attention_bf16_tile_paths) {
 
 namespace {
 
+// paged_attention of one sequence: `rows` query rows (hq heads of D) ending at key len - 1, over a cache of
+// hkv heads in blocks of bs laid out by `table`.
+void run_one_sequence(DType dt, DType cdt, void *out, const void *query, int32_t rows, int32_t len, void *kc,
+                      void *vc, const std::vector<int32_t> &table, int64_t hq, int64_t hkv, int64_t D, int64_t bs,
+                      int64_t window = 0) {
+    const int32_t qsl[2] = {0, rows}, lens[1] = {len};
+    PagedAttentionArgs a{};
+    a.dt = dt;
+    a.cache_dt = cdt;
+    a.out = out;
+    a.out_token_stride = hq * D;
+    a.out_head_stride = D;
+    a.query = query;
+    a.q_token_stride = hq * D;
+    a.q_head_stride = D;
+    a.key_cache = kc;
+    a.value_cache = vc;
+    a.num_q_heads = hq;
+    a.num_kv_heads = hkv;
+    a.head_size = D;
+    a.block_size = bs;
+    a.query_start_loc = qsl;
+    a.seq_lens = lens;
+    a.block_tables = table.data();
+    a.num_seqs = 1;
+    a.block_table_stride = int64_t(table.size());
+    a.scale = 1.f / std::sqrt(float(D));
+    a.sliding_window = window;
+    paged_attention(a);
+}
+
 // A query row's output, bit for bit, does not depend on the rows computed with it: each row of a prefill
 // chunk (q rows after a cached prefix) against the same row run alone as a decode step. (The vector
 // layers' key scores are reduced four at a time or one at a time depending on the tile's row count, so
@@ -285,29 +316,7 @@ void check_rows_alone(DType dt, DType cdt, int64_t D, int64_t hkv, int64_t group
     Buffer query(dt, q * hq * D), out(dt, q * hq * D), one(dt, hq * D);
     query.fill_normal();
     auto run = [&](void *o, const void *qp, int rows, int32_t len) {
-        const int32_t qsl[2] = {0, rows}, lens[1] = {len};
-        PagedAttentionArgs a{};
-        a.dt = dt;
-        a.cache_dt = cdt;
-        a.out = o;
-        a.out_token_stride = hq * D;
-        a.out_head_stride = D;
-        a.query = qp;
-        a.q_token_stride = hq * D;
-        a.q_head_stride = D;
-        a.key_cache = kc.data();
-        a.value_cache = vc.data();
-        a.num_q_heads = hq;
-        a.num_kv_heads = hkv;
-        a.head_size = D;
-        a.block_size = bs;
-        a.query_start_loc = qsl;
-        a.seq_lens = lens;
-        a.block_tables = table.data();
-        a.num_seqs = 1;
-        a.block_table_stride = blocks;
-        a.scale = 1.f / std::sqrt(float(D));
-        paged_attention(a);
+        run_one_sequence(dt, cdt, o, qp, rows, len, kc.data(), vc.data(), table, hq, hkv, D, bs);
     };
     run(out.data(), query.data(), q, ctx);
     const int64_t es = dtype_size(dt), row = hq * D;
@@ -342,6 +351,47 @@ CPUINFER_TEST(paged_attention_row_independent_of_its_tile) {
         for (int64_t group : {1, 2, 3})
             check_rows_alone(DType::bf16, DType::bf16, D, 1, group, 128, std::uniform_int_distribution<int>(2, 40)(rng()),
                              std::uniform_int_distribution<int>(60, 300)(rng()));
+}
+
+// Every e5m2 value is a bf16 value (the top byte of an f16: 2 mantissa bits and a 5-bit exponent, its
+// subnormals normal in bf16), so amx widens an fp8 cache's rows to bf16 as it packs its tiles: bf16 queries
+// on an fp8 cache give the bits of a bf16 cache holding its values (prefill chunks on packed K^T and V tiles,
+// decodes widening K as they copy it for the A tiles; block sizes 16, 48: chunks straddle blocks, and 128).
+// Other variants: within the bf16 tolerance of each other. Caches of normal values with one element in eight
+// a random finite byte below 8 in magnitude (subnormals and both zeros among them).
+CPUINFER_TEST(paged_attention_fp8_cache_is_its_values_in_bf16) {
+    const int64_t hkv = 2, group = 3, hq = hkv * group, D = 64;
+    const bool amx = std::string(attention_impl()) == "amx";
+    std::uniform_int_distribution<int> byte(0, 255);
+    for (int64_t bs : {16, 48, 128}) {
+        const int ctx = 1100, blocks = int((ctx + bs - 1) / bs);
+        std::vector<int32_t> table(static_cast<size_t>(blocks));
+        std::iota(table.begin(), table.end(), 0);
+        std::shuffle(table.begin(), table.end(), rng());
+        CacheBuf k8(DType::fp8_e5m2, blocks * hkv * bs * D), v8 = k8;
+        k8.fill_normal();
+        v8.fill_normal();
+        CacheBuf k16(DType::bf16, blocks * hkv * bs * D), v16 = k16;
+        for (CacheBuf *c : {&k8, &v8})
+            for (int64_t i = 0; i < int64_t(c->bytes.size()); ++i)
+                if (byte(rng()) < 32) c->bytes[size_t(i)] = uint8_t(byte(rng()) % 0x48 | (byte(rng()) & 0x80));
+        for (int64_t i = 0; i < int64_t(k8.bytes.size()); ++i) k16.set(i, k8.get(i)), v16.set(i, v8.get(i));
+        for (int rows : {300, 1}) {
+            Buffer q(DType::bf16, rows * hq * D), o8(DType::bf16, rows * hq * D), o16 = o8;
+            q.fill_normal();
+            const int64_t window = bs == 48 ? 200 : 0;
+            run_one_sequence(DType::bf16, DType::fp8_e5m2, o8.data(), q.data(), rows, ctx, k8.data(), v8.data(), table,
+                             hq, hkv, D, bs, window);
+            run_one_sequence(DType::bf16, DType::bf16, o16.data(), q.data(), rows, ctx, k16.data(), v16.data(), table,
+                             hq, hkv, D, bs, window);
+            const std::string what = "bf16 query, fp8 cache = its values in a bf16 cache, bs=" + std::to_string(bs) +
+                                     " rows=" + std::to_string(rows);
+            if (amx) expect_true(what + ", bit for bit", o8.half == o16.half);
+            const std::vector<float> want = o16.to_floats();
+            const std::vector<double> wanted(want.begin(), want.end());
+            expect_close(what, o8.to_floats().data(), wanted.data(), o8.size(), 1.6e-2, 1.6e-2);
+        }
+    }
 }
 
 // vec.h's reduce_add16 (16 sums at once: the QK scores of a run of 16 keys) gives reduce_add's bits for each,

@@ -146,6 +146,41 @@ def test_long_context_against_float64_on_any_thread_count(kernels, cache_dtype):
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
+def test_fp8_cache_is_its_values_in_bf16(kernels):
+    """Every e5m2 value is a bf16 value (e5m2 is the top byte of an f16: 2 mantissa bits, and a 5-bit exponent
+    whose subnormals, 2^-16 to 3 * 2^-16, are normal bf16), so amx widens fp8 rows to bf16 as it packs its
+    tiles and gets the bits of a bf16 cache holding the same values; other variants stay within the bf16
+    tolerance of it. Caches of random normal values with one element in eight a random finite byte of
+    magnitude below 8 (subnormals and both zeros among them); a 700-token prefill and a chunk after a cached
+    prefix (packed K^T and V tiles), decodes (single-tile units, K widened as it is copied for the A tiles),
+    block sizes 16, 48 (chunks straddle blocks) and 128, a window. Then a value cache of subnormal-sized
+    values alone, against float64 attention."""
+    every = torch.arange(256, dtype=torch.uint8).view(torch.float8_e5m2)
+    torch.testing.assert_close(every.to(torch.bfloat16).double(), every.double(), rtol=0, atol=0, equal_nan=True)
+    gen = torch.Generator().manual_seed(5)
+    for block_size, window in ((16, 0), (48, 100), (128, 0)):
+        b = make_batch(
+            [(700, 700), (1, 1300), (40, 600), (1, 90)], 9, 3, 64, block_size, torch.bfloat16, torch.float8_e5m2
+        )
+        small = torch.tensor([x for x in range(256) if x & 0x7F < 0x48], dtype=torch.uint8)  # |x| < 8: E <= 17
+        for cache in (b.key_cache, b.value_cache):
+            raw = cache.view(torch.uint8)
+            pick = torch.rand(raw.shape, generator=gen) < 0.125
+            raw[pick] = small[torch.randint(len(small), (int(pick.sum()),), generator=gen)]
+        widened = dataclasses.replace(b, key_cache=b.key_cache.bfloat16(), value_cache=b.value_cache.bfloat16())
+        fp8, bf16 = run_kernel(kernels, b, sliding_window=window), run_kernel(kernels, widened, sliding_window=window)
+        if kernels.ATTENTION_IMPL == "amx":
+            assert torch.equal(fp8, bf16), f"block size {block_size}: an fp8 cache is not its bf16 values"
+        torch.testing.assert_close(fp8.float(), bf16.float(), **TOL[torch.bfloat16])
+        torch.testing.assert_close(fp8.float(), ref_paged_attention(b, window), **TOL[torch.bfloat16])
+    # Values of e5m2's two lowest exponents alone (subnormals half of them): outputs ~1e-5, which a flushed
+    # or rounded value would move by far more than their bf16 rounding.
+    tiny = torch.tensor([x for x in range(256) if x & 0x7F < 0x08], dtype=torch.uint8)
+    raw = b.value_cache.view(torch.uint8)
+    raw.copy_(tiny[torch.randint(len(tiny), raw.shape, generator=gen)])
+    torch.testing.assert_close(run_kernel(kernels, b).float(), ref_paged_attention(b), atol=1e-8, rtol=1.6e-2)
+
+
 def test_strided_query_and_out(kernels):
     """query as a slice of a fused qkv tensor, out as a slice of a wider buffer."""
     b = make_batch([(3, 40), (1, 17)], 4, 2, 64, 16, torch.bfloat16, torch.bfloat16)
