@@ -29,7 +29,9 @@ average 4-5), 128 texts, 12 layers: f16 file, llama.cpp 3.4 texts/s vs cpuinfer 
 query 0.23x); Q8_0 file (our int8 kernels, weights packed), llama.cpp 6.6 vs 7.7 (1.18x; 1.22x per CPU second;
 query 0.90x). llama.cpp runs Q8_0 2x faster than f16, we run it 3x slower than bf16: our Q8_0 GEMM at 512 rows
 (K 768, N 3072, one thread) makes 368 GFLOP/s against 657 for the packed bf16 one. Vectors agree to cosine
-0.99999. With --layers 2 and 64 texts, llama.cpp's batch of 512 tokens (its default) beat 2048 on f16 and Q8_0
+0.99999. With 2 threads in the same conditions (256 texts) llama.cpp's spinning pool fell to 1.7 (f16) and 3.1
+(Q8_0) texts/s, ours 10.3x and 2.7x that: not a fair measure of llama.cpp on a loaded host. With --layers 2 and
+64 texts, llama.cpp's batch of 512 tokens (its default) beat 2048 on f16 and Q8_0
 and came within 5% of it on bf16 and f32; its f32 and bf16 files ran at f16's speed.
 
 On a machine whose cores other jobs share, run both sides with OMP_WAIT_POLICY=passive: OpenMP workers spinning
