@@ -10,6 +10,7 @@ llama.cpp's code.
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -68,6 +69,26 @@ def llama_cpp_source() -> Path:
     return tree
 
 
+def llama_python(first: str | None = None) -> str | None:
+    """An interpreter that imports llama_cpp: first (a benchmark's --llama-python), CPUINFER_LLAMA_PYTHON, else this
+    one; None if none does."""
+    for py in (first, os.environ.get("CPUINFER_LLAMA_PYTHON"), sys.executable):
+        if py and subprocess.run([py, "-c", "import llama_cpp"], capture_output=True).returncode == 0:
+            return py
+    return None
+
+
+def llama_quantize(py: str, src: str, dst: str, ftype: int = 15) -> str:
+    """dst: src quantized by llama.cpp's own quantizer (llama_model_quantize in the interpreter py) to the
+    llama_ftype ftype (15: Q4_K_M)."""
+    quantize = (
+        "import ctypes, sys, llama_cpp as L; p = L.llama_model_quantize_default_params(); p.ftype = int(sys.argv[3]); "
+        "sys.exit(L.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), ctypes.byref(p)))"
+    )
+    subprocess.run([py, "-c", quantize, src, dst, str(ftype)], check=True, capture_output=True, timeout=600)
+    return dst
+
+
 def convert(hf_dir: str, out: str, outtype: str = "f32") -> str:
     """Write hf_dir as a GGUF file at out with llama.cpp's converter (outtype f32, f16, bf16 or q8_0)."""
     proc = subprocess.run(
@@ -89,24 +110,39 @@ _K_BLOCKS = {
 }
 
 
-def rewrite_tensors(src: str, dst: str, change) -> str:
+@functools.lru_cache(maxsize=4)
+def _gguf_py_reader(path: str, mtime: float):  # noqa: ARG001 - mtime: cache key
+    """gguf-py's reader of path (a second to parse a 30k-token vocabulary: tests rewrite one file several ways)."""
+    import gguf
+
+    return gguf.GGUFReader(path)
+
+
+def rewrite_tensors(src: str, dst: str, change=None, fields: dict | None = None) -> str:
     """A copy of the GGUF file src (every metadata key) whose tensors are change(gguf, tensor): (data, type) to
-    write instead, or None to keep the tensor as it is."""
+    write instead, None to keep the tensor as it is, False to leave it out. fields: metadata values to write
+    instead (same type; None leaves the key out)."""
     sys.path.insert(0, str(llama_cpp_source() / "gguf-py"))
     import gguf
 
-    reader = gguf.GGUFReader(src)
-    writer = gguf.GGUFWriter(dst, arch=reader.get_field(gguf.Keys.General.ARCHITECTURE).contents())
+    fields = fields or {}
+    reader = _gguf_py_reader(src, os.path.getmtime(src))
+    arch = gguf.Keys.General.ARCHITECTURE
+    writer = gguf.GGUFWriter(dst, arch=fields.get(arch, reader.get_field(arch).contents()))
     for field in reader.fields.values():
-        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
+        if field.name == arch or field.name.startswith("GGUF."):
+            continue
+        value = fields.get(field.name, field.contents())
+        if value is None:
             continue
         vtype = field.types[0]
         sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, field.contents(), vtype, sub_type=sub)
+        writer.add_key_value(field.name, value, vtype, sub_type=sub)
     out = []
     for t in reader.tensors:
-        new = change(gguf, t)
-        out.append((t.name, *(new if new is not None else (t.data, t.tensor_type))))
+        new = change(gguf, t) if change else None
+        if new is not False:
+            out.append((t.name, *(new if new is not None else (t.data, t.tensor_type))))
     for name, data, qtype in out:
         writer.add_tensor(name, data, raw_dtype=qtype)
     writer.write_header_to_file()
@@ -136,13 +172,13 @@ def with_random_k_quant_experts(src: str, dst: str, qtype: str, seed: int = 0) -
     return rewrite_tensors(src, dst, change)
 
 
-def with_quantized_routers(src: str, dst: str, qtype: str = "Q8_0") -> str:
-    """A copy of the GGUF file src whose routers (ffn_gate_inp) gguf-py quantized to qtype. llama.cpp's quantizer
-    keeps them F32, but other tools quantize every 2-D tensor, and such files exist."""
+def with_quantized(src: str, dst: str, select, qtype: str = "Q8_0") -> str:
+    """A copy of the GGUF file src whose tensors named so that select(name) is true gguf-py quantized to qtype (the
+    code convert_hf_to_gguf.py's --outtype q8_0 runs)."""
     import numpy as np
 
     def change(gguf, t):
-        if not t.name.endswith("ffn_gate_inp.weight"):
+        if not select(t.name):
             return None
         w = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
         w = w.reshape([int(d) for d in reversed(t.shape)])
@@ -150,3 +186,9 @@ def with_quantized_routers(src: str, dst: str, qtype: str = "Q8_0") -> str:
         return gguf.quants.quantize(w, qt), qt
 
     return rewrite_tensors(src, dst, change)
+
+
+def with_quantized_routers(src: str, dst: str, qtype: str = "Q8_0") -> str:
+    """A copy of the GGUF file src whose routers (ffn_gate_inp) gguf-py quantized to qtype. llama.cpp's quantizer
+    keeps them F32, but other tools quantize every 2-D tensor, and such files exist."""
+    return with_quantized(src, dst, lambda name: name.endswith("ffn_gate_inp.weight"), qtype)

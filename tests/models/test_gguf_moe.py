@@ -19,7 +19,7 @@ from cpuinfer.model_loader import load_model_spec
 from cpuinfer.worker import ModelRunner
 
 from .greedy import executors_equal, greedy, hf_greedy
-from .llama_cpp_convert import convert
+from .llama_cpp_convert import convert, llama_python, llama_quantize
 from .test_tiny_models import CASES, PROMPTS
 
 transformers = pytest.importorskip("transformers")
@@ -119,18 +119,6 @@ np.save(sys.stdout.buffer, np.ctypeslib.as_array(L.llama_get_logits(ctx), shape=
 """
 
 
-def llama_python() -> str | None:
-    """An interpreter that imports llama_cpp: CPUINFER_LLAMA_PYTHON, else this one; None if neither does."""
-    import os
-    import subprocess
-    import sys
-
-    for py in (os.environ.get("CPUINFER_LLAMA_PYTHON"), sys.executable):
-        if py and subprocess.run([py, "-c", "import llama_cpp"], capture_output=True).returncode == 0:
-            return py
-    return None
-
-
 def llama_cpp_logits(py: str, path: str, tokens: list[int], f32_cache: bool) -> torch.Tensor:
     import io
     import json
@@ -151,22 +139,16 @@ def test_logits_close_to_llama_cpps_own(converted, tmp_path):
     engines quantize activations to int8 for their blocks), every position of a prompt and transformers'
     greedy continuation. Skipped where no interpreter imports llama_cpp (CI does not build it: set
     CPUINFER_LLAMA_PYTHON, as for bench_quant.py)."""
-    import subprocess
-
     py = llama_python()
     if py is None:
         pytest.skip("llama-cpp-python is not installed (CPUINFER_LLAMA_PYTHON: an interpreter that has it)")
     from cpuinfer.engine.step import ScheduledSeq
 
     name, model, files = converted
-    quantize = (
-        "import ctypes, sys, llama_cpp as L; p = L.llama_model_quantize_default_params(); p.ftype = int(sys.argv[3]); "
-        "sys.exit(L.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), ctypes.byref(p)))"
-    )
-    made = {}
-    for qtype, ftype in (("q4_k_m", 15), ("mxfp4_moe", 38)):  # llama_ftype LLAMA_FTYPE_MOSTLY_*
-        made[qtype] = str(tmp_path / f"{name}.{qtype}.gguf")
-        subprocess.run([py, "-c", quantize, files["f32"], made[qtype], str(ftype)], check=True, capture_output=True)
+    made = {  # llama_ftype LLAMA_FTYPE_MOSTLY_*
+        qtype: llama_quantize(py, files["f32"], str(tmp_path / f"{name}.{qtype}.gguf"), ftype)
+        for qtype, ftype in (("q4_k_m", 15), ("mxfp4_moe", 38))
+    }
     runs = [(files["f32"], torch.float32, 5e-3), (made["q4_k_m"], torch.bfloat16, 0.05)]
     for file, dtype, bound in [*runs, (made["mxfp4_moe"], torch.bfloat16, 0.05)]:
         runner = ModelRunner(load_model_spec(file, str(dtype).removeprefix("torch.")), 16, 64, cache_dtype=dtype)

@@ -13,7 +13,7 @@ from cpuinfer.models.bert import BertEncoder
 
 from .tiny_embedders import write_sentence_transformers
 from .tiny_encoders import TEXTS as WORD_TEXTS
-from .tiny_encoders import make_xlmr
+from .tiny_encoders import link_bert_tokenizer, make_xlmr
 
 pytest.importorskip("sentence_transformers")
 transformers = pytest.importorskip("transformers")
@@ -85,8 +85,7 @@ def test_tiny_bert(tmp_path, mode, normalize):
     )
     torch.manual_seed(7)
     transformers.BertModel(cfg).float().eval().save_pretrained(tmp_path)
-    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
-        (tmp_path / name).symlink_to(os.path.join(src, name))
+    link_bert_tokenizer(tmp_path, src)
     write_sentence_transformers(tmp_path, mode, normalize)
     check(str(tmp_path))
 

@@ -71,9 +71,9 @@ def make_qwen3(path: pathlib.Path, seed: int = 1234, **config) -> pathlib.Path:
     return path
 
 
-def write_sentence_transformers(path: pathlib.Path, mode: str, normalize: bool) -> None:
+def write_sentence_transformers(path: pathlib.Path, mode: str, normalize: bool, dim: int = 128) -> None:
     """modules.json + 1_Pooling/config.json (+ Normalize) over the checkpoint at path, as sentence-transformers
-    writes them; mode: lasttoken, mean or cls."""
+    writes them; mode: lasttoken, mean or cls; dim: the model's hidden size."""
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
@@ -84,7 +84,7 @@ def write_sentence_transformers(path: pathlib.Path, mode: str, normalize: bool) 
     (path / "modules.json").write_text(json.dumps(modules))
     (path / "1_Pooling").mkdir(exist_ok=True)
     pooling = {
-        "word_embedding_dimension": 128,
+        "word_embedding_dimension": dim,
         "pooling_mode_cls_token": mode == "cls",
         "pooling_mode_mean_tokens": mode == "mean",
         "pooling_mode_max_tokens": False,

@@ -86,6 +86,11 @@ def make_bert_classifier(path: pathlib.Path, tokenizer_dir: str, seed: int = 11,
     )
     torch.manual_seed(seed)
     transformers.BertForSequenceClassification(cfg).float().eval().save_pretrained(path)
+    link_bert_tokenizer(path, tokenizer_dir)
+    return path
+
+
+def link_bert_tokenizer(path: pathlib.Path, tokenizer_dir: str) -> None:
+    """The tokenizer files of tokenizer_dir (a BERT WordPiece checkpoint's), linked into path."""
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
         (path / name).symlink_to(os.path.join(tokenizer_dir, name))
-    return path

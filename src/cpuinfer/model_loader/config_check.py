@@ -31,7 +31,7 @@ _POSITIVE_INTS = (
     "moe_intermediate_size",
     "decoder_sparse_step",
 )
-_POSITIVE_FLOATS = ("rms_norm_eps", "rope_theta", "factor")
+_POSITIVE_FLOATS = ("rms_norm_eps", "layer_norm_eps", "rope_theta", "factor")
 _NON_NEGATIVE_FLOATS = ("final_logit_softcapping", "attn_logit_softcapping")  # 0 = no soft-capping
 
 

@@ -51,6 +51,7 @@ GGUF_ARCHITECTURES = {
     "gemma3": ("Gemma3ForCausalLM", "gemma3_text"),
     "qwen3moe": ("Qwen3MoeForCausalLM", "qwen3_moe"),
     "gpt-oss": ("GptOssForCausalLM", "gpt_oss"),
+    "bert": ("BertModel", "bert"),  # an encoder: the pooling runner's
 }
 # llama.cpp writes Mixtral as "llama" with experts (llama.expert_count).
 _MIXTRAL = ("MixtralForCausalLM", "mixtral")
@@ -63,6 +64,7 @@ _CONFIG_KEYS = {
     "attention.head_count": "num_attention_heads",
     "attention.head_count_kv": "num_key_value_heads",
     "attention.layer_norm_rms_epsilon": "rms_norm_eps",
+    "attention.layer_norm_epsilon": "layer_norm_eps",  # BERT's LayerNorm
     "attention.key_length": "head_dim",
     "attention.sliding_window": "sliding_window",
     "rope.freq_base": "rope_theta",
@@ -106,6 +108,27 @@ _MOE_HF_NAMES = {
 # gpt-oss: its pre-MLP norm is post_attention_norm in llama.cpp, and its attention sinks are a vector per layer.
 _GPT_OSS_LAYER_NAMES = dict(_LAYER_NAMES, post_attention_norm="post_attention_layernorm", attn_sinks="self_attn.sinks")
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+# BERT (llama.cpp's `bert`: gguf-py's MODEL_TENSORS[MODEL_ARCH.BERT]) -> BertModel's names (models/bert.py).
+_BERT_GLOBAL_NAMES = {
+    "token_embd": "embeddings.word_embeddings",
+    "position_embd": "embeddings.position_embeddings",
+    "token_types": "embeddings.token_type_embeddings",
+    "token_embd_norm": "embeddings.LayerNorm",
+}
+_BERT_LAYER_NAMES = {
+    "attn_q": "attention.self.query",
+    "attn_k": "attention.self.key",
+    "attn_v": "attention.self.value",
+    "attn_output": "attention.output.dense",
+    "attn_output_norm": "attention.output.LayerNorm",
+    "ffn_up": "intermediate.dense",
+    "ffn_down": "output.dense",
+    "layer_output_norm": "output.LayerNorm",
+}
+# llama.cpp's enum llama_pooling_type (bert.pooling_type) -> the pooler's names (models/pooler.py); NONE (0, one
+# vector per token) and RANK (4, a reranker's classifier head) are not embedding poolings this engine runs.
+BERT_POOLING = {1: "MEAN", 2: "CLS", 3: "LAST"}
+_BERT_TABLES = ("token_embd", "position_embd", "token_types")  # embedding tables: rows looked up, float32, no bias
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
@@ -165,7 +188,9 @@ class GGUFFile:
         cfg["vocab_size"] = self._check_vocab(cfg.get("vocab_size"))
         cfg["tie_word_embeddings"] = "output.weight" not in self.tensor_names
         rope_scaling = self._rope_scaling()
-        if arch == "gemma3":
+        if arch == "bert":
+            self._bert_config(cfg)
+        elif arch == "gemma3":
             cfg["hidden_activation"] = "gelu_pytorch_tanh"
             cfg["query_pre_attn_scalar"] = cfg["head_dim"]
             full = {"rope_theta": cfg.get("rope_theta", 1e6), "rope_type": "default", **rope_scaling}
@@ -192,6 +217,63 @@ class GGUFFile:
             if value is not None:
                 cfg[hf_key] = value
         return cfg
+
+    def _bert_config(self, cfg: dict) -> None:
+        """BERT's settings llama.cpp's metadata leaves implicit or puts in tensor shapes: the GELU MLP, absolute
+        positions (position_embd's rows), the segment count (token_types' rows), every layer's tensors present
+        (named as in the file when one is missing), and the pooling (bert.pooling_type)."""
+        path = self.path
+        if self.get("bert.attention.causal", False):
+            raise ModelLoadError(
+                f"{path}: bert.attention.causal is true, but a BERT encoder attends both ways; re-convert the file"
+            )
+        if self.get("bert.pooling_type") == 4 or any(n.startswith("cls.") for n in self.tensor_names):
+            raise ModelLoadError(
+                f"{path}: a BERT reranker (bert.pooling_type RANK, cls.* classifier tensors) is not supported as "
+                "GGUF; serve its Hugging Face checkpoint (BertForSequenceClassification) instead"
+            )
+        parts = [
+            *_BERT_GLOBAL_NAMES,
+            *(f"blk.{i}.{n}" for i in range(cfg["num_hidden_layers"]) for n in _BERT_LAYER_NAMES),
+        ]
+        for name in (
+            f"{p}.{suffix}"
+            for p in parts
+            for suffix in ("weight", "bias")
+            if p not in _BERT_TABLES or suffix == "weight"
+        ):
+            if name not in self.tensor_names:
+                raise ModelLoadError(
+                    f"{path}: tensor {name!r} is missing; a bert file has token_embd, position_embd, token_types, "
+                    "token_embd_norm and each layer's attention and MLP: the file is corrupt or of another "
+                    "architecture, re-convert it"
+                )
+        shapes = {t.name: t.shape for t in self.reader.tensors}
+        for name in (f"{t}.weight" for t in _BERT_TABLES):
+            shape = shapes[name]
+            if len(shape) != 2 or shape[1] != cfg["hidden_size"]:
+                raise ModelLoadError(
+                    f"{path}: tensor {name!r} has shape {list(shape)}, not [rows, {cfg['hidden_size']}] "
+                    "(bert.embedding_length); the file is corrupt: re-convert it"
+                )
+        positions = int(shapes["position_embd.weight"][0])
+        context = cfg.setdefault("max_position_embeddings", positions)
+        if context > positions:
+            raise ModelLoadError(
+                f"{path}: bert.context_length = {context}, but position_embd.weight has {positions} rows (one per "
+                "position); the file is corrupt: re-convert it"
+            )
+        types = int(shapes["token_types.weight"][0])
+        declared = self.get("tokenizer.ggml.token_type_count")
+        if declared is not None and declared != types:
+            raise ModelLoadError(
+                f"{path}: tokenizer.ggml.token_type_count = {declared!r}, but token_types.weight has {types} rows; "
+                "the file is corrupt: re-convert it"
+            )
+        cfg.update(type_vocab_size=types, hidden_act="gelu", position_embedding_type="absolute")
+        cfg.setdefault("layer_norm_eps", 1e-12)
+        # Read by the pooler (models/pooler.py): None when the file declares no embedding pooling (NONE, absent).
+        cfg["gguf_pooling_type"] = BERT_POOLING.get(self.get("bert.pooling_type"))
 
     def _gpt_oss_config(self, cfg: dict, rope_scaling: dict) -> None:
         """gpt-oss's settings llama.cpp leaves implicit: every other layer slides (from the first), biases on
@@ -306,6 +388,8 @@ class GGUFFile:
         if name.startswith("rope_freqs"):
             return None
         base, _, suffix = name.rpartition(".")
+        if self.arch == "bert":
+            return self._bert_name(base, suffix, name)
         if base in _GLOBAL_NAMES:
             return f"{_GLOBAL_NAMES[base]}.{suffix}"
         m = _BLOCK.match(name)
@@ -320,6 +404,13 @@ class GGUFFile:
         if part == "self_attn.sinks":
             return f"model.layers.{m.group(1)}.{part}"
         return f"model.layers.{m.group(1)}.{part}.{m.group(3)}"
+
+    def _bert_name(self, base: str, suffix: str, name: str) -> str | None:
+        if base in _BERT_GLOBAL_NAMES:
+            return f"{_BERT_GLOBAL_NAMES[base]}.{suffix}"
+        m = _BLOCK.match(name)
+        part = _BERT_LAYER_NAMES.get(m.group(2)) if m else None
+        return None if part is None else f"encoder.layer.{m.group(1)}.{part}.{m.group(3)}"
 
     def tensors(self, dtype: torch.dtype, config: dict) -> Iterator[tuple[str, torch.Tensor | QuantWeight]]:
         """(hf_name, weight) for every tensor the models use; norms stay float32 for exact offsets.
@@ -344,7 +435,8 @@ class GGUFFile:
             if hf is None:
                 continue
             is_norm = "norm" in t.name
-            vector_f32 = is_norm or ".attn_sinks." in t.name  # norms and gpt-oss's sinks stay float32
+            # Norms, gpt-oss's sinks and BERT's embedding tables (rows looked up, summed in float32) stay float32.
+            vector_f32 = is_norm or ".attn_sinks." in t.name or (self.arch == "bert" and hf.startswith("embeddings."))
             heads = n_head if permute and ".attn_q." in t.name else n_kv if permute and ".attn_k." in t.name else 0
             type_name = _type_name(t.type_id)
             if keep and not vector_f32 and len(t.shape) == 2 and type_name in KEPT_TYPES and t.shape[-1] % 32 == 0:

@@ -1,15 +1,16 @@
 """Build a `tokenizers.Tokenizer` from a GGUF file's tokenizer metadata.
 
 GGUF carries no tokenizer.json, only llama.cpp's description: the vocabulary, merges (for byte-level
-BPE), scores, token types and the pre-tokenizer name. Two families cover our models:
-"gpt2" (byte-level BPE: SmolLM2, Llama 3, Qwen) and "llama" (SentencePiece BPE with byte fallback:
-Llama 2, Mistral, Gemma). This mirrors what transformers' GGUF loader does, without transformers.
+BPE), scores, token types and the pre-tokenizer name. Three families cover our models:
+"gpt2" (byte-level BPE: SmolLM2, Llama 3, Qwen), "llama" (SentencePiece BPE with byte fallback:
+Llama 2, Mistral, Gemma) and "bert" (WordPiece: BERT encoders). This mirrors what transformers' GGUF
+loader does, without transformers.
 """
 
 from __future__ import annotations
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
-from tokenizers.models import BPE
+from tokenizers.models import BPE, WordPiece
 
 from .errors import ModelLoadError
 
@@ -50,11 +51,13 @@ def tokenizer_from_gguf(get, path: str) -> Tokenizer:
     tokens = get("tokenizer.ggml.tokens")
     if not tokens:
         raise ModelLoadError(f"{path}: GGUF file has no tokenizer (tokenizer.ggml.tokens missing)")
-    if model not in ("gpt2", "llama"):
-        raise ModelLoadError(f"{path}: GGUF tokenizer model {model!r} is not supported; supported: gpt2, llama")
+    if model not in ("gpt2", "llama", "bert"):
+        raise ModelLoadError(f"{path}: GGUF tokenizer model {model!r} is not supported; supported: gpt2, llama, bert")
     _check_tokens(get, tokens, path)
     types = get("tokenizer.ggml.token_type") or [1] * len(tokens)
     try:
+        if model == "bert":
+            return _wordpiece(get, tokens, types)
         if model == "gpt2":
             tok = _byte_level(tokens, get("tokenizer.ggml.merges") or [], get("tokenizer.ggml.pre"))
             spelled = set(_bytes_to_unicode().values())
@@ -144,6 +147,39 @@ def _byte_level(tokens: list[str], merges: list[str], pre: str | None) -> Tokeni
     else:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def _wordpiece(get, tokens: list[str], types: list[int]) -> Tokenizer:
+    """BERT's WordPiece tokenizer from llama.cpp's form of its vocabulary (convert_hf_to_gguf's BertModel.set_vocab):
+    a word's first piece is written with a phantom space ("\u2581the"), a continuation without its "##" ("ing"),
+    control tokens ([CLS], [SEP], ...) as they are. Normalisation as llama.cpp's WPM tokenizer reads it
+    (tokenizer.ggml.normalizer.lowercase, .strip_accents: absent = false and = lowercase), which is
+    transformers' BertNormalizer; [CLS] text [SEP] around every input (bos and eos/sep ids; B's tokens of a pair
+    get token type 1, as BERT's own tokenizer)."""
+    spelled = [
+        t if ty == CONTROL else t[1:] if t.startswith("\u2581") else f"##{t}"
+        for t, ty in zip(tokens, types, strict=True)
+    ]
+    vocab = {t: i for i, t in reversed(list(enumerate(spelled)))}  # the first id of a spelling, as llama.cpp's map
+    unk_id = get("tokenizer.ggml.unknown_token_id", 100)
+    tok = Tokenizer(WordPiece(vocab, unk_token=spelled[unk_id], max_input_chars_per_word=100))
+    lowercase = bool(get("tokenizer.ggml.normalizer.lowercase", False))
+    strip = bool(get("tokenizer.ggml.normalizer.strip_accents", lowercase))
+    tok.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=strip, lowercase=lowercase
+    )
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    tok.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t, ty in zip(spelled, types, strict=True) if ty == CONTROL]
+    )
+    cls_id = get("tokenizer.ggml.bos_token_id", 101)
+    sep_id = get("tokenizer.ggml.seperator_token_id", get("tokenizer.ggml.eos_token_id", 102))
+    cls, sep = spelled[cls_id], spelled[sep_id]
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1", special_tokens=[(cls, cls_id), (sep, sep_id)]
+    )
     return tok
 
 

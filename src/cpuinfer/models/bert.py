@@ -25,8 +25,9 @@ from ..attention.backend import uses_kernels
 from ..model_loader.config_check import check_config
 from ..model_loader.errors import ModelLoadError
 from ..model_loader.hf_dir import read_json, safetensors_tensors
+from ..quantization import is_quantized
 from .classifier import ClassifierHead
-from .layers import select_rows
+from .layers import cat_rows, select_rows
 from .pooler import PoolerConfig, finish_pooled, resolve_pooler
 
 _ACTIVATIONS = {"gelu": lambda x: F.gelu(x), "gelu_new": lambda x: F.gelu(x, approximate="tanh")}
@@ -64,7 +65,8 @@ class _BertLayer:
 
 
 class BertWeights:
-    """A BertModel's weights and shapes, taken by name (take(name, dtype)) and run by forward()."""
+    """A BertModel's weights and shapes, taken by name (take(name, dtype); dtype None: a matrix as the loader kept
+    it, a GGUF file's quantized blocks packed for the integer kernels) and run by forward()."""
 
     def __init__(self, config: dict, take: Callable[[str, torch.dtype], torch.Tensor], dtype: torch.dtype, source: str):
         arch = (config.get("architectures") or ["BertModel"])[0]
@@ -84,9 +86,10 @@ class BertWeights:
         # bf16/f16 weights in our GEMM's panel layout (row-major ones would take the GEMV kernel at every M).
         self.packed = dtype in (torch.bfloat16, torch.float16)
 
-        def mat(name: str) -> torch.Tensor:
-            w = take(name, dtype)
-            return ops.pack_weight(w) if self.packed else w
+        def mat(*names: str) -> torch.Tensor:
+            """One weight, or several stacked by rows (the fused QKV); quantized ones stay as they are."""
+            w = cat_rows([take(n, None) for n in names], dtype) if len(names) > 1 else take(names[0], None)
+            return ops.pack_weight(w) if self.packed and not is_quantized(w) else w
 
         def ln(prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
             return take(f"{prefix}.weight", torch.float32), take(f"{prefix}.bias", torch.float32)
@@ -98,10 +101,9 @@ class BertWeights:
         self.layers = []
         for i in range(int(config["num_hidden_layers"])):
             p = f"encoder.layer.{i}."
-            qkv = torch.cat([take(f"{p}attention.self.{n}.weight", dtype) for n in ("query", "key", "value")])
             self.layers.append(
                 _BertLayer(
-                    ops.pack_weight(qkv) if self.packed else qkv.contiguous(),
+                    mat(*(f"{p}attention.self.{n}.weight" for n in ("query", "key", "value"))),
                     torch.cat([take(f"{p}attention.self.{n}.bias", dtype) for n in ("query", "key", "value")]),
                     mat(f"{p}attention.output.dense.weight"),
                     take(f"{p}attention.output.dense.bias", dtype),
@@ -235,10 +237,10 @@ class BertEncoder:
         check_config(config, os.path.join(path, "config.json"))
         t = {k.split(".", 1)[1] if k.startswith(_PREFIXES) else k: v for k, v in safetensors_tensors(path, dtype)}
 
-        def take(name: str, dt: torch.dtype) -> torch.Tensor:
+        def take(name: str, dt: torch.dtype | None) -> torch.Tensor:
             if name not in t:
                 raise ModelLoadError(f"{path}: the checkpoint has no tensor {name}")
-            return t.pop(name).to(dt).contiguous()
+            return t.pop(name).to(dt or dtype).contiguous()
 
         self.weights = BertWeights(config, take, dtype, path)
         self.hidden = self.weights.hidden

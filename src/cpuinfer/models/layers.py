@@ -83,12 +83,16 @@ class WeightBag:
         parts = [self.tensors.pop(n) if n in self.tensors else self.take(n) for n in names]
         if rows is not None:
             parts = [narrow(p, 0, a, n, name, self.dtype) for p, (a, n), name in zip(parts, rows, names, strict=True)]
-        if all(is_quantized(p) for p in parts):
-            return concat([q for p in parts for q in p.parts])
-        parts = [p.dequantize(self.dtype) if is_quantized(p) else p for p in parts]  # mixed: all dense
-        out = torch.cat([p.to(self.dtype) for p in parts], dim=0).contiguous()
-        del parts
-        return out
+        return cat_rows(parts, self.dtype)
+
+
+def cat_rows(parts: list, dtype: torch.dtype):
+    """Weights stacked along their rows (a fused QKV or gate_up): quantized ones stay packed (one weight, or a stack
+    of their forms); a mix of quantized and dense is all dense, in dtype."""
+    if all(is_quantized(p) for p in parts):
+        return concat([q for p in parts for q in p.parts])
+    parts = [p.dequantize(dtype) if is_quantized(p) else p for p in parts]
+    return torch.cat([p.to(dtype) for p in parts], dim=0).contiguous()
 
 
 def attention_plan(

@@ -55,15 +55,26 @@ class PoolerConfig:
 def resolve_pooler(
     model_dir: str | None, model_config: dict, override: str | dict | None, classifier: tuple[int, str] | None = None
 ) -> PoolerConfig:
-    """The pooler of a model: sentence-transformers' modules (if any), then --pooler-config's fields on top.
+    """The pooler of a model: a GGUF encoder's bert.pooling_type, else sentence-transformers' modules (if any),
+    then --pooler-config's fields on top.
 
     classifier: (num_labels, activation) of a sequence-classification model, which pools its first token (an
     encoder: BERT's pooler reads it) or its last (a decoder), unnormalised, and reads no modules.json."""
     pooling_type, normalize = "LAST", True
-    st = _sentence_transformers_pooler(model_dir) if model_dir and classifier is None else None
+    override = dict(json_object(override, "--pooler-config") or {})
+    if "gguf_pooling_type" in model_config and classifier is None:
+        # A GGUF encoder's own bert.pooling_type (model_loader/gguf_file.py), normalised as llama.cpp's server
+        # and vLLM do by default; a file that declares none (NONE: a vector per token) needs --pooler-config.
+        st = model_config["gguf_pooling_type"], True
+        if st[0] is None and "pooling_type" not in override:
+            raise ValueError(
+                f"{model_dir}: bert.pooling_type declares no pooling to one vector per text (NONE, or absent); "
+                'choose one with --pooler-config \'{"pooling_type": "CLS"}\' (or MEAN, LAST)'
+            )
+    else:
+        st = _sentence_transformers_pooler(model_dir) if model_dir and classifier is None else None
     if st is not None:
         pooling_type, normalize = st
-    override = dict(json_object(override, "--pooler-config") or {})
     unknown = sorted(set(override) - {"pooling_type", "normalize", "dimensions"})
     if unknown:
         raise ValueError(f"--pooler-config has unsupported field(s) {', '.join(unknown)}; use pooling_type, normalize")
