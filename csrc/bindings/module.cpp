@@ -68,6 +68,42 @@ void py_rms_norm(Out out, In input, In weight, float eps) {
     (void)a;
 }
 
+// out = LayerNorm(input (+ residual)) with float32 weight and bias (kernels.h: add_layer_norm).
+void py_add_layer_norm(Out out, In input, std::optional<In> residual, In weight, In bias, float eps) {
+    DType dt = float_dtype(input, "input");
+    check_same_dtype(float_dtype(out, "out"), dt, "out", "input");
+    Rows x = as_rows(input, "input"), o = as_rows(out, "out");
+    if (o.rows != x.rows || o.cols != x.cols) fail_value("out must have the shape of input");
+    Rows r{};
+    if (residual) {
+        check_same_dtype(float_dtype(*residual, "residual"), dt, "residual", "input");
+        r = as_rows(*residual, "residual");
+        if (r.rows != x.rows || r.cols != x.cols) fail_value("residual must have the shape of input");
+        if (r.lo != o.lo) check_no_overlap(o, "out", r, "residual");
+    }
+    if (x.lo != o.lo) check_no_overlap(o, "out", x, "input");  // exact aliasing (in place) is fine
+    for (const auto &[t, name] : {std::pair<const In &, const char *>{weight, "weight"}, {bias, "bias"}}) {
+        if (float_dtype(t, name) != DType::f32) fail_type(std::string(name) + " must be float32");
+        if (t.ndim() != 1 || int64_t(t.shape(0)) != x.cols || (x.cols > 1 && t.stride(0) != 1))
+            fail_value(std::string(name) + " must be a contiguous 1-D tensor of " + std::to_string(x.cols) + " elements");
+    }
+    if (!(eps >= 0.0f)) fail_value("epsilon must be a non-negative number, got " + std::to_string(eps));
+    nb::gil_scoped_release nogil;
+    add_layer_norm(dt, out.data(), o.stride, input.data(), x.stride, residual ? residual->data() : nullptr,
+                   residual ? r.stride : 0, static_cast<const float *>(weight.data()),
+                   static_cast<const float *>(bias.data()), x.rows, x.cols, eps);
+}
+
+void py_act(Activation a, Out out, In input) {
+    DType dt = float_dtype(input, "input");
+    check_same_dtype(float_dtype(out, "out"), dt, "out", "input");
+    Rows x = as_rows(input, "input"), o = as_rows(out, "out");
+    if (o.rows != x.rows || o.cols != x.cols) fail_value("out must have the shape of input");
+    if (x.lo != o.lo) check_no_overlap(o, "out", x, "input");
+    nb::gil_scoped_release nogil;
+    act(dt, a, out.data(), o.stride, input.data(), x.stride, x.rows, x.cols);
+}
+
 void py_argmax(Out out, In logits) {
     DType dt = float_dtype(logits, "logits");
     Rows x = as_rows(logits, "logits");
@@ -266,6 +302,14 @@ NB_MODULE(CPUINFER_MODULE(CPUINFER_VARIANT), m) {
     m.def("rotary_embedding", &py_rotary_embedding, nb::arg("positions"), nb::arg("query"), nb::arg("key").none(),
           nb::arg("head_size"), nb::arg("cos_sin_cache"), nb::arg("is_neox"),
           "Rotary position embedding applied in place to query and key.");
+    m.def("add_layer_norm", &py_add_layer_norm, nb::arg("out"), nb::arg("input"), nb::arg("residual").none(),
+          nb::arg("weight"), nb::arg("bias"), nb::arg("epsilon"),
+          "out = LayerNorm(input + residual) (residual None: of input), statistics in float32, float32 weight and "
+          "bias; out may be input or residual.");
+    m.def("gelu", [](Out out, In input) { py_act(Activation::gelu, out, input); }, nb::arg("out"), nb::arg("input"),
+          "out = gelu(input) (exact erf form); out may be input.");
+    m.def("gelu_tanh", [](Out out, In input) { py_act(Activation::gelu_tanh, out, input); }, nb::arg("out"),
+          nb::arg("input"), "out = gelu_tanh(input); out may be input.");
     m.def("silu_and_mul", [](Out out, In input) { py_act_and_mul(Activation::silu, out, input); },
           nb::arg("out"), nb::arg("input"), "out = silu(x[..., :d]) * x[..., d:].");
     m.def("gelu_and_mul", [](Out out, In input) { py_act_and_mul(Activation::gelu, out, input); },

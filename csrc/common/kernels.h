@@ -19,6 +19,12 @@ void rms_norm(DType dt, void *out, int64_t out_stride, const void *in, int64_t i
 void fused_add_rms_norm(DType dt, void *x, int64_t x_stride, void *residual, int64_t res_stride,
                         const void *weight, int64_t rows, int64_t hidden, float eps);
 
+// out[r] = LayerNorm(v) with v = x[r] + residual[r] rounded to dt (as an unfused add in dt; v = x[r] without
+// residual): mean and variance of v in f32, then (v - mean) / sqrt(var + eps) * weight + bias with f32 weight
+// and bias, rounded once. residual may be null; out may be x or residual (row by row, element by element).
+void add_layer_norm(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_stride, const void *residual,
+                    int64_t res_stride, const float *weight, const float *bias, int64_t rows, int64_t hidden, float eps);
+
 // Rotates the first rot_dim features of every head of q and k (k may be null)
 // in place. cos_sin has rows [cos(rot_dim/2) | sin(rot_dim/2)] per position, of
 // type cache_dt (f32 or dt). neox: pairs (i, i + rot_dim/2); else (2i, 2i+1).
@@ -32,6 +38,9 @@ enum class Activation : int { silu = 0, gelu = 1, gelu_tanh = 2, swiglu_oai = 3 
 // out[r, i] = act(in[r, i]) * in[r, d + i] for i < d (swiglu_oai: activation.h's gated()).
 void act_and_mul(DType dt, Activation act, void *out, int64_t out_stride, const void *in, int64_t in_stride,
                  int64_t rows, int64_t d);
+// out[r, i] = act(in[r, i]) for i < d (silu, gelu, gelu_tanh: an encoder's MLP); out may be in.
+void act(DType dt, Activation act, void *out, int64_t out_stride, const void *in, int64_t in_stride, int64_t rows,
+         int64_t d);
 
 // Paged KV cache write. key/value are [tokens, kv_heads, head_size] of type
 // dt with the given token and head strides; the caches are contiguous

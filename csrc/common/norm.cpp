@@ -102,6 +102,49 @@ void fused_add_rms_norm(DType dt, void *x, int64_t x_stride, void *residual, int
     });
 }
 
+void add_layer_norm(DType dt, void *out, int64_t out_stride, const void *x, int64_t x_stride, const void *residual,
+                    int64_t res_stride, const float *weight, const float *bias, int64_t rows, int64_t hidden, float eps) {
+    with_float_type(dt, [&](auto tag) {
+        using T = decltype(tag);
+        const int W = vec::width();
+        parallel_for(rows, row_grain(hidden), [&](int64_t b, int64_t e) {
+            for (int64_t r = b; r < e; ++r) {
+                T *o = static_cast<T *>(out) + r * out_stride;
+                const T *xr = static_cast<const T *>(x) + r * x_stride;
+                if (residual) {  // v = x + residual, rounded to T, into out
+                    const T *rr = static_cast<const T *>(residual) + r * res_stride;
+                    int64_t i = 0;
+                    for (; i + W <= hidden; i += W) vec::store(o + i, vec::add(vec::load(xr + i), vec::load(rr + i)));
+                    for (; i < hidden; ++i) o[i] = from_f32<T>(to_f32(xr[i]) + to_f32(rr[i]));
+                    xr = o;
+                }
+                // The mean, then the variance around it (two passes: no cancellation), in f32.
+                vec::vf acc = vec::zero();
+                int64_t i = 0;
+                for (; i + W <= hidden; i += W) acc = vec::add(acc, vec::load(xr + i));
+                float sum = vec::reduce_add(acc);
+                for (; i < hidden; ++i) sum += to_f32(xr[i]);
+                const float mean = sum / float(hidden);
+                const vec::vf m = vec::splat(mean);
+                acc = vec::zero();
+                for (i = 0; i + W <= hidden; i += W) {
+                    const vec::vf c = vec::sub(vec::load(xr + i), m);
+                    acc = vec::fma(c, c, acc);
+                }
+                float var = vec::reduce_add(acc);
+                for (; i < hidden; ++i) var += (to_f32(xr[i]) - mean) * (to_f32(xr[i]) - mean);
+                const float inv = 1.0f / std::sqrt(var / float(hidden) + eps);
+                const vec::vf s = vec::splat(inv);
+                for (i = 0; i + W <= hidden; i += W) {
+                    const vec::vf n = vec::mul(vec::sub(vec::load(xr + i), m), s);
+                    vec::store(o + i, vec::fma(n, vec::load(weight + i), vec::load(bias + i)));
+                }
+                for (; i < hidden; ++i) o[i] = from_f32<T>(std::fma((to_f32(xr[i]) - mean) * inv, weight[i], bias[i]));
+            }
+        });
+    });
+}
+
 const char *vector_layer() { return vec::kName; }
 int vector_width() { return vec::width(); }
 

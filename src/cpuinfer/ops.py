@@ -28,6 +28,30 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     _C.fused_add_rms_norm(x, residual, weight, eps)
 
 
+def add_layer_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    eps: float,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """LayerNorm(x + residual) (or of x alone), the sum rounded to x's dtype as an unfused add would be, its
+    statistics in float32, float32 weight and bias; out may be x or residual (an encoder's post-norm block)."""
+    if out is None:
+        out = torch.empty_like(x)
+    _C.add_layer_norm(out, x, residual, weight, bias, eps)
+    return out
+
+
+def gelu(x: torch.Tensor, approximate: str = "none", out: torch.Tensor | None = None) -> torch.Tensor:
+    """gelu(x), approximate 'none' (erf) or 'tanh' (the gated kernels' own activation); out may be x."""
+    if out is None:
+        out = torch.empty_like(x)
+    (_C.gelu if approximate == "none" else _C.gelu_tanh)(out, x)
+    return out
+
+
 def argmax(logits: torch.Tensor) -> torch.Tensor:
     """logits.argmax(-1) (int64), with torch's answer (the first index of the maximum, or of the first NaN),
     at memory speed: torch's reduction takes milliseconds over a batch of vocabulary-wide rows."""

@@ -44,3 +44,17 @@ def test_act_bad_input(kernels):
         kernels.silu_and_mul(torch.empty(4, 5, dtype=torch.float16), x)
     with pytest.raises(ValueError, match="overlap"):
         kernels.silu_and_mul(x[:, :5], x)
+
+
+@pytest.mark.parametrize("name, approximate", [("gelu", "none"), ("gelu_tanh", "tanh")])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 8), (4, 13), (64, 3072), (2, 5, 1536), (1, 8193), (0, 16)])
+def test_gelu(kernels, name, approximate, dtype, shape):
+    """The plain activation (an encoder's MLP) against torch's in float32, in place too."""
+    x = torch.randn(shape, dtype=dtype) * 4
+    expected = F.gelu(x.float(), approximate=approximate)
+    out = torch.empty_like(x)
+    getattr(kernels, name)(out, x)
+    assert_close(out, expected, dtype)
+    getattr(kernels, name)(x, x)
+    assert torch.equal(x, out)

@@ -107,3 +107,40 @@ def test_rms_norm_bad_input(kernels):
         kernels.fused_add_rms_norm(x, x, w, 1e-6)
     with pytest.raises(ValueError, match="overlap"):
         kernels.rms_norm(x[1:], x[:-1], w, 1e-6)
+
+
+def ref_layer_norm(v: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float) -> torch.Tensor:
+    vd = v.double()
+    mean = vd.mean(-1, keepdim=True)
+    var = (vd - mean).pow(2).mean(-1, keepdim=True)
+    return ((vd - mean) / torch.sqrt(var + eps) * w.double() + b.double()).float()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 8), (3, 17), (64, 768), (2, 3, 384), (5, 1000), (0, 64)])
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_add_layer_norm(kernels, dtype, shape, with_residual):
+    """An encoder's post-norm block: LayerNorm(x + residual), the sum rounded to the dtype as torch's add, the
+    statistics in float32 (a float64 reference), float32 weight and bias; in place into residual."""
+    x = torch.randn(shape, dtype=dtype) * 3 + 1  # an offset: the variance is taken around the mean
+    res = torch.randn(shape, dtype=dtype) if with_residual else None
+    w, b = torch.randn(shape[-1]), torch.randn(shape[-1])
+    v = (x.float() + res.float()).to(dtype) if with_residual else x
+    expected = ref_layer_norm(v, w, b, 1e-12)
+    out = res if with_residual else torch.empty_like(x)
+    kernels.add_layer_norm(out, x, res, w, b, 1e-12)
+    assert_close(out, expected, dtype)
+    if dtype != torch.float32 and x.numel():  # torch's own bf16 / f16 LayerNorm of the same sum agrees as closely
+        torch_ln = torch.nn.functional.layer_norm(v.float(), (shape[-1],), w, b, 1e-12)
+        assert_close(out, torch_ln, dtype)
+
+
+def test_add_layer_norm_bad_input(kernels):
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    w = torch.randn(64)
+    with pytest.raises(TypeError, match="weight must be float32"):
+        kernels.add_layer_norm(torch.empty_like(x), x, None, w.bfloat16(), w, 1e-5)
+    with pytest.raises(ValueError, match="bias must be a contiguous 1-D tensor of 64"):
+        kernels.add_layer_norm(torch.empty_like(x), x, None, w, torch.randn(32), 1e-5)
+    with pytest.raises(ValueError, match="residual must have the shape of input"):
+        kernels.add_layer_norm(torch.empty_like(x), x, torch.randn(4, 32, dtype=torch.bfloat16), w, w, 1e-5)
