@@ -38,7 +38,10 @@ On a machine whose cores other jobs share, run both sides with OMP_WAIT_POLICY=p
 between the BERT path's torch ops (attention, LayerNorm) and our GEMMs took 6x the attention time on such a VM
 (load average 3-5 on 2 cores). Measured there with it, 32 texts: BERT 22.5 texts/s vs sentence-transformers bf16
 9.7 (2.33x), query 30.7 vs 47.3 ms (0.65x); Qwen3-0.6B-shaped decoder 3.1 vs 1.6 texts/s (1.89x), query 125 vs
-235 ms (0.53x).
+235 ms (0.53x). On a quiet machine (the same VM, load 0.5-1.7, 128 texts, default wait policy), after the
+encoder's GELU and add + LayerNorm moved onto our kernels: BERT 50.6-51.1 texts/s vs 18.8-20.1 (2.54-2.69x),
+query 16.5-17.3 vs 32.8-36.4 ms (0.48-0.50x); before that move 0.59x (17.2 vs 29.4 ms). Decoder 12.7 vs 3.0
+texts/s (4.19x), query 63.6 vs 136.7 ms (0.47x). llama.cpp, 2 threads each: f16 6.23x, Q8_0 1.23x.
 """
 
 from __future__ import annotations
