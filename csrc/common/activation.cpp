@@ -1,3 +1,5 @@
+#include <stdexcept>
+
 #include "activation.h"
 #include "dispatch_dtype.h"
 #include "kernels.h"
@@ -69,7 +71,10 @@ void act(DType dt, Activation a, void *out, int64_t out_stride, const void *in, 
         const T *x = static_cast<const T *>(in);
         with_activation(a, [&](auto f) {
             constexpr Activation A = decltype(f)::value;
-            if constexpr (A != Activation::swiglu_oai) run<A, false>(o, out_stride, x, in_stride, rows, d);
+            if constexpr (A == Activation::swiglu_oai)
+                throw std::invalid_argument("act: swiglu_oai is a gated activation (act_and_mul), not an elementwise one");
+            else
+                run<A, false>(o, out_stride, x, in_stride, rows, d);
         });
     });
 }

@@ -51,17 +51,17 @@ void scale_row(T *out, const T *x, const T *w, int64_t n, float inv) {
     for (; i < n; ++i) out[i] = from_f32<T>(to_f32(x[i]) * inv * to_f32(w[i]));
 }
 
-// residual <- x + residual, rounded to T (as an unfused add in T would be).
+// out <- x + residual, rounded to T (as an unfused add in T would be); out may be x or residual.
 template <typename T>
-void add_into(T *residual, const T *x, int64_t n) {
+void add_rows(T *out, const T *x, const T *residual, int64_t n) {
     const int W = vec::width();
     int64_t i = 0;
     for (; i + 2 * W <= n; i += 2 * W) {
-        vec::store2(residual + i, vec::add(vec::load2a(x + i), vec::load2a(residual + i)),
+        vec::store2(out + i, vec::add(vec::load2a(x + i), vec::load2a(residual + i)),
                     vec::add(vec::load2b(x + i), vec::load2b(residual + i)));
     }
-    for (; i + W <= n; i += W) vec::store(residual + i, vec::add(vec::load(x + i), vec::load(residual + i)));
-    for (; i < n; ++i) residual[i] = from_f32<T>(to_f32(x[i]) + to_f32(residual[i]));
+    for (; i + W <= n; i += W) vec::store(out + i, vec::add(vec::load(x + i), vec::load(residual + i)));
+    for (; i < n; ++i) out[i] = from_f32<T>(to_f32(x[i]) + to_f32(residual[i]));
 }
 
 }  // namespace
@@ -94,7 +94,7 @@ void fused_add_rms_norm(DType dt, void *x, int64_t x_stride, void *residual, int
             for (int64_t r = b; r < e; ++r) {
                 T *xr = xp + r * x_stride;
                 T *rr = rp + r * res_stride;
-                add_into(rr, xr, hidden);
+                add_rows(rr, xr, rr, hidden);
                 float inv = 1.0f / std::sqrt(sum_squares(rr, hidden) / float(hidden) + eps);
                 scale_row(xr, rr, w, hidden, inv);
             }
@@ -112,10 +112,7 @@ void add_layer_norm(DType dt, void *out, int64_t out_stride, const void *x, int6
                 T *o = static_cast<T *>(out) + r * out_stride;
                 const T *xr = static_cast<const T *>(x) + r * x_stride;
                 if (residual) {  // v = x + residual, rounded to T, into out
-                    const T *rr = static_cast<const T *>(residual) + r * res_stride;
-                    int64_t i = 0;
-                    for (; i + W <= hidden; i += W) vec::store(o + i, vec::add(vec::load(xr + i), vec::load(rr + i)));
-                    for (; i < hidden; ++i) o[i] = from_f32<T>(to_f32(xr[i]) + to_f32(rr[i]));
+                    add_rows(o, xr, static_cast<const T *>(residual) + r * res_stride, hidden);
                     xr = o;
                 }
                 // The mean, then the variance around it (two passes: no cancellation), in f32.

@@ -46,9 +46,12 @@ def add_layer_norm(
 
 def gelu(x: torch.Tensor, approximate: str = "none", out: torch.Tensor | None = None) -> torch.Tensor:
     """gelu(x), approximate 'none' (erf) or 'tanh' (the gated kernels' own activation); out may be x."""
+    kernels = {"none": _C.gelu, "tanh": _C.gelu_tanh}
+    if approximate not in kernels:
+        raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
     if out is None:
         out = torch.empty_like(x)
-    (_C.gelu if approximate == "none" else _C.gelu_tanh)(out, x)
+    kernels[approximate](out, x)
     return out
 
 

@@ -58,3 +58,10 @@ def test_gelu(kernels, name, approximate, dtype, shape):
     assert_close(out, expected, dtype)
     getattr(kernels, name)(x, x)
     assert torch.equal(x, out)
+
+
+def test_ops_gelu_names_a_bad_approximation():
+    from cpuinfer import ops
+
+    with pytest.raises(ValueError, match="approximate must be 'none' or 'tanh', got 'tanhh'"):
+        ops.gelu(torch.ones(2, 8), "tanhh")
