@@ -56,6 +56,7 @@ import tempfile
 import time
 
 import torch
+from llama_cpp_run import add_llama_args
 
 # The CPUs this process may use, before the engine binds its threads: the engine pins this (main) thread to
 # one CPU, and a child process inherits the affinity of the thread that starts it.
@@ -285,13 +286,7 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=None, help="fewer layers than the real shapes (a quick run)")
     ap.add_argument("--decoder", action="store_true", help="also the Qwen3-0.6B-shaped decoder embedder")
     ap.add_argument("--st", action=argparse.BooleanOptionalAction, default=True, help="the sentence-transformers rows")
-    ap.add_argument(
-        "--llama",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="also llama.cpp on a GGUF of the BERT model (where llama-cpp-python imports; see bench_quant.py)",
-    )
-    ap.add_argument("--llama-python", default=None, help="interpreter with llama-cpp-python (see bench_quant.py)")
+    add_llama_args(ap, "also llama.cpp on a GGUF of the BERT model")
     ap.add_argument(
         "--llama-type", default="f16,q8_0", help="the GGUF files' types (the converter's --outtype), comma-separated"
     )

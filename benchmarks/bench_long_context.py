@@ -44,7 +44,7 @@ import torch
 from bench_attention import STREAM_BUF, bench, kernel_fn, make_prefill, stream_read_fn
 from bench_engine import _tensors, hf_model
 from bench_linear import peak_flops
-from llama_cpp_run import prompt_ids
+from llama_cpp_run import add_llama_args, prompt_ids
 
 from cpuinfer.platform.memory import zeros_huge
 
@@ -266,13 +266,7 @@ def main() -> int:
     ap.add_argument("--skip-engine", action="store_true")
     ap.add_argument("--skip-kernel", action="store_true")
     ap.add_argument("--skip-prefill", action="store_true")
-    ap.add_argument(
-        "--llama",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="section 5, llama.cpp on the same GGUF files (default: on; skipped where no interpreter has llama_cpp)",
-    )
-    ap.add_argument("--llama-python", default=None, help="interpreter with llama-cpp-python (see bench_quant.py)")
+    add_llama_args(ap, "section 5, llama.cpp on the same GGUF files")
     ap.add_argument("--llama-contexts", default="4096,8000", help="contexts of section 5")
     ap.add_argument("--llama-threads", type=int, default=2, help="threads of both engines in section 5")
     ap.add_argument(

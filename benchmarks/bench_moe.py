@@ -29,6 +29,7 @@ import tempfile
 import time
 
 import torch
+from llama_cpp_run import add_llama_args
 
 # The CPUs this process may use, before the engine binds its threads: the engine pins this (main) thread to
 # one CPU, and a child process inherits the affinity of the thread that starts it.
@@ -173,13 +174,7 @@ def main() -> int:
     ap.add_argument("--input-len", type=int, default=64)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument(
-        "--llama",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="also compare with llama.cpp on GGUF files of the model (needs llama-cpp-python; see bench_quant.py)",
-    )
-    ap.add_argument("--llama-python", default=None, help="interpreter with llama-cpp-python (see bench_quant.py)")
+    add_llama_args(ap, "also compare with llama.cpp on GGUF files of the model")
     ap.add_argument(
         "--work-dir",
         default=os.path.join(os.path.expanduser("~"), ".cache", "cpuinfer-bench"),

@@ -72,6 +72,8 @@ import subprocess
 import sys
 import time
 
+from llama_cpp_run import add_llama_args
+
 HF_FORMATS = {
     "gptq4": ("gptq", dict(bits=4, group=128, sym=True, act_order=True)),
     "w8a8": ("compressed-tensors", dict(scheme="W8A8")),
@@ -282,11 +284,15 @@ def gguf_type(path: str) -> str:
 
 
 def find_llama_python(arg: str | None) -> tuple[str | None, str]:
-    """The interpreter that imports llama_cpp, or None and why not."""
-    py = arg or os.environ.get("CPUINFER_LLAMA_PYTHON") or sys.executable
-    r = subprocess.run([py, "-c", "import llama_cpp"], capture_output=True, text=True)
-    if r.returncode != 0:
-        return None, f"{py} cannot import llama_cpp ({r.stderr.strip().splitlines()[-1:]}); install it with {LLAMA_PIP}"
+    """The interpreter that imports llama_cpp (the tests' rule: arg, $CPUINFER_LLAMA_PYTHON, else this one), or
+    None and why not."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from tests.models.llama_cpp_convert import llama_python
+
+    py = llama_python(arg)
+    if py is None:
+        tried = ", ".join(p for p in (arg, os.environ.get("CPUINFER_LLAMA_PYTHON"), sys.executable) if p)
+        return None, f"no interpreter imports llama_cpp (tried {tried}); install it with {LLAMA_PIP}"
     return py, ""
 
 
@@ -340,17 +346,7 @@ def main() -> int:
         help="comma-separated rows; each GGUF one (quant, q8_0, q4_0, q4_k_m) also gets a llama.cpp "
         "row with --llama; `llama:<config>` names a llama.cpp row alone",
     )
-    ap.add_argument(
-        "--llama",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="llama.cpp rows on the same GGUF files (default: on)",
-    )
-    ap.add_argument(
-        "--llama-python",
-        default=None,
-        help="interpreter with llama-cpp-python (default: $CPUINFER_LLAMA_PYTHON, else this one)",
-    )
+    add_llama_args(ap, "llama.cpp rows on the same GGUF files")
     ap.add_argument("--threads", type=int, default=2, help="threads for both engines (default 2)")
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)

@@ -18,6 +18,21 @@ import random
 import time
 
 
+def add_llama_args(ap: argparse.ArgumentParser, rows: str) -> None:
+    """--llama / --llama-python, as every benchmark with llama.cpp rows takes them (rows: what they measure)."""
+    ap.add_argument(
+        "--llama",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help=f"{rows} (default: on; skipped where no interpreter imports llama_cpp)",
+    )
+    ap.add_argument(
+        "--llama-python",
+        default=None,
+        help="interpreter with llama-cpp-python (default: $CPUINFER_LLAMA_PYTHON, else this one; see bench_quant.py)",
+    )
+
+
 class Llama:
     """A loaded model and the calls the benchmarks make on it."""
 

@@ -71,10 +71,13 @@ def llama_cpp_source() -> Path:
 
 def llama_python(first: str | None = None) -> str | None:
     """An interpreter that imports llama_cpp: first (a benchmark's --llama-python), CPUINFER_LLAMA_PYTHON, else this
-    one; None if none does."""
+    one; None if none does (a path that is no interpreter counts as one without llama_cpp)."""
     for py in (first, os.environ.get("CPUINFER_LLAMA_PYTHON"), sys.executable):
-        if py and subprocess.run([py, "-c", "import llama_cpp"], capture_output=True).returncode == 0:
-            return py
+        try:
+            if py and subprocess.run([py, "-c", "import llama_cpp"], capture_output=True).returncode == 0:
+                return py
+        except OSError:
+            continue
     return None
 
 
