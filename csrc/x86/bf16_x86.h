@@ -3,6 +3,7 @@
 // configuration. Under CPUINFER_SIMDE_EMULATION the same code runs on SIMDe
 // and on the software model of the AMX tiles (emulation/amx_emulation.h).
 #pragma once
+#include <array>
 #include <cstdint>
 #include <cstring>
 
@@ -69,6 +70,21 @@ inline const TileConfig &full_tiles() {
         return c;
     }();
     return cfg;
+}
+
+// Tiles 0-4 of `rows` rows (C and A tiles of a few-row product), 5-7 16 x 64 bytes (B).
+inline const TileConfig &row_tiles(int rows) {
+    static const auto cfgs = [] {
+        std::array<TileConfig, 17> all;
+        for (int m = 1; m <= 16; ++m) {
+            TileConfig &c = all[m];
+            std::memset(&c, 0, sizeof c);
+            c.palette = 1;
+            for (int t = 0; t < 8; ++t) c.rows[t] = uint8_t(t < 5 ? m : 16), c.colsb[t] = 64;
+        }
+        return all;
+    }();
+    return cfgs[rows];
 }
 
 // AMX-FP16 (TDPFP16PS; Granite Rapids on): CPUID.(EAX=7, ECX=1):EAX bit 21.

@@ -226,7 +226,8 @@ struct AmxDot<f16_t> {
 // Tried and dropped: double-buffered 16 x 32 tiles (the loads of one step
 // overlapping the products of the other: 1.7x in a loop with everything in
 // L1, no better inside the GEMM) and software prefetch of the A tiles (0.9x).
-// Up to 32 rows (decode steps and small batches: one row group, so the
+// Up to 16 rows, few() below (two panels a call, the tiles configured to the
+// rows). Up to 32 rows (small batches: one row group, so the
 // panel is read once per call, from memory in a model's forward) the panel
 // streams instead: the next k-step's 2 KB prefetched, and no K blocks, since
 // each block's C round trip through acc (a tile load waits for the tile
@@ -271,11 +272,70 @@ struct AmxTiles {
         const int64_t n = (K + kKBlock - 1) / kKBlock;
         return (K / 32 + n - 1) / n * 32;
     }
-    static int panels(int) { return 1; }
+    // Up to 16 rows take two panels a call (few()); more, one.
+    static int panels(int mr) { return mr <= 16 ? 2 : 1; }
+
+    // The rows of tiles 0-4 in this thread's configuration: 16 (x86::full_tiles, loaded by begin()) or a
+    // few-row call's count (x86::row_tiles). A row's products do not depend on the tile's other rows.
+    static int &config_rows() {
+        thread_local int rows = 16;
+        return rows;
+    }
+    static void use_rows(int rows) {
+        if (config_rows() == rows) return;
+        x86::load_tile_config(rows == 16 ? x86::full_tiles() : x86::row_tiles(rows));
+        config_rows() = rows;
+    }
 
     // Our tile configuration, loaded per thread before a run of calls (see x86::load_tile_config).
-    static void begin() { x86::load_tile_config(x86::full_tiles()); }
+    static void begin() {
+        x86::load_tile_config(x86::full_tiles());
+        config_rows() = 16;
+    }
     static void end() { x86::release_tiles(); }
+
+    // Up to 16 rows (a decode step, a small batch), np (1 or 2) panels: the tiles configured to mr rows,
+    // C tiles 0-1 (panel 0) and 2-3 (panel 1), x in tile 4, the weight's four B tiles a k-step through
+    // tiles 5-7 (the fourth reloads 5 once its product has read it). Each column's sums are the same
+    // chain of k-steps from zero as in run()'s row groups, so the bits are those of any other row count.
+    // Measured on this Sapphire Rapids (one thread, SmolLM2's gate_up [3072, 576] x 100 copies on huge
+    // pages, cycled: read from memory; alternating processes, three rounds): the 16-row one-panel loop
+    // below 303-310 us a call, this 266-278, VDPBF16PS's four-panel register tile (avx512bf16) 233-243.
+    // Rows configured to mr or left at 16: no difference there (the stream bounds it); in L2, one row
+    // ran 1.5x the 16-row tile in a micro-benchmark. More prefetch (4 KB ahead, or the next call's panels
+    // into L2) gained nothing.
+    static void few(int mr, int np, const T *x, const T *w, int64_t ps, int64_t K, float *acc) {
+        use_rows(mr);
+        const int64_t cs = int64_t(np) * 32 * int64_t(sizeof(float));  // acc's row stride: np panels a row
+        x86::tile_zero<0>();
+        x86::tile_zero<1>();
+        if (np == 2) {
+            x86::tile_zero<2>();
+            x86::tile_zero<3>();
+        }
+        for (int64_t k = 0; k < K; k += 32) {
+            const T *w0 = w + k * 32, *w1 = w0 + ps;  // 16 k-pairs x 32 columns x 2 of each panel
+            prefetch_stream(w0, 2048);
+            x86::tile_load<4>(x + k * 16, 64);
+            x86::tile_load<5>(w0, 128);
+            Dot::template dp<0, 4, 5>();
+            x86::tile_load<6>(w0 + 32, 128);
+            Dot::template dp<1, 4, 6>();
+            if (np == 2) {
+                prefetch_stream(w1, 2048);
+                x86::tile_load<7>(w1, 128);
+                Dot::template dp<2, 4, 7>();
+                x86::tile_load<5>(w1 + 32, 128);
+                Dot::template dp<3, 4, 5>();
+            }
+        }
+        x86::tile_store<0>(acc, cs);
+        x86::tile_store<1>(acc + 16, cs);
+        if (np == 2) {
+            x86::tile_store<2>(acc + 32, cs);
+            x86::tile_store<3>(acc + 48, cs);
+        }
+    }
 
     // K % 32 == 0: x in 16-row tiles, [group][k / 32][16 rows][32 k] (the
     // returned stride K puts group r / 16 at x + r * K); else row-major for
@@ -294,12 +354,19 @@ struct AmxTiles {
 
     // acc[r * 32 + j] for r < mr (<= 128), j < 32.
     static void run(int mr, int np, const T *x, int64_t xs, const T *w, int64_t ps, int64_t K, float *acc) {
-        (void)np;
-        if (K % 32 != 0) {
-            for (int r0 = 0; r0 < mr; r0 += Fallback::kMaxRows)
-                Fallback::run(std::min(Fallback::kMaxRows, mr - r0), 1, x + r0 * xs, xs, w, ps, K, acc + r0 * 32);
+        if (K % 32 != 0) {  // panel by panel (np is 2 only up to 16 rows), into acc's rows of np panels
+            alignas(64) float one[128 * 32];
+            for (int q = 0; q < np; ++q) {
+                for (int r0 = 0; r0 < mr; r0 += Fallback::kMaxRows)
+                    Fallback::run(std::min(Fallback::kMaxRows, mr - r0), 1, x + r0 * xs, xs, w + q * ps, ps, K,
+                                  np == 1 ? acc + r0 * 32 : one + r0 * 32);
+                if (np > 1)
+                    for (int r = 0; r < mr; ++r) std::memcpy(acc + (r * np + q) * 32, one + r * 32, 32 * sizeof(float));
+            }
             return;
         }
+        if (mr <= 16) return few(mr, np, x, w, ps, K, acc);
+        use_rows(16);
         const bool stream = mr <= 32;  // one row group: the panel comes from memory, once (see above)
         const int64_t kb = stream ? K : k_block(K);
         for (int64_t k0 = 0; k0 < K; k0 += kb) {
