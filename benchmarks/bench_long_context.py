@@ -39,10 +39,13 @@ the benchmark lock but with other sessions' tests running (load 2-5: wall-clock 
   0.11x). A second run, busier: CPU-time ratios against transformers 0.57x (8000) and 0.80x (16384), bf16 KV.
   Targets: against llama.cpp met with margin; against transformers met at 8000 on a quiet host only, missed
   at 16384 (~0.8x in CPU time).
-  Why 16k misses: from the CPU times at 8000 and 16384 (T = a n + b n^2 over the two lengths), the engine's
-  attention is ~27 CPU-s of its 33 at 16384 and its other work ~6 s; transformers' attention ~14 CPU-s of 41,
-  its other work ~27 s. Our linears are ~4.5x faster, our attention ~1.9x slower than torch's SDPA (its
-  CPU flash attention on oneDNN's AMX brgemm), and at 16k the attention dominates.
+  Why 16k misses: the attention is quadratic and both engines' attention runs at about the same rate. One
+  layer's causal attention at SmolLM2's heads, one thread, process CPU time (min of 3, alternating): torch's
+  SDPA (bf16, its CPU flash-attention kernel, contiguous K/V, one call) 230-237 ms at 8192
+  tokens and 952-958 ms at 16384; ours (the paged kernel over the prompt's 4096-token chunks) 206-209 and
+  848-914 ms. Over 30 layers that is ~26 of our 33 CPU-s at 16384 (the rest ~6 s, well under half
+  of transformers' non-attention work), so the ratio tends to ours/SDPA's attention (~0.9) as the prompt
+  grows: 0.5x at 16k needs an attention ~2x faster than torch's.
   Section 4: 9q/3kv D=64, bf16 and fp8 KV alike, 11% of the tile peak at every chunk (770-820 GFLOP/s);
   32q/8kv D=128: 14-15% (1060 GFLOP/s; the run printed 7% for the chunk after 12288, a load hiccup: alone,
   min of 6 s of calls, it ran at 1010-1040 GFLOP/s, as after 4096). Target >= 50%: missed.
@@ -56,8 +59,8 @@ the benchmark lock but with other sessions' tests running (load 2-5: wall-clock 
   the time goes to the tile/vector hand-offs through memory and the tile registers' serialisation (8 tiles:
   a K^T / V / P load waits for the product before it on that tile), not to arithmetic. At D = 64 the f32
   softmax alone (two 512-bit ports) would cap the kernel near 45% of the tile peak by that count, so 50%
-  needs a different split of the work (e.g. P rounded to bf16, as torch's CPU flash attention rounds it for
-  its PV product, which this project's accuracy tests refuse), not a retune.
+  needs a different split of the work (e.g. P rounded to bf16 for the PV product, as torch's CPU flash
+  attention does (FlashAttentionKernel.cpp's qk_reduced), which this project's accuracy tests refuse), not a retune.
 """
 
 from __future__ import annotations
