@@ -114,15 +114,16 @@ def _tensors(model):
     return seen.values()
 
 
-def hf_model(model: str):
-    """transformers' model of the GGUF in bfloat16 (its default attention: SDPA), weights as cpuinfer loads them."""
+def hf_model(model: str, overrides: dict | None = None):
+    """transformers' model of the GGUF in bfloat16 (its default attention: SDPA), weights as cpuinfer loads them
+    (overrides: config keys replaced, as the engine's hf_overrides)."""
     import transformers
 
     from cpuinfer.model_loader import load_model_spec, load_weights
 
     # The same GGUF, dequantized by cpuinfer's loader into Hugging Face names (transformers' own GGUF
     # loader needs `accelerate`; the weights are identical either way).
-    spec = load_model_spec(model, "bfloat16")
+    spec = load_model_spec(model, "bfloat16", hf_overrides=overrides)
     config = transformers.AutoConfig.for_model(**{k: v for k, v in spec.hf_config.items() if k != "architectures"})
     m = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
     tensors, _ = load_weights(spec)

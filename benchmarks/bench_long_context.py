@@ -6,14 +6,18 @@
    each context length. A step must read the weights and that sequence's KV cache; the roofline is the
    streaming read bandwidth (a torch sum over a buffer far larger than the caches) measured after every
    decode step over those bytes, and the share is each step's against it (the median step).
-2. Time to first token of an 8k prompt (the engine's chunked prefill) against transformers' (SDPA), same run.
+2. Time to first token of a prompt of each --ttft-lens length (8000 and 16384; SmolLM2 past its 8192 positions
+   through hf_overrides, RoPE extended: only the time matters), after a 16-token warm-up request: the engine's
+   chunked prefill (each KV dtype) against transformers (SDPA, bf16) and llama.cpp (the BF16 file of section 5,
+   f16 KV), each in a process of its own, same run.
 3. The attention kernel alone, one layer at SmolLM2's heads (9q/3kv, D = 64, block size 128), batch 1 (and
    a batch of 8): the KV read rate with the KV streamed from memory (block tables rotating over a cache of
    twice the L3, so that no call finds its blocks cached), with the same KV warm in the caches (one table
    again and again), and with every table entry on one block (the arithmetic alone), against the measured
    streaming read.
-4. Prefill attention alone: an 8k prompt's two 4096-token chunks at SmolLM2's heads, bf16 and fp8 KV,
-   GFLOP/s against the variant's bf16 tile peak (bench_linear's), timed in alternating rounds.
+4. Prefill attention alone: the 4096-token chunks of an 8k and a 16k prompt (after 0, 4096 and 12288 cached
+   tokens) at SmolLM2's heads, bf16 and fp8 KV, and at Llama 3 8B's (32q/8kv, D = 128), bf16 KV: GFLOP/s
+   against the variant's bf16 tile peak (bench_linear's), timed in alternating rounds.
 5. llama.cpp on the same GGUF files (--llama, the default; skipped where no interpreter imports llama_cpp:
    --llama-python or $CPUINFER_LLAMA_PYTHON, see bench_quant.py): the bundled SmolLM2 Q4_1 file and its
    weights as a BF16 file (bench_quant.gguf_file's `gguf_bf16`), each run by cpuinfer (kept as it is,
@@ -24,6 +28,39 @@
 Targets (issue 37): batch-1 decode >= 90% of the roofline at every context, bf16 and fp8 KV; TTFT <= 0.5x
 transformers'; prefill attention >= 50% of the tile peak; decode >= 1.3x llama.cpp and TTFT <= 0.6x its
 on the same file. (The exit status follows the first.)
+
+Measured 2026-11-27 on the 2-core Sapphire Rapids KVM ("Intel(R) Xeon(R) Processor", amx_bf16 amx_tile
+avx512_bf16 avx512_fp16), amx variant, 2 threads, `--skip-engine --skip-kernel --llama-contexts ''`, under
+the benchmark lock but with other sessions' tests running (load 2-5: wall-clock times are inflated by up to
+~1.5x, so CPU times are given too). The variant's bf16 tile peak: 6.9 TFLOP/s (3.45 a core).
+  Section 2, quieter run (wall-clock): 8000 tokens: bf16 KV 4.76 s, fp8 4.31 s; transformers 10.02 s (0.48x,
+  0.43x); llama.cpp 38.5 s (0.12x, 0.11x). 16384 tokens: bf16 KV 38.4 s (CPU 32.2 s over both threads: the
+  host's load took half of one core), fp8 26.1 s; transformers 40.6 s (0.95x, 0.64x); llama.cpp 238.7 s (0.16x,
+  0.11x). A second run, busier: CPU-time ratios against transformers 0.57x (8000) and 0.80x (16384), bf16 KV.
+  Targets: against llama.cpp met with margin; against transformers met at 8000 on a quiet host only, missed
+  at 16384 (~0.8x in CPU time).
+  Why 16k misses: the attention is quadratic and both engines' attention runs at about the same rate. One
+  layer's causal attention at SmolLM2's heads, one thread, process CPU time (min of 3, alternating): torch's
+  SDPA (bf16, its CPU flash-attention kernel, contiguous K/V, one call) 230-237 ms at 8192
+  tokens and 952-958 ms at 16384; ours (the paged kernel over the prompt's 4096-token chunks) 206-209 and
+  848-914 ms. Over 30 layers that is ~26 of our 33 CPU-s at 16384 (the rest ~6 s, well under half
+  of transformers' non-attention work), so the ratio tends to ours/SDPA's attention (~0.9) as the prompt
+  grows: 0.5x at 16k needs an attention ~2x faster than torch's.
+  Section 4: 9q/3kv D=64, bf16 and fp8 KV alike, 11% of the tile peak at every chunk (770-820 GFLOP/s);
+  32q/8kv D=128: 14-15% (1060 GFLOP/s; the run printed 7% for the chunk after 12288, a load hiccup: alone,
+  min of 6 s of calls, it ran at 1010-1040 GFLOP/s, as after 4096). Target >= 50%: missed.
+  What bounds the kernel (one thread, 2048 tokens after 2048, 9q/3kv, min of repeated calls, alternating
+  builds, ~34 ms = 12.5% of the core's peak; attention_amx.h's own notes agree): no single part. Taken out
+  one at a time (wrong results, timing only): the lo term of P (its tile products and its vector work) 11%
+  faster, the exponentials 10%, the S tile stores 7%, the lo tile products alone 3%. Tried and slower:
+  prefetching the next chunk's K^T and V into L1 (13% slower), PREFETCHW of a row's P lines in the first
+  pass (5%), 256-key flash blocks (2-4%); a second sum accumulator: no change. By instruction counts the
+  softmax needs ~0.55 cycle a score and the tile products ~0.4 (D = 64, hi + lo P), against ~2 measured:
+  the time goes to the tile/vector hand-offs through memory and the tile registers' serialisation (8 tiles:
+  a K^T / V / P load waits for the product before it on that tile), not to arithmetic. At D = 64 the f32
+  softmax alone (two 512-bit ports) would cap the kernel near 45% of the tile peak by that count, so 50%
+  needs a different split of the work (e.g. P rounded to bf16 for the PV product, as torch's CPU flash
+  attention does (FlashAttentionKernel.cpp's qk_reduced), which this project's accuracy tests refuse), not a retune.
 """
 
 from __future__ import annotations
@@ -49,6 +86,7 @@ from llama_cpp_run import add_llama_args, prompt_ids
 from cpuinfer.platform.memory import zeros_huge
 
 SMOL_HEADS = (9, 3, 64)  # query heads, KV heads, head size
+LLAMA_HEADS = (32, 8, 128)  # Llama 3 8B's
 BLOCK = 128  # the engine's default block size
 SMOL_POSITIONS = 8192  # SmolLM2's max_position_embeddings
 TARGET = 0.9
@@ -181,30 +219,127 @@ def kernel_alone(mod, cache_dtype, contexts: list[int], batch: int, reps: int, s
     return rows
 
 
-def hf_ttft(length: int, repeat: int) -> tuple[float, str]:
+def overrides(length: int) -> dict | None:
+    """hf_overrides that let SmolLM2 (8192 positions) take a `length`-token prompt: a longer
+    max_position_embeddings (RoPE extends; only the timing is of interest past 8192), for the engine and
+    transformers alike. llama.cpp runs a context beyond the model's n_ctx_train as it is (with a warning)."""
+    return {"max_position_embeddings": length + 64} if length + 64 > 8192 else None
+
+
+def engine_ttft(kv_dtype: str, lengths: list[int], repeat: int) -> list[dict]:
+    """The engine's time to first token (chunked prefill) of a prompt of each length, wall-clock and process
+    CPU time, the median of `repeat`. In a process of its own (see engine_decode)."""
+    from cpuinfer.config import EngineArgs, default_model_path
+    from cpuinfer.engine.llm_engine import LLMEngine
+    from cpuinfer.sampling_params import SamplingParams
+
+    eng = LLMEngine.from_engine_args(
+        EngineArgs(
+            model=default_model_path(),
+            dtype="bfloat16",
+            kv_cache_dtype=kv_dtype,
+            enable_prefix_caching=False,
+            max_model_len=max(8192, max(lengths) + 64),
+            hf_overrides=overrides(max(lengths)),
+        )
+    )
+    sp = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    eng.add_request(eng.next_request_id(), prompt_ids(16, eng.config.spec.vocab_size, 0), sp)  # warm-up, as hf_ttft
+    while eng.has_unfinished_requests():
+        eng.step()
+    rows = []
+    for length in lengths:
+        wall, cpu = [], []
+        for rep in range(repeat):
+            t, c = time.perf_counter(), time.process_time()
+            eng.add_request(eng.next_request_id(), prompt_ids(length, eng.config.spec.vocab_size, rep), sp)
+            while eng.has_unfinished_requests():
+                eng.step()
+            wall.append(time.perf_counter() - t)
+            cpu.append(time.process_time() - c)
+        rows.append(dict(len=length, ttft=statistics.median(wall), ttft_cpu=statistics.median(cpu)))
+    return rows
+
+
+def hf_ttft(length: int, repeat: int) -> tuple[float, str, float]:
     """transformers' time to first token (a forward over the prompt, the last row's logits), the median of
-    `repeat`, and its attention implementation. In a process of its own, like the engine's."""
+    `repeat`, its attention implementation, and the median process CPU time. In a process of its own, like
+    the engine's."""
     from cpuinfer.config import default_model_path
 
-    m = hf_model(default_model_path())
+    m = hf_model(default_model_path(), overrides(length))
     rng = random.Random(1)
-    times = []
+    times, cpu = [], []
     with torch.inference_mode():
         m(input_ids=torch.tensor([[1000] * 16]), logits_to_keep=1)  # warm-up
         for _ in range(repeat):
             ids = torch.tensor([[rng.randrange(1000, m.config.vocab_size) for _ in range(length)]])
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             m(input_ids=ids, logits_to_keep=1)
             times.append(time.perf_counter() - t)
-    return statistics.median(times), m.config._attn_implementation
+            cpu.append(time.process_time() - c)
+    return statistics.median(times), m.config._attn_implementation, statistics.median(cpu)
+
+
+def spawned(fn, *args):
+    """fn(*args) in a fresh process (an engine binds its process's threads; see engine_decode)."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
+def llama_long(python: str, path: str, contexts: list[int], steps: int, threads: int) -> tuple[list | None, str]:
+    """llama_cpp_run.long_context's rows for the GGUF file at `path` (run by llama-cpp-python's interpreter),
+    or None and why not."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    cmd = [python, os.path.join(here, "llama_cpp_run.py"), "--long", path, "--contexts"]
+    cmd += [",".join(map(str, contexts)), "--steps", str(steps), "--threads", str(threads)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        return None, f"llama.cpp failed (exit {r.returncode}): {r.stderr[-2000:]}"
+    return json.loads(r.stdout.strip().splitlines()[-1])["rows"], ""
+
+
+def ttft_rows(args, kv_dtypes: list[str]) -> None:
+    """Section 2: time to first token at each --ttft-lens length, the engine (each KV dtype) against
+    transformers (SDPA) and llama.cpp (the BF16 file of section 5, f16 KV) in the same run."""
+    from bench_quant import find_llama_python, gguf_file
+
+    from cpuinfer.config import default_model_path
+
+    lengths = [int(n) for n in args.ttft_lens.split(",")]
+    repeat = 1 if args.quick else 2
+    ours = {kv: spawned(engine_ttft, kv, lengths, repeat) for kv in kv_dtypes}
+    hf = {n: spawned(hf_ttft, n, repeat) for n in lengths}
+    llama, why = {}, "--no-llama"
+    python, why = find_llama_python(args.llama_python) if args.llama else (None, why)
+    if python is not None:
+        path = gguf_file("gguf_bf16", default_model_path(), args.work_dir, python)
+        rows, why = llama_long(python, path, lengths, 1, args.llama_threads)
+        llama = {t["ctx"]: t["ttft"] for t in rows or ()}
+    print(f"\n2. time to first token (chunked prefill, 4096-token chunks; median of {repeat}), SmolLM2 bf16 weights")
+    print(f"  transformers: {hf[lengths[0]][1]}, bf16; llama.cpp: the BF16 GGUF, f16 KV, {args.llama_threads} threads")
+    if not llama:
+        print(f"  llama.cpp skipped: {why}")
+    print("  wall-clock s, and process CPU s (all threads: on a shared host, what others' load leaves out)")
+    print("  prompt | ours: KV dtype, s (CPU s) | transformers s (CPU s), ours/it, CPU ours/it | llama.cpp s, ours/it")
+    for i, n in enumerate(lengths):
+        for kv, rows in ours.items():
+            o, (h, _, hc) = rows[i], hf[n]
+            line = f"  {n:6d} | {kv:9s} {o['ttft']:6.2f} ({o['ttft_cpu']:6.1f}) | {h:6.2f} ({hc:6.1f})"
+            line += f" {o['ttft'] / h:5.2f}x {o['ttft_cpu'] / hc:5.2f}x"
+            if n in llama:
+                line += f" | {llama[n]:6.2f} {o['ttft'] / llama[n]:5.2f}x"
+            print(line)
+    print("  targets: <= 0.5x transformers, <= 0.6x llama.cpp (issue 37: at 16k)")
 
 
 def prefill_attention(
-    mod, prefix: int, new: int, rounds: int, cache_dtype=torch.bfloat16
+    mod, prefix: int, new: int, rounds: int, cache_dtype=torch.bfloat16, heads=SMOL_HEADS
 ) -> tuple[float, float, float]:
-    """One layer's attention of a prefill chunk (new tokens after prefix cached ones) at SmolLM2's heads and
-    block size 128: seconds, flop/s, and the share of the variant's bf16 tile peak timed in alternating rounds."""
-    hq, hkv, d = SMOL_HEADS
+    """One layer's attention of a prefill chunk (new tokens after prefix cached ones) at `heads` (query heads,
+    KV heads, head size) and block size 128: seconds, flop/s, and the share of the variant's bf16 tile peak
+    timed in alternating rounds."""
+    hq, hkv, d = heads
     (q, kc, vc, *rest), flops = make_prefill(new, prefix, hq, hkv, d, BLOCK)
     fn = kernel_fn(mod, q, kc.to(cache_dtype), vc.to(cache_dtype), *rest)
     times, peaks = [], []
@@ -230,7 +365,6 @@ def llama_cpp_rows(args, contexts: list[int], steps: int) -> None:
         return
     q41 = default_model_path()
     files = {"Q4_1": q41, "BF16": gguf_file("gguf_bf16", q41, args.work_dir, python)}
-    here = os.path.dirname(os.path.abspath(__file__))
     threads = args.llama_threads
     cpus = sorted(os.sched_getaffinity(0))
     env = dict(os.environ)
@@ -241,15 +375,11 @@ def llama_cpp_rows(args, contexts: list[int], steps: int) -> None:
         "  file  context | decode tok/s: cpuinfer llama.cpp ratio | TTFT s: cpuinfer llama.cpp ratio | CPU time ratios"
     )
     for name, path in files.items():
-        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            ours = pool.submit(engine_decode, "bfloat16", contexts, steps, path).result()
-        cmd = [python, os.path.join(here, "llama_cpp_run.py"), "--long", path, "--contexts"]
-        cmd += [",".join(map(str, contexts)), "--steps", str(steps), "--threads", str(threads)]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode != 0:
-            print(f"  {name}: llama.cpp failed (exit {r.returncode}): {r.stderr[-2000:]}")
+        ours = spawned(engine_decode, "bfloat16", contexts, steps, path)
+        theirs, why = llama_long(python, path, contexts, steps, threads)
+        if theirs is None:
+            print(f"  {name}: {why}")
             continue
-        theirs = json.loads(r.stdout.strip().splitlines()[-1])["rows"]
         for o, t in zip(ours, theirs, strict=True):
             print(
                 f"  {name:5s} {o['ctx']:7d} | {o['tps']:8.1f} {t['tps']:8.1f} {o['tps'] / t['tps']:5.2f}x"
@@ -267,12 +397,13 @@ def main() -> int:
     ap.add_argument("--contexts", default="128,4096,8000", help="engine prompt lengths (past SmolLM2's 8192: its positions extended, for speed only)")
     ap.add_argument("--kernel-contexts", default="4096,8192,16384,32768", help="kernel-alone contexts")
     ap.add_argument("--kv", default="bfloat16,fp8_e5m2", help="KV cache dtypes")
-    ap.add_argument("--ttft-len", type=int, default=8000, help="prompt length of the TTFT comparison (in --contexts)")
+    ap.add_argument("--ttft-lens", default="8000,16384", help="prompt lengths of the TTFT comparison (section 2)")
+    ap.add_argument("--skip-ttft", action="store_true")
     ap.add_argument("--skip-engine", action="store_true")
     ap.add_argument("--skip-kernel", action="store_true")
     ap.add_argument("--skip-prefill", action="store_true")
     add_llama_args(ap, "section 5, llama.cpp on the same GGUF files")
-    ap.add_argument("--llama-contexts", default="4096,8000", help="contexts of section 5")
+    ap.add_argument("--llama-contexts", default="4096,8000", help="contexts of section 5 ('' skips it)")
     ap.add_argument("--llama-threads", type=int, default=2, help="threads of both engines in section 5")
     ap.add_argument(
         "--work-dir",
@@ -296,13 +427,10 @@ def main() -> int:
     met = True
     if not args.skip_engine:
         contexts = [int(c) for c in args.contexts.split(",")]
-        engine_rows = {}
         print(f"\n1. engine, SmolLM2 bf16 weights, batch-1 decode ({steps} steps after the prompt; median step)")
         print(" KV dtype  context   tok/s   bytes/token   read GB/s   roofline tok/s   share (median over steps)")
         for kv in kv_dtypes:
-            with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-                rows = pool.submit(engine_decode, kv, contexts, steps).result()
-            engine_rows[kv] = rows
+            rows = spawned(engine_decode, kv, contexts, steps)
             for r in rows:
                 share = r["share"]
                 met &= r["ctx"] < 1000 or share >= TARGET
@@ -311,17 +439,8 @@ def main() -> int:
                     f"   {r['bw'] / r['bytes']:12.1f}   {share:6.0%}"
                 )
         print(f" target: >= {TARGET:.0%} of the roofline at 4k context and beyond")
-        if args.ttft_len in contexts:
-            with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-                hf, impl = pool.submit(hf_ttft, args.ttft_len, 1 if args.quick else 2).result()
-            ours = {kv: r["ttft"] for kv, rs in engine_rows.items() for r in rs if r["ctx"] == args.ttft_len}
-            print(
-                f"\n2. time to first token, {args.ttft_len}-token prompt (chunked prefill, 4096-token chunks): "
-                + ", ".join(f"{kv} KV {t:.2f} s" for kv, t in ours.items())
-                + f"; transformers ({impl}) {hf:.2f} s: "
-                + ", ".join(f"{t / hf:.2f}x" for t in ours.values())
-                + " (target <= 0.5x)"
-            )
+    if not args.skip_ttft:
+        ttft_rows(args, kv_dtypes)
     if not args.skip_kernel:
         contexts = [int(c) for c in args.kernel_contexts.split(",")]
         print("\n3. attention kernel alone, one layer, SmolLM2 heads (9q/3kv, D=64), block size 128")
@@ -338,16 +457,18 @@ def main() -> int:
                         f"   {r['bw'] / 1e9:6.1f}"
                     )
                 gc.collect()
-    print("\n4. prefill attention, one layer, SmolLM2 heads, block size 128 (an 8k prompt's two chunks)")
-    for kv in kv_dtypes if not args.skip_prefill else ():
-        for prefix, new in ((0, 4096), (4096, 4096)):
-            cd = torch.bfloat16 if kv == "bfloat16" else torch.float8_e5m2
-            t, rate, share = prefill_attention(best, prefix, new, 3, cd)
-            print(
-                f"  {kv:9s} KV, {new} tokens after {prefix}: {t * 1e3:.1f} ms, {rate / 1e9:.1f} GFLOP/s, {share:.0%}"
-                f" of the variant's bf16 tile peak (target >= 50%)"
-            )
-    if args.llama:
+    print("\n4. prefill attention, one layer, block size 128: the 4096-token chunks of an 8k and a 16k prompt")
+    chunks = ((0, 4096), (4096, 4096), (12288, 4096))
+    cases = [(SMOL_HEADS, kv, c) for kv in kv_dtypes for c in chunks] + [(LLAMA_HEADS, "bfloat16", c) for c in chunks]
+    for heads, kv, (prefix, new) in cases if not args.skip_prefill else ():
+        cd = torch.bfloat16 if kv == "bfloat16" else torch.float8_e5m2
+        t, rate, share = prefill_attention(best, prefix, new, 3, cd, heads)
+        name = f"{heads[0]}q/{heads[1]}kv D={heads[2]}"
+        print(
+            f"  {name:14s} {kv:9s} KV, {new} tokens after {prefix:5d}: {t * 1e3:7.1f} ms,"
+            f" {rate / 1e9:6.1f} GFLOP/s, {share:4.0%} of the variant's bf16 tile peak (target >= 50%)"
+        )
+    if args.llama and args.llama_contexts:
         llama_cpp_rows(args, [int(c) for c in args.llama_contexts.split(",")], 16 if args.quick else 32)
     return 0 if met else 1
 
