@@ -118,17 +118,14 @@ def engine_decode(kv_dtype: str, contexts: list[int], steps: int, model: str | N
     if model is not None:
         os.environ.pop("CPUINFER_GGUF_DEQUANTIZE", None)
     max_len = max(contexts) + steps + 1
-    # Past SmolLM2's 8192 positions (16k, 32k) the rotary tables are extended by hf_overrides: the step reads
-    # and computes what a long-context model of these shapes would (the tokens mean nothing there).
-    long = max_len > SMOL_POSITIONS
     eng = LLMEngine.from_engine_args(
         EngineArgs(
             model=model or default_model_path(),
             dtype="bfloat16",
             kv_cache_dtype=kv_dtype,
             enable_prefix_caching=False,
-            max_model_len=max_len if long else min(max_len, SMOL_POSITIONS),
-            hf_overrides={"max_position_embeddings": max_len} if long else None,
+            max_model_len=max_len if max_len > SMOL_POSITIONS else min(max_len, SMOL_POSITIONS),
+            hf_overrides=overrides(max_len),  # 16k, 32k: the step reads and computes what they would
         )
     )
     runner = eng.core.runner
@@ -223,7 +220,7 @@ def overrides(length: int) -> dict | None:
     """hf_overrides that let SmolLM2 (8192 positions) take a `length`-token prompt: a longer
     max_position_embeddings (RoPE extends; only the timing is of interest past 8192), for the engine and
     transformers alike. llama.cpp runs a context beyond the model's n_ctx_train as it is (with a warning)."""
-    return {"max_position_embeddings": length + 64} if length + 64 > 8192 else None
+    return {"max_position_embeddings": length + 64} if length + 64 > SMOL_POSITIONS else None
 
 
 def engine_ttft(kv_dtype: str, lengths: list[int], repeat: int) -> list[dict]:
@@ -239,7 +236,7 @@ def engine_ttft(kv_dtype: str, lengths: list[int], repeat: int) -> list[dict]:
             dtype="bfloat16",
             kv_cache_dtype=kv_dtype,
             enable_prefix_caching=False,
-            max_model_len=max(8192, max(lengths) + 64),
+            max_model_len=max(SMOL_POSITIONS, max(lengths) + 64),
             hf_overrides=overrides(max(lengths)),
         )
     )
@@ -394,7 +391,9 @@ def llama_cpp_rows(args, contexts: list[int], steps: int) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer decode steps and repetitions")
-    ap.add_argument("--contexts", default="128,4096,8000", help="engine prompt lengths (past SmolLM2's 8192: its positions extended, for speed only)")
+    ap.add_argument(
+        "--contexts", default="128,4096,8000", help="engine prompt lengths (past 8192, SmolLM2 extended: speed only)"
+    )
     ap.add_argument("--kernel-contexts", default="4096,8192,16384,32768", help="kernel-alone contexts")
     ap.add_argument("--kv", default="bfloat16,fp8_e5m2", help="KV cache dtypes")
     ap.add_argument("--ttft-lens", default="8000,16384", help="prompt lengths of the TTFT comparison (section 2)")
