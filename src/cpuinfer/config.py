@@ -20,7 +20,7 @@ import torch
 
 from cpuinfer import envs
 from cpuinfer.attention.cache_dtypes import CACHE_DTYPES
-from cpuinfer.platform.memory import fit_kv_cache
+from cpuinfer.platform.memory import available_memory_bytes, fit_kv_cache
 from cpuinfer.quantization.checkpoint import METHODS as QUANTIZATION_METHODS
 
 DP_BACKENDS = ("mp", "ray")
@@ -99,6 +99,8 @@ class EngineArgs:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     enable_prefix_caching: bool = True
+    # vLLM's name: GiB of RAM keeping the prefix blocks the KV cache evicts (engine.host_tier); 0: off.
+    kv_offloading_size: float = 0.0
     seed: int | None = 0
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
@@ -242,6 +244,14 @@ class EngineArgs:
             action=argparse.BooleanOptionalAction,
             default=True,
             help="Reuse KV blocks of shared prompt prefixes.",
+        )
+        g.add_argument(
+            "--kv-offloading-size",
+            type=float,
+            default=0.0,
+            metavar="GIB",
+            help="GiB of RAM (per engine core) keeping the prefix blocks the KV cache evicts, so a returning "
+            "conversation or shared prefix is copied back instead of recomputed (0: off).",
         )
         g.add_argument("--seed", type=int, default=0, help="Seed of the sampler for requests without their own.")
         g = parser.add_argument_group("parallelism (ranks are processes; see VLLM_CPU_OMP_THREADS_BIND)")
@@ -479,6 +489,7 @@ class EngineArgs:
         per_token = spec.kv_bytes_per_token(cache_dtype, tp) // spec.num_layers * stage_max
         num_blocks = self.num_gpu_blocks_override or int(space_gib * 2**30) // (per_token * self.block_size)
         num_blocks = fit_kv_cache(num_blocks, per_token * self.block_size * tp * pp, space_gib)
+        offload_blocks = self._offload_blocks(per_token * self.block_size, num_blocks)
         max_model_len = self.max_model_len or spec.max_model_len
         if self.max_model_len is None and self.resolved_runner() != "generate":
             from cpuinfer.models.pooler import sentence_transformers_max_len
@@ -519,9 +530,39 @@ class EngineArgs:
             max_num_batched_tokens=batched,
             max_num_seqs=seqs,
             kv_bytes_per_token=per_token,
+            kv_offloading_blocks=offload_blocks,
             pooler=pooler,
             speculative=speculative,
         )
+
+    def _offload_blocks(self, block_bytes: int, kv_blocks: int) -> int:
+        """KV blocks the host prefix tier holds (--kv-offloading-size GiB of them, which must fit the memory
+        available next to the KV cache's kv_blocks); 0: off."""
+        size = self.kv_offloading_size
+        flag = f"--kv-offloading-size={size!r}"
+        if isinstance(size, bool) or not isinstance(size, (int, float)) or not 0 <= size < float("inf"):
+            raise ValueError(f"{flag} must be a number of GiB >= 0 (0 turns the host prefix tier off)")
+        if size == 0:
+            return 0
+        if not self.enable_prefix_caching or self.resolved_runner() == "pooling":
+            raise ValueError(
+                f"{flag} keeps evicted prefix-cache blocks: it needs prefix caching and the generate runner"
+            )
+        if self.tensor_parallel_size > 1 or self.pipeline_parallel_size > 1:
+            raise ValueError(
+                f"{flag}: the host prefix tier runs with one rank only; drop it or use "
+                "--tensor-parallel-size 1 --pipeline-parallel-size 1"
+            )
+        blocks = int(size * 2**30) // block_bytes
+        if blocks < 1:
+            raise ValueError(f"{flag} GiB is smaller than one KV block ({block_bytes} bytes); raise it or use 0")
+        avail = available_memory_bytes()
+        if avail is not None and (blocks + kv_blocks) * block_bytes > avail:
+            raise ValueError(
+                f"{flag} GiB and the {kv_blocks * block_bytes / 2**30:.2f} GiB KV cache do not fit the "
+                f"{avail / 2**30:.2f} GiB of memory available; lower it"
+            )
+        return blocks
 
     def resolved_runner(self) -> str | None:
         """generate or pooling, from --runner, --task and --convert (which must agree); None: none chose."""
@@ -637,6 +678,7 @@ class EngineConfig:
     max_num_batched_tokens: int
     max_num_seqs: int
     kv_bytes_per_token: int
+    kv_offloading_blocks: int = 0  # blocks of the host prefix tier (--kv-offloading-size); 0: none
     pooler: Any = None  # models.pooler.PoolerConfig under the pooling runner, else None
     speculative: Any = None  # cpuinfer.spec_decode.config.SpeculativeConfig, or None: no speculation
 

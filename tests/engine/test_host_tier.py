@@ -1,0 +1,193 @@
+"""The host-memory prefix tier (--kv-offloading-size): evicted prefix blocks are kept in RAM and copied back bit
+for bit, so a returning conversation whose prefix left a tiny KV cache gets the tokens of a run that never lost
+it, and of one that recomputes it; the tier keeps to its budget, and /metrics shows it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+
+from cpuinfer.config import EngineArgs
+from cpuinfer.engine.block_pool import Block, block_hash
+from cpuinfer.engine.core import EngineCore
+from cpuinfer.engine.host_tier import HostTier
+from cpuinfer.engine.limits import RequestLimits
+from cpuinfer.engine.llm_engine import LLMEngine
+from cpuinfer.engine.scheduler import SchedulerConfig
+from cpuinfer.entrypoints.openai.metrics import ServerMetrics
+
+from .conftest import BLOCK, NUM_BLOCKS
+from .test_engine_e2e import engine_on, long_prompt, run
+
+# --- the tier alone, on a random cache -------------------------------------------------------------------------
+
+
+def random_caches(dtype: torch.dtype, blocks: int = 6, layers: int = 2):
+    """Per-layer (K, V) caches [blocks, 2 heads, 4 slots, 8] of random bytes (every bit pattern of fp8 too)."""
+    shape = (blocks, 2, 4, 8)
+    nbytes = torch.empty(0, dtype=dtype).element_size()
+
+    def one():
+        raw = torch.randint(0, 256, (*shape[:-1], shape[-1] * nbytes), dtype=torch.uint8)
+        return raw.view(dtype)
+
+    return [(one(), one()) for _ in range(layers)]
+
+
+def registered(bid: int, i: int) -> Block:
+    """Block bid as the prefix cache registers it, for the i-th block of some prompt."""
+    tokens = (i, i + 1)
+    return Block(bid, 0, block_hash(None, tokens), None, tokens)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float8_e5m2])
+def test_tier_restores_the_same_bytes_and_keeps_to_its_budget(dtype):
+    caches = random_caches(dtype)
+    saved = [(k.view(torch.uint8).clone(), v.view(torch.uint8).clone()) for k, v in caches]
+    tier = HostTier(caches, capacity_blocks=3)
+    assert tier.block_bytes == 2 * 2 * (2 * 4 * 8) * torch.empty(0, dtype=dtype).element_size()
+    blocks = [registered(bid, bid) for bid in range(5)]
+    tier.store(blocks[:2])  # blocks 0, 1
+    tier.store([blocks[0]])  # already held: used again, now newer than 1
+    tier.store(blocks[2:4])  # 2 makes it full; 3 takes the least recently used slot (block 1's)
+    assert tier.num_blocks == 3 and tier.stored_blocks == 4
+    held = [b for b in blocks if tier.match(b.hash, None, b.token_ids)]
+    assert [b.block_id for b in held] == [0, 2, 3]
+    assert not tier.match(blocks[0].hash, None, (7, 7))  # same hash, other tokens: no match
+    # `keep` spares an entry about to be restored: 4 evicts 2 (least recent after 0, kept), not 0.
+    tier.store([blocks[4]], keep=frozenset({blocks[0].hash}))
+    assert [b.block_id for b in blocks if tier.match(b.hash, None, b.token_ids)] == [0, 3, 4]
+    for k, v in caches:  # the KV cache reuses every block
+        k.view(torch.uint8).random_(0, 256)
+        v.view(torch.uint8).random_(0, 256)
+    tier.restore([blocks[3].hash, blocks[0].hash, blocks[4].hash], [5, 1, 2])  # into other blocks
+    for (k, v), (k0, v0) in zip(caches, saved, strict=True):
+        for src, dst in ((3, 5), (0, 1), (4, 2)):
+            assert torch.equal(k.view(torch.uint8)[dst], k0[src]) and torch.equal(v.view(torch.uint8)[dst], v0[src])
+    assert tier.restored_blocks == 3
+
+
+def test_a_batch_larger_than_the_tier_keeps_its_newest_blocks():
+    caches = random_caches(torch.float32)
+    saved = [k.view(torch.uint8).clone() for k, _ in caches]  # bytes: random floats include NaNs
+    tier = HostTier(caches, capacity_blocks=2)
+    blocks = [registered(bid, bid) for bid in range(4)]
+    tier.store(blocks)  # 2 and 3 take the slots of 0 and 1, whose copies are not made
+    assert tier.stored_blocks == 2
+    assert [b.block_id for b in blocks if tier.match(b.hash, None, b.token_ids)] == [2, 3]
+    tier.restore([blocks[2].hash, blocks[3].hash], [0, 1])
+    assert all(torch.equal(k.view(torch.uint8)[:2], k0[2:4]) for (k, _), k0 in zip(caches, saved, strict=True))
+
+
+# --- the engine: a returning conversation on a tiny KV cache ---------------------------------------------------
+
+
+def engine_with_tier(runner, spec, num_blocks, tier_blocks, batched=4096):
+    tier = HostTier(runner.kv_caches, tier_blocks) if tier_blocks else None
+    core = EngineCore(
+        runner,
+        SchedulerConfig(batched, 256, 1024),
+        num_blocks,
+        BLOCK,
+        True,
+        spec.eos_token_ids,
+        RequestLimits(max_model_len=1024, vocab_size=spec.vocab_size),
+        host_tier=tier,
+    )
+    return LLMEngine(None, core, spec.tokenizer)
+
+
+SMALL = 12  # KV blocks: one conversation of ~10 blocks, not two
+
+
+def conversation(spec):
+    """Turn one (~8 blocks), another conversation that needs the whole tiny cache, and turn two of the first
+    (turn one, its answer and a new question): token ids."""
+    enc = spec.tokenizer.encode
+    first = enc("You are a terse assistant. " + long_prompt(1) * 2 + " Question: who jumps?").ids
+    other = enc(long_prompt(2) * 5 + " Summarize.").ids[: SMALL * BLOCK - 8]
+    return first, other, enc(" And who is lazy?").ids
+
+
+def returning(engine, first, other, more):
+    """Turn one, the other conversation, then turn two of the first: the answers."""
+    a1 = run(engine, [first])[0]
+    run(engine, [other])
+    return a1, run(engine, [first + a1 + more])[0]
+
+
+@pytest.mark.parametrize("runner_name", ["smol_runner", "smol_runner_fp8"])
+def test_returning_conversation_is_restored_from_the_tier(runner_name, smol_spec, request):
+    runner = request.getfixturevalue(runner_name)
+    first, other, more = conversation(smol_spec)
+    assert len(first) > 5 * BLOCK and len(other) + 6 > (SMALL - 2) * BLOCK
+    big = returning(engine_on(runner, smol_spec, NUM_BLOCKS), first, other, more)  # never evicted
+    lost = engine_with_tier(runner, smol_spec, SMALL, 0)
+    assert returning(lost, first, other, more) == big  # recomputed
+    assert lost.get_stats().prefix_cache_hits == 0
+    eng = engine_with_tier(runner, smol_spec, SMALL, 64)
+    assert returning(eng, first, other, more) == big  # restored from the tier
+    s = eng.get_stats()
+    restored = s.external_prefix_cache_hits
+    assert restored >= (len(first) // BLOCK) * BLOCK, s  # at least turn one's full blocks
+    assert s.prefix_cache_hits == 0, s  # none of it was still in the KV cache
+    assert s.kv_offload_restored_bytes == restored // BLOCK * (s.kv_offload_capacity_bytes // 64)
+    assert 0 < s.kv_offload_bytes <= s.kv_offload_stored_bytes and s.kv_offload_bytes <= s.kv_offload_capacity_bytes
+    # Only the rest of turn two was prefilled.
+    assert lost.get_stats().prompt_tokens - s.prompt_tokens == restored
+
+
+def test_tier_with_chunked_prefill_and_preemption(smol_runner, smol_spec):
+    """Tiny chunks restore and compute the same tokens; so do requests that preempt each other on a 4-block pool
+    whose evicted blocks pass through a 2-block tier."""
+    first, other, more = conversation(smol_spec)
+    big = returning(engine_on(smol_runner, smol_spec, NUM_BLOCKS), first, other, more)
+    eng = engine_with_tier(smol_runner, smol_spec, SMALL, 64, batched=16)
+    assert returning(eng, first, other, more) == big
+    assert eng.get_stats().external_prefix_cache_hits > 0
+    prompts = [smol_spec.tokenizer.encode(long_prompt(i)).ids[:14] for i in range(4)]
+    ref = [run(engine_on(smol_runner, smol_spec, caching=False), [p])[0] for p in prompts]
+    eng = engine_with_tier(smol_runner, smol_spec, 4, 2)
+    assert run(eng, prompts) == ref
+    s = eng.get_stats()
+    assert s.num_preemptions > 0 and s.kv_offload_bytes <= s.kv_offload_capacity_bytes
+
+
+def test_metrics_show_the_tier(smol_runner, smol_spec):
+    first, other, more = conversation(smol_spec)
+    eng = engine_with_tier(smol_runner, smol_spec, SMALL, 64)
+    returning(eng, first, other, more)
+    s = eng.get_stats()
+    text = ServerMetrics("m", lambda: s).render().decode()
+    got = {m.name: m.samples[0].value for m in text_string_to_metric_families(text) if m.samples}
+    assert got["vllm:external_prefix_cache_hits"] == s.external_prefix_cache_hits > 0
+    assert got["vllm:external_prefix_cache_queries"] == s.external_prefix_cache_queries >= s.external_prefix_cache_hits
+    assert got["cpuinfer:kv_offload_bytes"] == s.kv_offload_bytes > 0
+    assert got["cpuinfer:kv_offload_capacity_bytes"] == s.kv_offload_capacity_bytes
+    assert got["cpuinfer:kv_offload_stored_bytes"] == s.kv_offload_stored_bytes > 0
+    assert got["cpuinfer:kv_offload_restored_bytes"] == s.kv_offload_restored_bytes > 0
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(kv_offloading_size=-1), r"kv-offloading-size=-1 must be a number of GiB >= 0"),
+        (dict(kv_offloading_size=float("nan")), r"kv-offloading-size=nan must be a number"),
+        (dict(kv_offloading_size="4"), r"kv-offloading-size='4' must be a number"),
+        (dict(kv_offloading_size=1e-9), r"smaller than one KV block \(\d+ bytes\)"),
+        (dict(kv_offloading_size=1e6), r"do not fit the .* GiB of memory available"),
+        (dict(kv_offloading_size=1, enable_prefix_caching=False), "needs prefix caching"),
+        (dict(kv_offloading_size=1, pipeline_parallel_size=2), "one rank only.*--pipeline-parallel-size 1"),
+    ],
+)
+def test_bad_sizes_are_refused(smol_path, kw, match):
+    with pytest.raises(ValueError, match=match):
+        EngineArgs(model=smol_path, max_model_len=256, **kw).create_engine_config()
+
+
+def test_size_flag(smol_path):
+    config = EngineArgs(model=smol_path, max_model_len=256, kv_offloading_size=0.5).create_engine_config()
+    block_bytes = config.kv_bytes_per_token * config.args.block_size
+    assert config.kv_offloading_blocks == 2**29 // block_bytes
+    assert EngineArgs(model=smol_path, max_model_len=256).create_engine_config().kv_offloading_blocks == 0
