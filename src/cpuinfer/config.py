@@ -99,8 +99,9 @@ class EngineArgs:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     enable_prefix_caching: bool = True
-    # vLLM's name: GiB of RAM keeping the prefix blocks the KV cache evicts (engine.host_tier); 0: off.
-    kv_offloading_size: float = 0.0
+    # vLLM's names: GiB of RAM keeping the prefix blocks the KV cache evicts (engine.host_tier); None or 0: off.
+    kv_offloading_size: float | None = None
+    kv_offloading_backend: str = "native"
     seed: int | None = 0
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
@@ -248,10 +249,17 @@ class EngineArgs:
         g.add_argument(
             "--kv-offloading-size",
             type=float,
-            default=0.0,
+            default=None,
             metavar="GIB",
             help="GiB of RAM (per engine core) keeping the prefix blocks the KV cache evicts, so a returning "
-            "conversation or shared prefix is copied back instead of recomputed (0: off).",
+            "conversation or shared prefix is copied back instead of recomputed (default: off).",
+        )
+        g.add_argument(
+            "--kv-offloading-backend",
+            default="native",
+            choices=["native"],
+            help="Where --kv-offloading-size keeps blocks: native (this process's RAM; vLLM's lmcache is not "
+            "supported).",
         )
         g.add_argument("--seed", type=int, default=0, help="Seed of the sampler for requests without their own.")
         g = parser.add_argument_group("parallelism (ranks are processes; see VLLM_CPU_OMP_THREADS_BIND)")
@@ -540,10 +548,14 @@ class EngineArgs:
         available next to the KV cache's kv_blocks); 0: off."""
         size = self.kv_offloading_size
         flag = f"--kv-offloading-size={size!r}"
-        if isinstance(size, bool) or not isinstance(size, (int, float)) or not 0 <= size < float("inf"):
-            raise ValueError(f"{flag} must be a number of GiB >= 0 (0 turns the host prefix tier off)")
-        if size == 0:
+        if self.kv_offloading_backend != "native":
+            raise ValueError(
+                f"--kv-offloading-backend={self.kv_offloading_backend!r} is not supported; use native (the default)"
+            )
+        if size is None or size == 0:
             return 0
+        if isinstance(size, bool) or not isinstance(size, (int, float)) or not 0 < size < float("inf"):
+            raise ValueError(f"{flag} must be a number of GiB > 0 (0 or None turns the host prefix tier off)")
         if not self.enable_prefix_caching or self.resolved_runner() == "pooling":
             raise ValueError(
                 f"{flag} keeps evicted prefix-cache blocks: it needs prefix caching and the generate runner"
