@@ -6,7 +6,7 @@ The tier has the KV cache's own layout: per layer, a K and a V buffer of `capaci
 [kv_heads, block_size, head_size] elements, moved as raw bytes, so a restored block is bit for bit the block that
 was computed (bf16, f32 and fp8-e5m2 caches alike). Slots are keyed by the prefix cache's chained block hash
 and verified on (parent hash, token ids) as the prefix cache is; least recently used slots are reused first.
-The buffers are reserved once but untouched pages take no memory: what the pool holds grows with its entries.
+The buffers are mapped once but untouched pages take no memory: what the pool holds grows with its entries.
 Copies run in the engine core's process, between scheduling and the model step, which is the only time the
 cache is not being written: a block is saved before its new owner's tokens overwrite it.
 """
@@ -17,6 +17,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
+
+from cpuinfer.platform.memory import zeros_huge
 
 
 @dataclass
@@ -35,7 +37,8 @@ class HostTier:
             raise ValueError(f"the host prefix tier needs room for at least one block, got {capacity_blocks}")
         # Raw bytes of every cache, so that a copy never converts (fp8 included).
         self._device = [c.view(torch.uint8) for kv in kv_caches for c in kv]
-        self._host = [torch.empty((capacity_blocks, *c.shape[1:]), dtype=torch.uint8) for c in self._device]
+        # Huge pages faulted in as slots are first used (platform.memory), lowest slots first.
+        self._host = [zeros_huge((capacity_blocks, *c.shape[1:]), torch.uint8) for c in self._device]
         self.capacity_blocks = capacity_blocks
         self.block_bytes = sum(c[0].numel() for c in self._device)
         self._entries: OrderedDict[bytes, _Entry] = OrderedDict()  # least recently used first
