@@ -4,6 +4,9 @@ it, and of one that recomputes it; the tier keeps to its budget, and /metrics sh
 
 from __future__ import annotations
 
+import argparse
+import random
+
 import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
@@ -176,6 +179,36 @@ def test_tier_with_chunked_prefill_and_preemption(smol_runner, smol_spec, never_
     assert s.num_preemptions > 0 and s.kv_offload_bytes <= s.kv_offload_capacity_bytes
 
 
+def test_llm_with_the_flag_restores_a_returning_conversation(tmp_path_factory):
+    """LLM(kv_offloading_size=...) on a tiny float32 checkpoint: a 16-block cache (one max-length sequence), a
+    returning conversation after another that fills it, tokens equal to a cache that holds both."""
+    from cpuinfer import LLM, SamplingParams
+
+    from ..models.test_tiny_models import VOCAB
+    from .test_spec_decode_llm import _checkpoint
+
+    model = _checkpoint(tmp_path_factory, 1234)
+    rng = random.Random(0)
+    first, other, more = ([rng.randrange(VOCAB) for _ in range(n)] for n in (100, 250, 20))
+
+    def returning_llm(**kw):
+        llm = LLM(model=model, dtype="float32", max_model_len=256, block_size=16, **kw)
+        sp = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+
+        def gen(ids):
+            return llm.generate([{"prompt_token_ids": ids}], sp, use_tqdm=False)[0].outputs[0].token_ids
+
+        a1 = gen(first)
+        gen(other)
+        return [a1, gen(first + a1 + more)], llm.llm_engine.get_stats()
+
+    ref, _ = returning_llm(num_gpu_blocks_override=64)
+    got, s = returning_llm(num_gpu_blocks_override=16, kv_offloading_size=0.01)
+    assert got == ref
+    assert s.prefix_cache_hits == 0 and s.external_prefix_cache_hits == 6 * BLOCK, s  # first's 6 full blocks
+    assert s.kv_offload_restored_bytes > 0
+
+
 @pytest.mark.parametrize(
     "kw, match",
     [
@@ -198,6 +231,9 @@ def test_size_flag(smol_path):
     config = EngineArgs(model=smol_path, max_model_len=256, kv_offloading_size=0.5).create_engine_config()
     block_bytes = config.kv_bytes_per_token * config.args.block_size
     assert config.kv_offloading_blocks == 2**29 // block_bytes
+    cli = EngineArgs.add_cli_args(argparse.ArgumentParser())
+    assert EngineArgs.from_cli_args(cli.parse_args(["--kv-offloading-size", "2.5"])).kv_offloading_size == 2.5
+    assert EngineArgs.from_cli_args(cli.parse_args([])).kv_offloading_size is None
     for off in (None, 0):
         config = EngineArgs(model=smol_path, max_model_len=256, kv_offloading_size=off).create_engine_config()
         assert config.kv_offloading_blocks == 0
