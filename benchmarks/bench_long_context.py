@@ -187,6 +187,7 @@ def engine_returning(context: int, suffix: int, rounds: int, tier_gib: float) ->
     return dict(
         ttft={m: statistics.median(w for w, _ in v) for m, v in times.items()},
         cpu={m: statistics.median(c for _, c in v) for m, v in times.items()},
+        rounds={m: [w for w, _ in v] for m, v in times.items()},
         restored=stats.kv_offload_restored_bytes,
         stored=stats.kv_offload_stored_bytes,
         hits=stats.external_prefix_cache_hits,
@@ -204,13 +205,15 @@ def returning_rows(args) -> None:
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         r = pool.submit(engine_returning, ctx, suffix, rounds, args.tier_gib).result()
     t, c = r["ttft"], r["cpu"]
-    print("  cpuinfer           TTFT s   CPU s   (SmolLM2 bf16, bf16 KV, block 128)")
+    print("  cpuinfer               TTFT s   CPU s   each round's TTFT s (SmolLM2 bf16, bf16 KV, block 128)")
     for mode, what in (("recompute", "recomputed"), ("tier", "restored from the tier"), ("kv_hit", "still in KV")):
-        print(f"  {what:22s} {t[mode]:6.3f}  {c[mode]:6.3f}")
+        each = " ".join(f"{x:.3f}" for x in r["rounds"][mode])
+        print(f"  {what:22s} {t[mode]:6.3f}  {c[mode]:6.3f}   {each}")
     print(
         f"  tier vs recompute: {t['recompute'] / t['tier']:.1f}x faster (CPU time {c['recompute'] / c['tier']:.1f}x); "
-        f"restored {r['restored'] / 2**20:.0f} MiB over {rounds} rounds ({r['hits']} tokens), "
-        f"stored {r['stored'] / 2**20:.0f} MiB; {r['block_bytes'] / 2**20:.2f} MiB per block"
+        f"in all, {r['restored'] / 2**20:.0f} MiB restored ({r['hits']} prompt tokens) and "
+        f"{r['stored'] / 2**20:.0f} MiB stored, {r['block_bytes'] / 2**20:.2f} MiB a block (the tier's first round "
+        "faults its pages in)"
     )
     if not args.llama:
         return

@@ -83,6 +83,24 @@ def test_a_batch_larger_than_the_tier_keeps_its_newest_blocks():
     assert all(torch.equal(k.view(torch.uint8)[:2], k0[2:4]) for (k, _), k0 in zip(caches, saved, strict=True))
 
 
+@pytest.mark.parametrize("into", [[0, 1, 2, 3, 4, 5], [11, 10, 9, 8, 7, 6], [0, 2, 4, 6, 8, 10]])
+def test_runs_and_scattered_blocks_copy_alike(into):
+    """Six blocks saved to six fresh slots (one run of destinations: gathered in place), restored into one run of
+    blocks (in order, or reversed) or into scattered ones (gathered, then scattered): each block's bytes land
+    where they belong."""
+    caches = random_caches(torch.bfloat16, blocks=12)
+    saved = [k.view(torch.uint8).clone() for k, _ in caches]
+    tier = HostTier(caches, capacity_blocks=6)
+    blocks = [registered(bid, i) for i, bid in enumerate([3, 1, 4, 0, 5, 2])]
+    tier.store(blocks)
+    for k, _ in caches:
+        k.view(torch.uint8).zero_()
+    tier.restore([b.hash for b in blocks], into)
+    for (k, _), k0 in zip(caches, saved, strict=True):
+        for b, dst in zip(blocks, into, strict=True):
+            assert torch.equal(k.view(torch.uint8)[dst], k0[b.block_id]), (b.block_id, dst)
+
+
 # --- the engine: a returning conversation on a tiny KV cache ---------------------------------------------------
 
 

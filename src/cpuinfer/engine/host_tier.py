@@ -79,9 +79,7 @@ class HostTier:
             src.append(b.block_id)
             dst.append(slot)
         if src:
-            s, d = torch.tensor(src), torch.tensor(dst)
-            for dev, host in zip(self._device, self._host, strict=True):
-                host.index_copy_(0, d, dev.index_select(0, s))
+            _copy(self._device, self._host, src, dst)
             self.stored_blocks += len(src)
 
     def _take_slot(self, keep: frozenset[bytes]) -> int | None:
@@ -96,12 +94,32 @@ class HostTier:
         for h in hashes:
             self._entries.move_to_end(h)
             slots.append(self._entries[h].slot)
-        s, d = torch.tensor(slots), torch.tensor(block_ids)
-        for dev, host in zip(self._device, self._host, strict=True):
-            dev.index_copy_(0, d, host.index_select(0, s))
+        _copy(self._host, self._device, slots, block_ids)
         self.restored_blocks += len(slots)
 
     def clear(self) -> None:
         """Forget every held block."""
         self._entries.clear()
         self._free_slots = list(range(self.capacity_blocks - 1, -1, -1))
+
+
+def _copy(srcs: list[torch.Tensor], dsts: list[torch.Tensor], rows: list[int], to: list[int]) -> None:
+    """dst[to[i]] = src[rows[i]] for each pair of buffers. Where the destinations fall in a few runs of
+    consecutive rows (fresh slots and fresh blocks mostly do), each run is gathered straight into its place;
+    otherwise the rows are gathered and then scattered (twice the bytes moved)."""
+    pairs = sorted(zip(to, rows, strict=True))
+    runs = []  # (first destination row, source rows)
+    for t, r in pairs:
+        if runs and runs[-1][0] + len(runs[-1][1]) == t:
+            runs[-1][1].append(r)
+        else:
+            runs.append((t, [r]))
+    if len(runs) * 4 <= len(pairs):
+        idx = [(t, len(rs), torch.tensor(rs)) for t, rs in runs]
+        for src, dst in zip(srcs, dsts, strict=True):
+            for t, n, r in idx:
+                torch.index_select(src, 0, r, out=dst[t : t + n])
+    else:
+        r, t = torch.tensor(rows), torch.tensor(to)
+        for src, dst in zip(srcs, dsts, strict=True):
+            dst.index_copy_(0, t, src.index_select(0, r))
