@@ -119,7 +119,9 @@ class EngineCore:
             grammars,
             speculative,
             # One rank only (EngineArgs checks): its runner, and so its KV cache, is in this process.
-            HostTier(runner.kv_caches, config.kv_offloading_blocks) if config.kv_offloading_blocks else None,
+            HostTier(runner.kv_caches, config.kv_offloading_blocks, config.kv_offloading_dtype)
+            if config.kv_offloading_blocks
+            else None,
         )
         core.layout = layout
         return core

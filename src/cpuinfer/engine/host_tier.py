@@ -4,8 +4,12 @@ starts with them, so only the rest of that prompt is computed.
 
 The tier has the KV cache's own layout: per layer, a K and a V buffer of `capacity` slots, each slot one block's
 [kv_heads, block_size, head_size] elements, moved as raw bytes, so a restored block is bit for bit the block that
-was computed (bf16, f32 and fp8-e5m2 caches alike). Slots are keyed by the prefix cache's chained block hash
-and verified on (parent hash, token ids) as the prefix cache is; least recently used slots are reused first.
+was computed (bf16, f32 and fp8-e5m2 caches alike). Opt-in (--kv-offloading-dtype fp8_e5m2), a bf16/f16/f32
+cache's blocks are kept as fp8-e5m2 instead, half a bf16 block's bytes: a restored block then holds what an
+fp8 cache would have held (the accuracy cost is measured in tests/engine/test_host_tier.py).
+
+Slots are keyed by the prefix cache's chained block hash and verified on (parent hash, token ids) as the prefix
+cache is; least recently used slots are reused first.
 The buffers are mapped once but untouched pages take no memory: what the pool holds grows with its entries.
 Copies run in the engine core's process, between scheduling and the model step, which is the only time the
 cache is not being written: a block is saved before its new owner's tokens overwrite it.
@@ -31,16 +35,27 @@ class _Entry:
 class HostTier:
     """A bounded LRU store of evicted KV blocks in RAM, keyed by block hash."""
 
-    def __init__(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], capacity_blocks: int):
-        """kv_caches: the model runner's per-layer (K, V) caches, [num_blocks, kv_heads, block_size, head_size]."""
+    def __init__(
+        self,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        capacity_blocks: int,
+        dtype: torch.dtype | None = None,
+    ):
+        """kv_caches: the model runner's per-layer (K, V) caches, [num_blocks, kv_heads, block_size, head_size].
+        dtype: what the tier keeps, if not the caches' own bytes (torch.float8_e5m2: lossy, half of bf16's)."""
         if capacity_blocks <= 0:
             raise ValueError(f"the host prefix tier needs room for at least one block, got {capacity_blocks}")
-        # Raw bytes of every cache, so that a copy never converts (fp8 included).
-        self._device = [c.view(torch.uint8) for kv in kv_caches for c in kv]
+        caches = [c for kv in kv_caches for c in kv]
+        self.dtype = caches[0].dtype if dtype is None else dtype
+        if self.dtype == caches[0].dtype:  # raw bytes, so that a copy never converts (fp8 included)
+            self._device = [c.view(torch.uint8) for c in caches]
+        else:
+            self._device = caches
+        host_dtype = torch.uint8 if self._device[0].dtype == torch.uint8 else self.dtype
         # Huge pages faulted in as slots are first used (platform.memory), lowest slots first.
-        self._host = [zeros_huge((capacity_blocks, *c.shape[1:]), torch.uint8) for c in self._device]
+        self._host = [zeros_huge((capacity_blocks, *c.shape[1:]), host_dtype) for c in self._device]
         self.capacity_blocks = capacity_blocks
-        self.block_bytes = sum(c[0].numel() for c in self._device)
+        self.block_bytes = sum(h[0].numel() * h.element_size() for h in self._host)
         self._entries: OrderedDict[bytes, _Entry] = OrderedDict()  # least recently used first
         self._free_slots = list(range(capacity_blocks - 1, -1, -1))
         # Counters for stats.
@@ -104,9 +119,11 @@ class HostTier:
 
 
 def _copy(srcs: list[torch.Tensor], dsts: list[torch.Tensor], rows: list[int], to: list[int]) -> None:
-    """dst[to[i]] = src[rows[i]] for each pair of buffers. Where the destinations fall in a few runs of
-    consecutive rows (fresh slots and fresh blocks mostly do), each run is gathered straight into its place;
-    otherwise the rows are gathered and then scattered (twice the bytes moved)."""
+    """dst[to[i]] = src[rows[i]] for each pair of buffers (converted where their dtypes differ). Where the
+    destinations fall in a few runs of consecutive rows (fresh slots and fresh blocks mostly do), each run is
+    gathered straight into its place; otherwise the rows are gathered and then scattered (twice the bytes
+    moved)."""
+    convert = srcs[0].dtype != dsts[0].dtype
     pairs = sorted(zip(to, rows, strict=True))
     runs = []  # (first destination row, source rows)
     for t, r in pairs:
@@ -118,8 +135,13 @@ def _copy(srcs: list[torch.Tensor], dsts: list[torch.Tensor], rows: list[int], t
         idx = [(t, len(rs), torch.tensor(rs)) for t, rs in runs]
         for src, dst in zip(srcs, dsts, strict=True):
             for t, n, r in idx:
-                torch.index_select(src, 0, r, out=dst[t : t + n])
+                if convert:
+                    dst[t : t + n].copy_(src.index_select(0, r))
+                else:
+                    torch.index_select(src, 0, r, out=dst[t : t + n])
     else:
         r, t = torch.tensor(rows), torch.tensor(to)
         for src, dst in zip(srcs, dsts, strict=True):
-            dst.index_copy_(0, t, src.index_select(0, r))
+            rows_ = src.index_select(0, r).to(dst.dtype)
+            # As bytes: index_copy_ has no fp8 kernel.
+            dst.view(torch.uint8).index_copy_(0, t, rows_.view(torch.uint8))
