@@ -14,7 +14,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from cpuinfer.config import EngineArgs
-from cpuinfer.engine.block_pool import Block, block_hash
+from cpuinfer.engine.block_pool import Block, BlockPool, block_hash
 from cpuinfer.engine.core import EngineCore
 from cpuinfer.engine.host_tier import HostTier
 from cpuinfer.engine.limits import RequestLimits
@@ -103,6 +103,41 @@ def test_runs_and_scattered_blocks_copy_alike(into):
     for (k, _), k0 in zip(caches, saved, strict=True):
         for b, dst in zip(blocks, into, strict=True):
             assert torch.equal(k.view(torch.uint8)[dst], k0[b.block_id]), (b.block_id, dst)
+
+
+def test_pool_restores_and_counts_each_hit_once():
+    """The block pool over a tier: a prompt's cached blocks, evicted, come back from the tier on lookup (their
+    bytes), are counted as the tier's hits when the request is admitted, even after a first lookup was given
+    back (as the scheduler does when the rest does not fit), and as the KV cache's own hits the next time;
+    resetting the prefix cache empties the tier too."""
+    caches = random_caches(torch.float32, blocks=4)
+    tier = HostTier(caches, capacity_blocks=4)
+    pool = BlockPool(4, 2, True, tier)
+    prompt = [1, 2, 3, 4, 5]
+    h0 = block_hash(None, prompt[:2])
+    h1 = block_hash(h0, prompt[2:4])
+    a = pool.allocate(2)
+    pool.cache_block(a[0], h0, None, prompt[:2])
+    pool.cache_block(a[1], h1, h0, prompt[2:4])
+    before = [caches[0][0].view(torch.uint8)[b].clone() for b in a]
+    pool.free(a[::-1])
+    other = pool.allocate(4)  # evicts both: saved to the tier
+    assert tier.stored_blocks == 2 and pool.lookup([h0, h1], prompt) == []
+    caches[0][0].view(torch.uint8).zero_()
+    pool.free(other)
+    hits = pool.lookup([h0, h1], prompt)
+    assert len(hits) == 2 and tier.restored_blocks == 2
+    assert all(torch.equal(caches[0][0].view(torch.uint8)[b], x) for b, x in zip(hits, before, strict=True))
+    pool.free(hits[::-1])  # given back before admission
+    again = pool.lookup([h0, h1], prompt)
+    assert again == hits and tier.restored_blocks == 2  # now in the KV cache
+    pool.record_lookup(len(prompt), again)
+    assert (pool.query_tokens, pool.hit_tokens, tier.query_tokens, tier.hit_tokens) == (5, 0, 5, 4)
+    pool.free(again[::-1])
+    pool.record_lookup(len(prompt), pool.lookup([h0, h1], prompt))
+    assert (pool.query_tokens, pool.hit_tokens, tier.query_tokens, tier.hit_tokens) == (10, 4, 6, 4)
+    pool.reset_prefix_cache()
+    assert tier.num_blocks == 0 and not tier.match(h0, None, tuple(prompt[:2]))
 
 
 # --- what a restored prefix costs, teacher-forced on SmolLM2: nothing (exact), or fp8's rounding (opt-in) -------
