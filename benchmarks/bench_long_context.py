@@ -27,7 +27,8 @@
    from the tier, against recomputing it (the same engine with its tier detached: an engine without one) and
    against its prefix still in the KV cache (no other conversation between), alternating rounds, in one
    engine; and llama.cpp's equivalent (--cache-ram, LlamaRAMCache: the sequence's state saved to RAM and
-   loaded back; llama_cpp_run.returning) on the BF16 file of section 5, where llama.cpp is found.
+   loaded back into the cleared context, against recomputing; llama_cpp_run.returning) on the BF16 file of
+   section 5, where llama.cpp is found.
 Targets (issue 37): batch-1 decode >= 90% of the roofline at every context, bf16 and fp8 KV; TTFT <= 0.5x
 transformers'; prefill attention >= 50% of the tile peak; decode >= 1.3x llama.cpp and TTFT <= 0.6x its
 on the same file. (The exit status follows the first.)

@@ -11,8 +11,8 @@ prints one JSON line: batch-1 decode after a prompt of each context length (long
 
     python benchmarks/llama_cpp_run.py --returning MODEL.gguf --context 7000 --suffix 256 --rounds 3
 
-prints one JSON line: the time to first token of a returning conversation whose KV another conversation
-replaced, recomputed or restored from a copy of its state in RAM (returning()).
+prints one JSON line: the time to first token of a returning conversation whose KV was cleared, recomputed
+or restored from a copy of its state in RAM (returning()).
 """
 
 from __future__ import annotations
@@ -147,39 +147,33 @@ def long_context(model_path: str, contexts: list[int], steps: int, threads: int,
 
 
 def returning(model_path: str, context: int, suffix: int, rounds: int, threads: int) -> dict:
-    """The time to first token of a returning conversation: A (`context` tokens, one answer token), then B (as
-    long: it replaces A's KV cache), then A again with its answer and `suffix` new tokens. Either recomputed
-    from nothing, or with A's sequence state saved to RAM after its turn and loaded back before the suffix is
-    decoded: what llama-server's --cache-ram (its prompt cache) and llama-cpp-python's LlamaRAMCache do.
-    Alternating rounds; the medians, wall-clock and process CPU time, and the saved state's bytes."""
+    """The time to first token of a returning conversation: A (`context` tokens, one answer token), then A again
+    with its answer and `suffix` new tokens after the context was cleared (another conversation took it: one
+    sequence, so clearing is all it does to A). Either recomputed from nothing, or A's sequence state (saved to
+    RAM once, after its turn) loaded back and only the rest decoded: what llama-server's --cache-ram (its
+    prompt cache) and llama-cpp-python's LlamaRAMCache do. Alternating rounds; the medians, wall-clock and
+    process CPU time, and the saved state's bytes."""
     llama = Llama(model_path, threads)
     L = llama.L
-    n_ctx = 2 * context + suffix + 64
+    n_ctx = context + suffix + 64
     ctx = llama.context(n_ctx, n_ctx, 1)
     batch, view = llama.make_batch(n_ctx, 1)
     mem = L.llama_get_memory(ctx)
     a = prompt_ids(context, llama.vocab, 0)
-    b = prompt_ids(context, llama.vocab, 1)
     more = prompt_ids(suffix, llama.vocab, 2)
     llama.generate(ctx, batch, view, [prompt_ids(16, llama.vocab, 3)], 2)  # warm-up
+    L.llama_memory_clear(mem, True)
+    llama.fill(batch, view, [(0, a, 0)])
+    answer = int(llama.decode(ctx, batch, 1)[0])
+    size = L.llama_state_seq_get_size(ctx, 0)
+    saved = (ctypes.c_uint8 * size)()
+    state_bytes = L.llama_state_seq_get_data(ctx, saved, size, 0)
     times: dict[str, list[tuple[float, float]]] = {"recompute": [], "cache_ram": []}
-    state_bytes = 0
     for _ in range(rounds):
         for mode in times:
-            L.llama_memory_clear(mem, True)
-            llama.fill(batch, view, [(0, a, 0)])
-            answer = int(llama.decode(ctx, batch, 1)[0])
-            saved = None
-            if mode == "cache_ram":
-                size = L.llama_state_seq_get_size(ctx, 0)
-                saved = (ctypes.c_uint8 * size)()
-                state_bytes = L.llama_state_seq_get_data(ctx, saved, size, 0)
-            L.llama_memory_clear(mem, True)
-            llama.fill(batch, view, [(0, b, 0)])
-            llama.decode(ctx, batch, 1)
             t, c = time.perf_counter(), time.process_time()
             L.llama_memory_clear(mem, True)
-            if saved is None:
+            if mode == "recompute":
                 llama.fill(batch, view, [(0, [*a, answer, *more], 0)])
             else:
                 if L.llama_state_seq_set_data(ctx, saved, state_bytes, 0) == 0:
