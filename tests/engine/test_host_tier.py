@@ -142,11 +142,11 @@ def test_pool_restores_and_counts_each_hit_once():
 
 # --- what a restored prefix costs, teacher-forced on SmolLM2: nothing (exact), or fp8's rounding (opt-in) -------
 
-PREFIX = 80 * BLOCK  # restored; then the TAIL positions are computed over it
+PREFIX = 32 * BLOCK  # restored; then the TAIL positions are computed over it
 
 
 def test_restored_prefix_logits_exact_and_fp8_cost(smol_runner, smol_tokenizer):
-    """A 1280-token prefix (code) computed into blocks A, saved to a tier and restored into blocks B; the logits
+    """A 512-token prefix (code) computed into blocks A, saved to a tier and restored into blocks B; the logits
     of the next 256 positions over B against those over A: bit-identical from an exact tier (bf16 bytes), and
     from an fp8_e5m2 tier the cost printed (argmax agreement, max logit error) and bounded."""
     text = inspect.getsource(textwrap) + inspect.getsource(inspect)
@@ -178,11 +178,12 @@ def test_restored_prefix_logits_exact_and_fp8_cost(smol_runner, smol_tokenizer):
                 top1=tuple((x[:-1].argmax(-1) == truth).double().mean().item() for x in (exact, got)),
             )
     cost = costs[torch.float8_e5m2]
-    msg = f"a 1280-token prefix restored from an fp8_e5m2 tier vs exact (bf16), {cost}"
+    msg = f"a 512-token prefix restored from an fp8_e5m2 tier vs exact (bf16), {cost}"
     print(msg)
-    # Measured on Sapphire Rapids (amx): 97.3% agreement, max error 11.9% of the range (next-token accuracy on
-    # the text 83.5% exact, 82.0% fp8); a tier that restored the wrong blocks or garbage agrees on next to nothing.
-    assert cost.agree >= 0.85 and cost.err <= 0.3 * cost.spread, msg
+    # Measured on Sapphire Rapids (amx): 92.6% agreement, max error 10.0% of the range (next-token accuracy on
+    # the text 43.9% exact, 44.7% fp8; after a 1280-token prefix: 97.3%, 11.9%); a tier that restored the wrong
+    # blocks or garbage agrees on next to nothing.
+    assert cost.agree >= 0.8 and cost.err <= 0.3 * cost.spread, msg
 
 
 # --- the engine: a returning conversation on a tiny KV cache ---------------------------------------------------
