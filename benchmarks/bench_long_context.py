@@ -25,6 +25,14 @@
    auto) on the same prompt ids: batch-1 decode tokens/s (median step) after a prompt of each
    --llama-contexts length, and the prompt's time to first token (ours: chunked prefill; llama.cpp's: one
    llama_decode, which it runs in ubatches of 512).
+6. The host prefix tier (--kv-offloading-size): the time to first token of a returning conversation (a
+   --tier-context-token prompt and its answer, then another conversation that fills the KV cache of one
+   max-length sequence (8128 tokens), then the first again with --tier-suffix new tokens) restored
+   from the tier, against recomputing it (the same engine with its tier detached: an engine without one) and
+   against its prefix still in the KV cache (no other conversation between), alternating rounds, in one
+   engine; and llama.cpp's equivalent (--cache-ram, LlamaRAMCache: the sequence's state saved to RAM and
+   loaded back into the cleared context, against recomputing; llama_cpp_run.returning) on the BF16 file of
+   section 5, where llama.cpp is found.
 Targets (issue 37): batch-1 decode >= 90% of the roofline at every context, bf16 and fp8 KV; TTFT <= 0.5x
 transformers'; prefill attention >= 50% of the tile peak; decode >= 1.3x llama.cpp and TTFT <= 0.6x its
 on the same file. (The exit status follows the first.)
@@ -171,6 +179,110 @@ def engine_decode(kv_dtype: str, contexts: list[int], steps: int, model: str | N
             )
         )
     return rows
+
+
+def engine_returning(context: int, suffix: int, rounds: int, tier_gib: float) -> dict:
+    """Section 6 in a process of its own (an engine binds its threads): the medians of the returning
+    conversation's time to first token per mode (wall-clock and process CPU), and the tier's counters."""
+    from cpuinfer.config import EngineArgs, default_model_path
+    from cpuinfer.engine.llm_engine import LLMEngine
+    from cpuinfer.sampling_params import SamplingParams
+
+    max_len = 8192
+    eng = LLMEngine.from_engine_args(
+        EngineArgs(
+            model=default_model_path(),
+            dtype="bfloat16",
+            max_model_len=max_len,
+            num_gpu_blocks_override=-(-max_len // BLOCK),  # one max-length sequence: B evicts A
+            kv_offloading_size=tier_gib,
+        )
+    )
+    pool = eng.core.pool
+    tier = pool.host_tier
+    vocab = eng.config.spec.vocab_size
+    # B fills the whole cache, so that none of A stays in it (its blocks are evicted tail-first).
+    a, b, more = prompt_ids(context, vocab, 0), prompt_ids(max_len - 64, vocab, 1), prompt_ids(suffix, vocab, 2)
+
+    def first_token(prompt: list[int]) -> tuple[list[int], float, float]:
+        sp = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+        t, c = time.perf_counter(), time.process_time()
+        eng.add_request(eng.next_request_id(), prompt, sp)
+        out = []
+        while eng.has_unfinished_requests():
+            out += [o.outputs[0].token_ids[0] for o in eng.step() if o.finished]
+        return out, time.perf_counter() - t, time.process_time() - c
+
+    first_token(prompt_ids(64, vocab, 3))  # warm-up
+    times: dict[str, list[tuple[float, float]]] = {"recompute": [], "tier": [], "kv_hit": []}
+    for _ in range(rounds):
+        for mode in times:
+            pool.host_tier = None if mode == "recompute" else tier  # detached: as an engine without one
+            answer, _, _ = first_token(a)
+            if mode != "kv_hit":
+                first_token(b)
+            _, wall, cpu = first_token(a + answer + more)
+            times[mode].append((wall, cpu))
+    pool.host_tier = tier
+    stats = eng.get_stats()
+    return dict(
+        ttft={m: statistics.median(w for w, _ in v) for m, v in times.items()},
+        cpu={m: statistics.median(c for _, c in v) for m, v in times.items()},
+        rounds={m: [w for w, _ in v] for m, v in times.items()},
+        restored=stats.kv_offload_restored_bytes,
+        stored=stats.kv_offload_stored_bytes,
+        hits=stats.external_prefix_cache_hits,
+        block_bytes=tier.block_bytes,
+    )
+
+
+def returning_rows(args) -> None:
+    """Section 6: the host prefix tier against recomputation (and a KV-cache hit), and llama.cpp's."""
+    ctx, suffix, rounds = args.tier_context, args.tier_suffix, 2 if args.quick else 3
+    print(
+        f"\n6. host prefix tier: a returning conversation ({ctx}-token prompt + answer + {suffix} new tokens) "
+        f"after another one filled the KV cache; median of {rounds} alternating rounds"
+    )
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        r = pool.submit(engine_returning, ctx, suffix, rounds, args.tier_gib).result()
+    t, c = r["ttft"], r["cpu"]
+    print("  cpuinfer               TTFT s   CPU s   each round's TTFT s (SmolLM2 bf16, bf16 KV, block 128)")
+    for mode, what in (("recompute", "recomputed"), ("tier", "restored from the tier"), ("kv_hit", "still in KV")):
+        each = " ".join(f"{x:.3f}" for x in r["rounds"][mode])
+        print(f"  {what:22s} {t[mode]:6.3f}  {c[mode]:6.3f}   {each}")
+    print(
+        f"  tier vs recompute: {t['recompute'] / t['tier']:.1f}x faster (CPU time {c['recompute'] / c['tier']:.1f}x); "
+        f"in all, {r['restored'] / 2**20:.0f} MiB restored ({r['hits']} prompt tokens) and "
+        f"{r['stored'] / 2**20:.0f} MiB stored, {r['block_bytes'] / 2**20:.2f} MiB a block (the tier's first round "
+        "faults its pages in)"
+    )
+    if not args.llama:
+        return
+    from bench_quant import find_llama_python, gguf_file
+
+    from cpuinfer.config import default_model_path
+
+    python, why = find_llama_python(args.llama_python)
+    if python is None:
+        print(f"  llama.cpp: skipped: {why}")
+        return
+    path = gguf_file("gguf_bf16", default_model_path(), args.work_dir, python)
+    here = os.path.dirname(os.path.abspath(__file__))
+    cmd = [python, os.path.join(here, "llama_cpp_run.py"), "--returning", path, "--context", str(ctx)]
+    cmd += ["--suffix", str(suffix), "--rounds", str(rounds), "--threads", str(args.llama_threads)]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        print(f"  llama.cpp failed (exit {p.returncode}): {p.stderr[-2000:]}")
+        return
+    lr = json.loads(p.stdout.strip().splitlines()[-1])
+    lt, lc = lr["ttft"], lr["cpu"]
+    print(f"  llama.cpp (BF16 GGUF, f16 KV; state {lr['state_bytes'] / 2**20:.0f} MiB)")
+    for mode, what in (("recompute", "recomputed"), ("cache_ram", "state loaded from RAM")):
+        print(f"  {what:22s} {lt[mode]:6.3f}  {lc[mode]:6.3f}")
+    print(
+        f"  cache-ram vs recompute: {lt['recompute'] / lt['cache_ram']:.1f}x faster; "
+        f"cpuinfer's tier TTFT / llama.cpp's cache-ram TTFT: {t['tier'] / lt['cache_ram']:.2f}x"
+    )
 
 
 def decode_tables(blocks: int, batch: int, ctx: int, count: int, seed: int = 0) -> list[torch.Tensor]:
@@ -401,6 +513,11 @@ def main() -> int:
     ap.add_argument("--skip-engine", action="store_true")
     ap.add_argument("--skip-kernel", action="store_true")
     ap.add_argument("--skip-prefill", action="store_true")
+    ap.add_argument("--skip-tier", action="store_true", help="skip section 6 (the host prefix tier)")
+    ap.add_argument("--only-tier", action="store_true", help="section 6 alone")
+    ap.add_argument("--tier-context", type=int, default=7000, help="section 6: the conversation's first prompt")
+    ap.add_argument("--tier-suffix", type=int, default=256, help="section 6: its new tokens when it returns")
+    ap.add_argument("--tier-gib", type=float, default=1.0, help="section 6: --kv-offloading-size")
     add_llama_args(ap, "section 5, llama.cpp on the same GGUF files")
     ap.add_argument("--llama-contexts", default="4096,8000", help="contexts of section 5 ('' skips it)")
     ap.add_argument("--llama-threads", type=int, default=2, help="threads of both engines in section 5")
@@ -424,6 +541,9 @@ def main() -> int:
         f"L3 {l3_bytes() >> 20} MiB"
     )
     met = True
+    if args.only_tier:
+        args.skip_engine = args.skip_kernel = args.skip_prefill = args.skip_ttft = True
+        args.llama_contexts = ""
     if not args.skip_engine:
         contexts = [int(c) for c in args.contexts.split(",")]
         print(f"\n1. engine, SmolLM2 bf16 weights, batch-1 decode ({steps} steps after the prompt; median step)")
@@ -456,7 +576,8 @@ def main() -> int:
                         f"   {r['bw'] / 1e9:6.1f}"
                     )
                 gc.collect()
-    print("\n4. prefill attention, one layer, block size 128: the 4096-token chunks of an 8k and a 16k prompt")
+    if not args.skip_prefill:
+        print("\n4. prefill attention, one layer, block size 128: the 4096-token chunks of an 8k and a 16k prompt")
     chunks = ((0, 4096), (4096, 4096), (12288, 4096))
     cases = [(SMOL_HEADS, kv, c) for kv in kv_dtypes for c in chunks] + [(LLAMA_HEADS, "bfloat16", c) for c in chunks]
     for heads, kv, (prefix, new) in cases if not args.skip_prefill else ():
@@ -469,6 +590,8 @@ def main() -> int:
         )
     if args.llama and args.llama_contexts:
         llama_cpp_rows(args, [int(c) for c in args.llama_contexts.split(",")], 16 if args.quick else 32)
+    if not args.skip_tier:
+        returning_rows(args)
     return 0 if met else 1
 
 

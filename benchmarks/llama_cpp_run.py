@@ -8,11 +8,17 @@ KV, mmap, extra buffer types such as the AMX / repacked weights on); greedy, the
     python benchmarks/llama_cpp_run.py --long MODEL.gguf --contexts 4096,8000 --steps 32 --threads 2
 
 prints one JSON line: batch-1 decode after a prompt of each context length (long_context()).
+
+    python benchmarks/llama_cpp_run.py --returning MODEL.gguf --context 7000 --suffix 256 --rounds 3
+
+prints one JSON line: the time to first token of a returning conversation whose KV was cleared, recomputed
+or restored from a copy of its state in RAM (returning()).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import random
 import time
@@ -140,6 +146,49 @@ def long_context(model_path: str, contexts: list[int], steps: int, threads: int,
     return dict(rows=rows, threads=threads, system_info=info)
 
 
+def returning(model_path: str, context: int, suffix: int, rounds: int, threads: int) -> dict:
+    """The time to first token of a returning conversation: A (`context` tokens, one answer token), then A again
+    with its answer and `suffix` new tokens after the context was cleared (another conversation took it: one
+    sequence, so clearing is all it does to A). Either recomputed from nothing, or A's sequence state (saved to
+    RAM once, after its turn) loaded back and only the rest decoded: what llama-server's --cache-ram (its
+    prompt cache) and llama-cpp-python's LlamaRAMCache do. Alternating rounds; the medians, wall-clock and
+    process CPU time, and the saved state's bytes."""
+    llama = Llama(model_path, threads)
+    L = llama.L
+    n_ctx = context + suffix + 64
+    ctx = llama.context(n_ctx, n_ctx, 1)
+    batch, view = llama.make_batch(n_ctx, 1)
+    mem = L.llama_get_memory(ctx)
+    a = prompt_ids(context, llama.vocab, 0)
+    more = prompt_ids(suffix, llama.vocab, 2)
+    llama.generate(ctx, batch, view, [prompt_ids(16, llama.vocab, 3)], 2)  # warm-up
+    L.llama_memory_clear(mem, True)
+    llama.fill(batch, view, [(0, a, 0)])
+    answer = int(llama.decode(ctx, batch, 1)[0])
+    size = L.llama_state_seq_get_size(ctx, 0)
+    saved = (ctypes.c_uint8 * size)()
+    state_bytes = L.llama_state_seq_get_data(ctx, saved, size, 0)
+    times: dict[str, list[tuple[float, float]]] = {"recompute": [], "cache_ram": []}
+    for _ in range(rounds):
+        for mode in times:
+            t, c = time.perf_counter(), time.process_time()
+            L.llama_memory_clear(mem, True)
+            if mode == "recompute":
+                llama.fill(batch, view, [(0, [*a, answer, *more], 0)])
+            else:
+                if L.llama_state_seq_set_data(ctx, saved, state_bytes, 0) == 0:
+                    raise RuntimeError("llama_state_seq_set_data failed")
+                llama.fill(batch, view, [(0, [answer, *more], len(a))])
+            llama.decode(ctx, batch, 1)
+            times[mode].append((time.perf_counter() - t, time.process_time() - c))
+    llama.free(batch, ctx)
+    llama.close()
+    med = {m: (sorted(w for w, _ in v)[len(v) // 2], sorted(c for _, c in v)[len(v) // 2]) for m, v in times.items()}
+    return dict(
+        ttft={m: w for m, (w, _) in med.items()}, cpu={m: c for m, (_, c) in med.items()}, state_bytes=state_bytes
+    )
+
+
 def prompt_ids(length: int, vocab: int, seed: int) -> list[int]:
     """`length` random token ids in [1000, vocab)."""
     rng = random.Random(seed * 1_000_003 + length)
@@ -148,11 +197,20 @@ def prompt_ids(length: int, vocab: int, seed: int) -> list[int]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--long", required=True, metavar="MODEL", help="GGUF file")
+    ap.add_argument("--long", metavar="MODEL", help="GGUF file: decode after long prompts")
+    ap.add_argument("--returning", metavar="MODEL", help="GGUF file: a returning conversation's TTFT")
+    ap.add_argument("--context", type=int, default=7000, help="--returning: the conversation's first prompt")
+    ap.add_argument("--suffix", type=int, default=256, help="--returning: its new tokens when it returns")
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--contexts", default="4096,8000")
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
+    if args.returning:
+        print(json.dumps(returning(args.returning, args.context, args.suffix, args.rounds, args.threads)))
+        return 0
+    if not args.long:
+        ap.error("give --long MODEL or --returning MODEL")
     contexts = [int(c) for c in args.contexts.split(",")]
     print(json.dumps(long_context(args.long, contexts, args.steps, args.threads)))
     return 0

@@ -20,7 +20,7 @@ import torch
 
 from cpuinfer import envs
 from cpuinfer.attention.cache_dtypes import CACHE_DTYPES
-from cpuinfer.platform.memory import fit_kv_cache
+from cpuinfer.platform.memory import available_memory_bytes, fit_kv_cache
 from cpuinfer.quantization.checkpoint import METHODS as QUANTIZATION_METHODS
 
 DP_BACKENDS = ("mp", "ray")
@@ -99,6 +99,10 @@ class EngineArgs:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     enable_prefix_caching: bool = True
+    # vLLM's names: GiB of RAM keeping the prefix blocks the KV cache evicts (engine.host_tier); None or 0: off.
+    kv_offloading_size: float | None = None
+    kv_offloading_backend: str = "native"
+    kv_offloading_dtype: str = "auto"  # auto: the KV cache's own bytes (exact); fp8_e5m2: lossy, half of bf16's
     seed: int | None = 0
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
@@ -242,6 +246,28 @@ class EngineArgs:
             action=argparse.BooleanOptionalAction,
             default=True,
             help="Reuse KV blocks of shared prompt prefixes.",
+        )
+        g.add_argument(
+            "--kv-offloading-size",
+            type=float,
+            default=None,
+            metavar="GIB",
+            help="GiB of RAM (per engine core) keeping the prefix blocks the KV cache evicts, so a returning "
+            "conversation or shared prefix is copied back instead of recomputed (default: off).",
+        )
+        g.add_argument(
+            "--kv-offloading-dtype",
+            default="auto",
+            choices=["auto", "fp8_e5m2"],
+            help="What --kv-offloading-size keeps: auto (the KV cache's own bytes, restored exactly) or fp8_e5m2 "
+            "(half a bf16 block's bytes; a restored block holds what an fp8 KV cache would: lossy).",
+        )
+        g.add_argument(
+            "--kv-offloading-backend",
+            default="native",
+            choices=["native"],
+            help="Where --kv-offloading-size keeps blocks: native (this process's RAM; vLLM's lmcache is not "
+            "supported).",
         )
         g.add_argument("--seed", type=int, default=0, help="Seed of the sampler for requests without their own.")
         g = parser.add_argument_group("parallelism (ranks are processes; see VLLM_CPU_OMP_THREADS_BIND)")
@@ -479,6 +505,9 @@ class EngineArgs:
         per_token = spec.kv_bytes_per_token(cache_dtype, tp) // spec.num_layers * stage_max
         num_blocks = self.num_gpu_blocks_override or int(space_gib * 2**30) // (per_token * self.block_size)
         num_blocks = fit_kv_cache(num_blocks, per_token * self.block_size * tp * pp, space_gib)
+        offload_dtype = self._offload_dtype(cache_dtype)
+        offload_block = spec.kv_bytes_per_token(offload_dtype or cache_dtype, tp) * self.block_size
+        offload_blocks = self._offload_blocks(offload_block, per_token * self.block_size * num_blocks)
         max_model_len = self.max_model_len or spec.max_model_len
         if self.max_model_len is None and self.resolved_runner() != "generate":
             from cpuinfer.models.pooler import sentence_transformers_max_len
@@ -519,9 +548,51 @@ class EngineArgs:
             max_num_batched_tokens=batched,
             max_num_seqs=seqs,
             kv_bytes_per_token=per_token,
+            kv_offloading_blocks=offload_blocks,
+            kv_offloading_dtype=offload_dtype,
             pooler=pooler,
             speculative=speculative,
         )
+
+    def _offload_dtype(self, cache_dtype: torch.dtype) -> torch.dtype | None:
+        """What the host prefix tier keeps if not the cache's own bytes (--kv-offloading-dtype), else None."""
+        if self.kv_offloading_dtype not in ("auto", "fp8_e5m2"):
+            raise ValueError(f"--kv-offloading-dtype={self.kv_offloading_dtype!r} is not one of auto, fp8_e5m2")
+        fp8 = CACHE_DTYPES["fp8_e5m2"]
+        return fp8 if self.kv_offloading_dtype == "fp8_e5m2" and cache_dtype != fp8 else None
+
+    def _offload_blocks(self, block_bytes: int, kv_bytes: int) -> int:
+        """KV blocks the host prefix tier holds (--kv-offloading-size GiB of blocks of block_bytes, which must fit
+        the memory available next to the KV cache's kv_bytes); 0: off."""
+        size = self.kv_offloading_size
+        flag = f"--kv-offloading-size={size!r}"
+        if self.kv_offloading_backend != "native":
+            raise ValueError(
+                f"--kv-offloading-backend={self.kv_offloading_backend!r} is not supported; use native (the default)"
+            )
+        if size is None or size == 0:
+            return 0
+        if isinstance(size, bool) or not isinstance(size, (int, float)) or not 0 < size < float("inf"):
+            raise ValueError(f"{flag} must be a number of GiB > 0 (0 or None turns the host prefix tier off)")
+        if not self.enable_prefix_caching or self.resolved_runner() == "pooling":
+            raise ValueError(
+                f"{flag} keeps evicted prefix-cache blocks: it needs prefix caching and the generate runner"
+            )
+        if self.tensor_parallel_size > 1 or self.pipeline_parallel_size > 1:
+            raise ValueError(
+                f"{flag}: the host prefix tier runs with one rank only; drop it or use "
+                "--tensor-parallel-size 1 --pipeline-parallel-size 1"
+            )
+        blocks = int(size * 2**30) // block_bytes
+        if blocks < 1:
+            raise ValueError(f"{flag} GiB is smaller than one KV block ({block_bytes} bytes); raise it or use 0")
+        avail = available_memory_bytes()
+        if avail is not None and blocks * block_bytes + kv_bytes > avail:
+            raise ValueError(
+                f"{flag} GiB and the {kv_bytes / 2**30:.2f} GiB KV cache do not fit the "
+                f"{avail / 2**30:.2f} GiB of memory available; lower it"
+            )
+        return blocks
 
     def resolved_runner(self) -> str | None:
         """generate or pooling, from --runner, --task and --convert (which must agree); None: none chose."""
@@ -637,6 +708,8 @@ class EngineConfig:
     max_num_batched_tokens: int
     max_num_seqs: int
     kv_bytes_per_token: int
+    kv_offloading_blocks: int = 0  # blocks of the host prefix tier (--kv-offloading-size); 0: none
+    kv_offloading_dtype: torch.dtype | None = None  # what the tier keeps if not the cache's own bytes
     pooler: Any = None  # models.pooler.PoolerConfig under the pooling runner, else None
     speculative: Any = None  # cpuinfer.spec_decode.config.SpeculativeConfig, or None: no speculation
 

@@ -18,9 +18,10 @@ TAIL = 256  # the last positions, whose logits are compared
 CHUNK = 512  # prefill chunk before the tail
 
 
-def tail_logits(runner, ids: list[int]) -> torch.Tensor:
-    """Logits of the last TAIL positions of ids, prefilled in chunks (every chunk reads the cached prefix)."""
-    table = list(range(math.ceil(len(ids) / BLOCK)))[::-1]
+def tail_logits(runner, ids: list[int], table: list[int] | None = None) -> torch.Tensor:
+    """Logits of the last TAIL positions of ids, prefilled in chunks (every chunk reads the cached prefix), in the
+    blocks of `table` (default: the first ones, reversed)."""
+    table = table or list(range(math.ceil(len(ids) / BLOCK)))[::-1]
     pos = 0
     while len(ids) - pos > TAIL:
         n = min(CHUNK, len(ids) - TAIL - pos)

@@ -13,6 +13,7 @@ import time
 import torch
 
 from cpuinfer.engine.block_pool import BlockPool
+from cpuinfer.engine.host_tier import HostTier
 from cpuinfer.engine.limits import RequestLimits, validate_request
 from cpuinfer.engine.messages import AddRequest, EngineStats, SeqOutput
 from cpuinfer.engine.request import Request
@@ -65,11 +66,12 @@ class EngineCore:
         seed: int | None = 0,
         grammars: StructuredOutputManager | None = None,
         spec: SpecDecoder | None = None,
+        host_tier: HostTier | None = None,
     ):
         self.runner = runner
         self.grammars = grammars
         self.spec = spec  # speculative decoding (None: off)
-        self.pool = BlockPool(num_blocks, block_size, enable_prefix_caching)
+        self.pool = BlockPool(num_blocks, block_size, enable_prefix_caching, host_tier)
         self.scheduler = Scheduler(scheduler_config, self.pool)
         self.sampler = Sampler(seed)
         self.eos_token_ids = frozenset(eos_token_ids)
@@ -116,6 +118,10 @@ class EngineCore:
             config.args.seed,
             grammars,
             speculative,
+            # One rank only (EngineArgs checks): its runner, and so its KV cache, is in this process.
+            HostTier(runner.kv_caches, config.kv_offloading_blocks, config.kv_offloading_dtype)
+            if config.kv_offloading_blocks
+            else None,
         )
         core.layout = layout
         return core
@@ -470,6 +476,14 @@ class EngineCore:
         s.prefix_cache_queries = self.pool.query_tokens
         s.prefix_cache_hits = self.pool.hit_tokens
         s.num_preemptions = self.scheduler.num_preemptions
+        tier = self.pool.host_tier
+        if tier is not None:
+            s.kv_offload_capacity_bytes = tier.capacity_blocks * tier.block_bytes
+            s.kv_offload_bytes = tier.num_blocks * tier.block_bytes
+            s.kv_offload_stored_bytes = tier.stored_blocks * tier.block_bytes
+            s.kv_offload_restored_bytes = tier.restored_blocks * tier.block_bytes
+            s.external_prefix_cache_queries = tier.query_tokens
+            s.external_prefix_cache_hits = tier.hit_tokens
         if self.spec is not None:
             st = self.spec.stats
             s.spec_decode_num_drafts = st.num_drafts

@@ -96,6 +96,15 @@ class EngineStats:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     num_preemptions: int = 0
+    # The host prefix tier (--kv-offloading-size; all 0 without it): its size and what it holds now, bytes
+    # saved to it and copied back from it, and, as vLLM's external prefix cache, the prompt tokens looked up
+    # past the KV cache's hits and those restored.
+    kv_offload_capacity_bytes: int = 0
+    kv_offload_bytes: int = 0
+    kv_offload_stored_bytes: int = 0
+    kv_offload_restored_bytes: int = 0
+    external_prefix_cache_queries: int = 0
+    external_prefix_cache_hits: int = 0
     prompt_tokens: int = 0  # tokens computed in prefill (recomputation included)
     generation_tokens: int = 0
     num_steps: int = 0
@@ -126,6 +135,10 @@ def merge_stats(live: list[EngineStats], gone: list[EngineStats] = ()) -> Engine
         out.prefix_cache_queries += s.prefix_cache_queries
         out.prefix_cache_hits += s.prefix_cache_hits
         out.num_preemptions += s.num_preemptions
+        out.kv_offload_stored_bytes += s.kv_offload_stored_bytes
+        out.kv_offload_restored_bytes += s.kv_offload_restored_bytes
+        out.external_prefix_cache_queries += s.external_prefix_cache_queries
+        out.external_prefix_cache_hits += s.external_prefix_cache_hits
         out.prompt_tokens += s.prompt_tokens
         out.generation_tokens += s.generation_tokens
         out.num_steps += s.num_steps
@@ -142,6 +155,8 @@ def merge_stats(live: list[EngineStats], gone: list[EngineStats] = ()) -> Engine
         out.num_waiting += s.num_waiting
         out.num_kv_blocks += s.num_kv_blocks
         out.num_free_kv_blocks += s.num_free_kv_blocks
+        out.kv_offload_capacity_bytes += s.kv_offload_capacity_bytes
+        out.kv_offload_bytes += s.kv_offload_bytes
     if out.num_kv_blocks:
         out.kv_cache_usage = sum(s.kv_cache_usage * s.num_kv_blocks for s in live) / out.num_kv_blocks
     if out.prefix_cache_queries:

@@ -149,8 +149,9 @@ class Scheduler:
                     self.pool.free(hit_blocks[::-1])
                     req.block_ids, req.num_computed_tokens, req.num_cached_blocks = [], 0, 0
                 break
+            if fresh:
+                self.pool.record_lookup(req.num_tokens, hit_blocks, count=req.num_preemptions == 0)
             if fresh and req.num_preemptions == 0:
-                self.pool.record_lookup(req.num_tokens, len(hit_blocks) * self.block_size)
                 req.num_prefix_hit_tokens = len(hit_blocks) * self.block_size
             self.waiting.popleft()
             req.status = Status.RUNNING

@@ -372,10 +372,15 @@ async def _log_stats(state: ServerState, interval: float) -> None:
         prompt, gen = m.prompt_tokens._value.get(), m.generation_tokens._value.get()
         dt = max(now - last_t, 1e-9)
         if prompt != last_prompt or gen != last_gen or s.num_running or s.num_waiting:
+            tier = ""
+            if s.kv_offload_capacity_bytes:  # the host prefix tier, as vLLM logs its external prefix cache
+                rate = s.external_prefix_cache_hits / max(s.external_prefix_cache_queries, 1)
+                held = s.kv_offload_bytes / 2**30
+                tier = f", External prefix cache hit rate: {100 * rate:.1f}%, Host tier: {held:.2f} GiB"
             logger.info(
                 "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, "
                 "Running: %d reqs, Waiting: %d reqs, KV cache usage: %.1f%%, Prefix cache hit rate: %.1f%%, "
-                "Preemptions: %d",
+                "Preemptions: %d%s",
                 (prompt - last_prompt) / dt,
                 (gen - last_gen) / dt,
                 s.num_running,
@@ -383,6 +388,7 @@ async def _log_stats(state: ServerState, interval: float) -> None:
                 100 * s.kv_cache_usage,
                 100 * s.prefix_cache_hit_rate,
                 s.num_preemptions,
+                tier,
             )
         last_prompt, last_gen, last_t = prompt, gen, now
 

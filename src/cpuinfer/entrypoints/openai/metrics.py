@@ -133,8 +133,39 @@ class _EngineCollector(Collector):
         yield self._counter("vllm:prefix_cache_queries", "Prefix-cache queries, in tokens.", s.prefix_cache_queries)
         yield self._counter("vllm:prefix_cache_hits", "Prefix-cache hits, in tokens.", s.prefix_cache_hits)
         yield self._counter("vllm:num_preemptions", "Cumulative number of preemptions.", s.num_preemptions)
+        yield from self._host_tier(s)
         yield from self._spec_decode(s)
         yield from self._per_core()
+
+    def _host_tier(self, s) -> Iterable[Metric]:
+        """The host prefix tier (--kv-offloading-size; zero without it): vLLM's external prefix-cache counters,
+        and its bytes."""
+        yield self._counter(
+            "vllm:external_prefix_cache_queries",
+            "Prompt tokens looked up in the host prefix tier (past the KV cache's hits).",
+            s.external_prefix_cache_queries,
+        )
+        yield self._counter(
+            "vllm:external_prefix_cache_hits",
+            "Prompt tokens restored from the host prefix tier.",
+            s.external_prefix_cache_hits,
+        )
+        yield self._gauge(
+            "cpuinfer:kv_offload_capacity_bytes", "Size of the host prefix tier.", s.kv_offload_capacity_bytes
+        )
+        yield self._gauge(
+            "cpuinfer:kv_offload_bytes", "Bytes of KV blocks the host prefix tier holds.", s.kv_offload_bytes
+        )
+        yield self._counter(
+            "cpuinfer:kv_offload_stored_bytes",
+            "Bytes of evicted KV blocks saved to the host prefix tier.",
+            s.kv_offload_stored_bytes,
+        )
+        yield self._counter(
+            "cpuinfer:kv_offload_restored_bytes",
+            "Bytes of KV blocks copied back from the host prefix tier.",
+            s.kv_offload_restored_bytes,
+        )
 
     def _spec_decode(self, s) -> Iterable[Metric]:
         """vLLM's speculative-decoding counters (zero without speculation)."""
