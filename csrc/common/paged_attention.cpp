@@ -219,6 +219,16 @@ struct Runner {
     // sequences x 192 keys at SmolLM2's heads over 30 cold caches: 0.34-0.36 -> 0.29-0.30 ms a layer
     // (the same data warm: ~0.17); engine W2 (32 sequences decoding) +5-8%. Tried and no better: two units
     // ahead; the prefetches spread over PV too; every other line (see PrefetchRanges).
+    // A unit of several partitions (a long sequence's share) fetches partition by partition: while one runs,
+    // the next one of the unit (after its last, the next unit's first). Fetching the whole next unit over
+    // this one's chunks, as before, left a long decode's partitions cold: a unit of 16k keys' share is
+    // ~800 KB, 16 KB a step to prefetch on top of the step's own loads. Measured on this Sapphire Rapids,
+    // 2 threads, the kernel alone, batch 1, 16384 keys streamed from memory (bench_long_context section 3,
+    // alternating builds): 0.933-0.947 -> 0.818-0.824 ms; at 4096 keys 0.211-0.217 -> 0.207-0.209; the
+    // same KV in L3 no different; every table entry on one block (the arithmetic alone, no misses) 0.26-0.27
+    // -> 0.31-0.32 ms (the prefetches themselves). Engine, SmolLM2 bf16, batch-1 decode at 16384:
+    // 22.4-22.8 -> 25.8-26.5 tok/s (55-56% -> 63-64% of the roofline); at 4096 unchanged. Every other line
+    // lost the gain (0.94 ms at 16384).
     void run_unit(const Unit &u, Scratch &sc, const Unit *next = nullptr) {
         const Group &g = groups[u.group];
         const int64_t s = g.seq, h = g.kv_head, L = q_len(s), ctx = a.seq_lens[s], qs = a.query_start_loc[s];
@@ -253,14 +263,18 @@ struct Runner {
             }
         }
         attn::PrefetchRanges ahead;
-        if (whole && rows <= 16 && next && groups[next->group].rows <= 16) {
-            ranges_of(*next, ahead);
-            // Over this unit's chunks of 32 keys, two steps each (flash_unit_amx: V pack and QK).
-            const auto [k0, k1] = keys_of(g, u.p0, u.p1);
-            const int64_t steps = 2 * std::max<int64_t>(1, (k1 - k0) / 32);
-            ahead.per = (ahead.bytes() + steps - 1) / steps;
-        }
+        const bool fetch = whole && rows <= 16;  // a decode unit on the whole-unit path (see above)
         for (int64_t p = u.p0; p < u.p1; ++p) {
+            if (fetch) {  // the next partition, of this unit or the next one, over this one's chunks
+                ahead = attn::PrefetchRanges{};
+                if (p + 1 < u.p1) ranges_of(Unit{u.group, p + 1, p + 2, 0}, ahead);
+                else if (next && groups[next->group].rows <= 16)
+                    ranges_of(Unit{next->group, next->p0, next->p0 + 1, 0}, ahead);
+                // Two steps for each chunk of 32 keys (flash_unit_amx: V pack and QK).
+                const auto [k0, k1] = keys_of(g, p, p + 1);
+                const int64_t steps = 2 * std::max<int64_t>(1, (k1 - k0) / 32);
+                ahead.per = (ahead.bytes() + steps - 1) / steps;
+            }
             // A partition's m, l and acc: in its slot of the results when there are several (a 2048-token
             // prefill's copies from the scratch were ~2% of it), else in the scratch.
             float *dst = results ? results + (p - g.first) * stride : nullptr;
