@@ -69,6 +69,15 @@ the benchmark lock but with other sessions' tests running (load 2-5: wall-clock 
   softmax alone (two 512-bit ports) would cap the kernel near 45% of the tile peak by that count, so 50%
   needs a different split of the work (e.g. P rounded to bf16 for the PV product, as torch's CPU flash
   attention does (FlashAttentionKernel.cpp's qk_reduced), which this project's accuracy tests refuse), not a retune.
+  Sections 1 and 3, the same machine and day, quiet (no other session), `--contexts 128,4096,16384,32768
+  --kernel-contexts 4096,16384,32768`, after the amx few-row linear (panel_kernel_x86.h) and with the decode
+  prefetch of the next partition (paged_attention.cpp run_unit) for the 16k/32k engine rows: batch-1 decode,
+  bf16 KV: 71.1 tok/s at 128 (73% of the roofline), 50.5 at 4096 (68%), 26.7 at 16384 (64%), 16.5 at 32768
+  (64%); fp8 KV: 70.5 (71%), 52.2 (62%), 27.4 (47%), 17.4 (44%). Target 90%: missed; the attention reads its
+  KV at ~50-55% of the stream (section 3, bf16 batch 1 before the prefetch change: 4096 keys 0.219 ms streamed,
+  0.123 warm, 0.085 arithmetic alone; 16384 0.957 / 0.500 / 0.272, then 0.82 ms streamed with it; 32768
+  1.978 / 1.199 / 0.556), and fp8 is compute-bound (its arithmetic alone 0.44 ms at 16384: the e5m2 -> bf16
+  widening), so it reads 0.7x the bytes of bf16 and decodes only 1.03-1.05x faster at 16-32k.
 """
 
 from __future__ import annotations
