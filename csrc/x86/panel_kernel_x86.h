@@ -352,7 +352,7 @@ struct AmxTiles {
         return K;
     }
 
-    // acc[r * 32 + j] for r < mr (<= 128), j < 32.
+    // acc[(r * np + q) * 32 + j] for r < mr (<= 128), panel q < np (2 only up to 16 rows: few()), j < 32.
     static void run(int mr, int np, const T *x, int64_t xs, const T *w, int64_t ps, int64_t K, float *acc) {
         if (K % 32 != 0) {  // panel by panel (np is 2 only up to 16 rows), into acc's rows of np panels
             alignas(64) float one[128 * 32];
