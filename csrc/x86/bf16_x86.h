@@ -60,19 +60,7 @@ inline void load_tile_config(const TileConfig &cfg) {
 #endif
 }
 
-// The one configuration both AMX paths use: all eight tiles 16 rows x 64 bytes.
-inline const TileConfig &full_tiles() {
-    static const TileConfig cfg = [] {
-        TileConfig c;
-        std::memset(&c, 0, sizeof c);
-        c.palette = 1;
-        for (int t = 0; t < 8; ++t) c.rows[t] = 16, c.colsb[t] = 64;
-        return c;
-    }();
-    return cfg;
-}
-
-// Tiles 0-4 of `rows` rows (C and A tiles of a few-row product), 5-7 16 x 64 bytes (B).
+// Tiles 0-4 of `rows` rows (C and A tiles of a few-row product), 5-7 16 x 64 bytes (B); 64 bytes a row.
 inline const TileConfig &row_tiles(int rows) {
     static const auto cfgs = [] {
         std::array<TileConfig, 17> all;
@@ -86,6 +74,9 @@ inline const TileConfig &row_tiles(int rows) {
     }();
     return cfgs[rows];
 }
+
+// The one configuration both AMX paths use: all eight tiles 16 rows x 64 bytes.
+inline const TileConfig &full_tiles() { return row_tiles(16); }
 
 // AMX-FP16 (TDPFP16PS; Granite Rapids on): CPUID.(EAX=7, ECX=1):EAX bit 21.
 // The tile state is the one the amx variant already holds the OS grant for.

@@ -283,7 +283,7 @@ struct AmxTiles {
     }
     static void use_rows(int rows) {
         if (config_rows() == rows) return;
-        x86::load_tile_config(rows == 16 ? x86::full_tiles() : x86::row_tiles(rows));
+        x86::load_tile_config(x86::row_tiles(rows));
         config_rows() = rows;
     }
 
