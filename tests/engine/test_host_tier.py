@@ -15,11 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cpuinfer.config import EngineArgs
 from cpuinfer.engine.block_pool import Block, BlockPool, block_hash
-from cpuinfer.engine.core import EngineCore
 from cpuinfer.engine.host_tier import HostTier
-from cpuinfer.engine.limits import RequestLimits
-from cpuinfer.engine.llm_engine import LLMEngine
-from cpuinfer.engine.scheduler import SchedulerConfig
 from cpuinfer.engine.step import ScheduledSeq
 from cpuinfer.entrypoints.openai.metrics import ServerMetrics
 
@@ -191,17 +187,7 @@ def test_restored_prefix_logits_exact_and_fp8_cost(smol_runner, smol_tokenizer):
 
 def engine_with_tier(runner, spec, num_blocks, tier_blocks, batched=4096):
     tier = HostTier(runner.kv_caches, tier_blocks) if tier_blocks else None
-    core = EngineCore(
-        runner,
-        SchedulerConfig(batched, 256, 1024),
-        num_blocks,
-        BLOCK,
-        True,
-        spec.eos_token_ids,
-        RequestLimits(max_model_len=1024, vocab_size=spec.vocab_size),
-        host_tier=tier,
-    )
-    return LLMEngine(None, core, spec.tokenizer)
+    return engine_on(runner, spec, num_blocks, batched, host_tier=tier)
 
 
 SMALL = 12  # KV blocks: one conversation of ~10 blocks, not two

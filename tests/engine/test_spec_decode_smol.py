@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import pytest
 
-from cpuinfer.engine.core import EngineCore
-from cpuinfer.engine.limits import RequestLimits
-from cpuinfer.engine.llm_engine import LLMEngine
-from cpuinfer.engine.scheduler import SchedulerConfig
 from cpuinfer.sampling_params import SamplingParams
 from cpuinfer.spec_decode.config import SpeculativeConfig
 from cpuinfer.spec_decode.decoder import SpecDecoder
 from cpuinfer.spec_decode.proposer import NgramProposer
 
-from .conftest import BLOCK, NUM_BLOCKS
+from .conftest import NUM_BLOCKS
+from .test_engine_e2e import engine_on as plain_engine
 
 CODE = """def add(a, b):
     return a + b
@@ -50,17 +47,7 @@ def engine_on(runner, spec, k=0, num_blocks=NUM_BLOCKS, batched=4096, caching=Tr
             }
         )
         decoder = SpecDecoder(cfg, NgramProposer(*lookup), 1024)
-    core = EngineCore(
-        runner,
-        SchedulerConfig(batched, 256, 1024),
-        num_blocks,
-        BLOCK,
-        caching,
-        spec.eos_token_ids,
-        RequestLimits(max_model_len=1024, vocab_size=spec.vocab_size),
-        spec=decoder,
-    )
-    return LLMEngine(None, core, spec.tokenizer)
+    return plain_engine(runner, spec, num_blocks, batched, caching=caching, spec=decoder)
 
 
 def run(engine, prompts, params):
