@@ -252,8 +252,7 @@ def returning_rows(args) -> None:
         f"\n6. host prefix tier: a returning conversation ({ctx}-token prompt + answer + {suffix} new tokens) "
         f"after another one filled the KV cache; median of {rounds} alternating rounds"
     )
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        r = pool.submit(engine_returning, ctx, suffix, rounds, args.tier_gib).result()
+    r = spawned(engine_returning, ctx, suffix, rounds, args.tier_gib)
     t, c = r["ttft"], r["cpu"]
     print("  cpuinfer               TTFT s   CPU s   each round's TTFT s (SmolLM2 bf16, bf16 KV, block 128)")
     for mode, what in (("recompute", "recomputed"), ("tier", "restored from the tier"), ("kv_hit", "still in KV")):
@@ -265,25 +264,25 @@ def returning_rows(args) -> None:
         f"{r['stored'] / 2**20:.0f} MiB stored, {r['block_bytes'] / 2**20:.2f} MiB a block (the tier's first round "
         "faults its pages in)"
     )
-    if not args.llama:
+    python, path, why = llama_bf16(args)
+    lr = None
+    if python is not None:
+        lr, why = llama_cpp(
+            python,
+            "--returning",
+            path,
+            "--context",
+            ctx,
+            "--suffix",
+            suffix,
+            "--rounds",
+            rounds,
+            "--threads",
+            args.llama_threads,
+        )
+    if lr is None:
+        print(f"  llama.cpp skipped: {why}")
         return
-    from bench_quant import find_llama_python, gguf_file
-
-    from cpuinfer.config import default_model_path
-
-    python, why = find_llama_python(args.llama_python)
-    if python is None:
-        print(f"  llama.cpp: skipped: {why}")
-        return
-    path = gguf_file("gguf_bf16", default_model_path(), args.work_dir, python)
-    here = os.path.dirname(os.path.abspath(__file__))
-    cmd = [python, os.path.join(here, "llama_cpp_run.py"), "--returning", path, "--context", str(ctx)]
-    cmd += ["--suffix", str(suffix), "--rounds", str(rounds), "--threads", str(args.llama_threads)]
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    if p.returncode != 0:
-        print(f"  llama.cpp failed (exit {p.returncode}): {p.stderr[-2000:]}")
-        return
-    lr = json.loads(p.stdout.strip().splitlines()[-1])
     lt, lc = lr["ttft"], lr["cpu"]
     print(f"  llama.cpp (BF16 GGUF, f16 KV; state {lr['state_bytes'] / 2**20:.0f} MiB)")
     for mode, what in (("recompute", "recomputed"), ("cache_ram", "state loaded from RAM")):
@@ -405,33 +404,50 @@ def spawned(fn, *args):
         return pool.submit(fn, *args).result()
 
 
-def llama_long(python: str, path: str, contexts: list[int], steps: int, threads: int) -> tuple[list | None, str]:
-    """llama_cpp_run.long_context's rows for the GGUF file at `path` (run by llama-cpp-python's interpreter),
-    or None and why not."""
+def llama_cpp(python: str, *args) -> tuple[dict | None, str]:
+    """llama_cpp_run.py's JSON line for `args`, run by llama-cpp-python's interpreter, or None and why not."""
     here = os.path.dirname(os.path.abspath(__file__))
-    cmd = [python, os.path.join(here, "llama_cpp_run.py"), "--long", path, "--contexts"]
-    cmd += [",".join(map(str, contexts)), "--steps", str(steps), "--threads", str(threads)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = subprocess.run(
+        [python, os.path.join(here, "llama_cpp_run.py"), *map(str, args)], capture_output=True, text=True
+    )
     if r.returncode != 0:
         return None, f"llama.cpp failed (exit {r.returncode}): {r.stderr[-2000:]}"
-    return json.loads(r.stdout.strip().splitlines()[-1])["rows"], ""
+    return json.loads(r.stdout.strip().splitlines()[-1]), ""
+
+
+def llama_long(python: str, path: str, contexts: list[int], steps: int, threads: int) -> tuple[list | None, str]:
+    """llama_cpp_run.long_context's rows for the GGUF file at `path`, or None and why not."""
+    out, why = llama_cpp(
+        python, "--long", path, "--contexts", ",".join(map(str, contexts)), "--steps", steps, "--threads", threads
+    )
+    return (out["rows"] if out else None), why
+
+
+def llama_bf16(args) -> tuple[str | None, str | None, str]:
+    """llama-cpp-python's interpreter and the bundled model's weights as a BF16 GGUF (made once, by
+    bench_quant.gguf_file), or Nones and why not (--no-llama, no interpreter)."""
+    from bench_quant import find_llama_python, gguf_file
+
+    from cpuinfer.config import default_model_path
+
+    if not args.llama:
+        return None, None, "--no-llama"
+    python, why = find_llama_python(args.llama_python)
+    if python is None:
+        return None, None, why
+    return python, gguf_file("gguf_bf16", default_model_path(), args.work_dir, python), ""
 
 
 def ttft_rows(args, kv_dtypes: list[str]) -> None:
     """Section 2: time to first token at each --ttft-lens length, the engine (each KV dtype) against
     transformers (SDPA) and llama.cpp (the BF16 file of section 5, f16 KV) in the same run."""
-    from bench_quant import find_llama_python, gguf_file
-
-    from cpuinfer.config import default_model_path
-
     lengths = [int(n) for n in args.ttft_lens.split(",")]
     repeat = 1 if args.quick else 2
     ours = {kv: spawned(engine_ttft, kv, lengths, repeat) for kv in kv_dtypes}
     hf = {n: spawned(hf_ttft, n, repeat) for n in lengths}
-    llama, why = {}, "--no-llama"
-    python, why = find_llama_python(args.llama_python) if args.llama else (None, why)
+    llama = {}
+    python, path, why = llama_bf16(args)
     if python is not None:
-        path = gguf_file("gguf_bf16", default_model_path(), args.work_dir, python)
         rows, why = llama_long(python, path, lengths, 1, args.llama_threads)
         llama = {t["ctx"]: t["ttft"] for t in rows or ()}
     print(f"\n2. time to first token (chunked prefill, 4096-token chunks; median of {repeat}), SmolLM2 bf16 weights")
@@ -472,17 +488,14 @@ def llama_cpp_rows(args, contexts: list[int], steps: int) -> None:
     """Section 5: batch-1 decode and TTFT at each context, llama.cpp against cpuinfer on the same GGUF files
     (the bundled Q4_1 file, and its weights as BF16 made by bench_quant.gguf_file), in that order, each in a
     process of its own."""
-    from bench_quant import find_llama_python, gguf_file
-
     from cpuinfer.config import default_model_path
 
-    python, why = find_llama_python(args.llama_python)
+    python, bf16, why = llama_bf16(args)
     print(f"\n5. llama.cpp on the same GGUF files, batch 1 ({steps} steps after the prompt; median step), bf16 KV")
     if python is None:
         print(f"  skipped: {why}")
         return
-    q41 = default_model_path()
-    files = {"Q4_1": q41, "BF16": gguf_file("gguf_bf16", q41, args.work_dir, python)}
+    files = {"Q4_1": default_model_path(), "BF16": bf16}
     threads = args.llama_threads
     cpus = sorted(os.sched_getaffinity(0))
     env = dict(os.environ)

@@ -21,6 +21,7 @@ import argparse
 import ctypes
 import json
 import random
+import statistics
 import time
 
 
@@ -183,9 +184,10 @@ def returning(model_path: str, context: int, suffix: int, rounds: int, threads: 
             times[mode].append((time.perf_counter() - t, time.process_time() - c))
     llama.free(batch, ctx)
     llama.close()
-    med = {m: (sorted(w for w, _ in v)[len(v) // 2], sorted(c for _, c in v)[len(v) // 2]) for m, v in times.items()}
     return dict(
-        ttft={m: w for m, (w, _) in med.items()}, cpu={m: c for m, (_, c) in med.items()}, state_bytes=state_bytes
+        ttft={m: statistics.median(w for w, _ in v) for m, v in times.items()},
+        cpu={m: statistics.median(c for _, c in v) for m, v in times.items()},
+        state_bytes=state_bytes,
     )
 
 
@@ -197,8 +199,9 @@ def prompt_ids(length: int, vocab: int, seed: int) -> list[int]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--long", metavar="MODEL", help="GGUF file: decode after long prompts")
-    ap.add_argument("--returning", metavar="MODEL", help="GGUF file: a returning conversation's TTFT")
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--long", metavar="MODEL", help="GGUF file: decode after long prompts")
+    mode.add_argument("--returning", metavar="MODEL", help="GGUF file: a returning conversation's TTFT")
     ap.add_argument("--context", type=int, default=7000, help="--returning: the conversation's first prompt")
     ap.add_argument("--suffix", type=int, default=256, help="--returning: its new tokens when it returns")
     ap.add_argument("--rounds", type=int, default=3)
@@ -209,8 +212,6 @@ def main() -> int:
     if args.returning:
         print(json.dumps(returning(args.returning, args.context, args.suffix, args.rounds, args.threads)))
         return 0
-    if not args.long:
-        ap.error("give --long MODEL or --returning MODEL")
     contexts = [int(c) for c in args.contexts.split(",")]
     print(json.dumps(long_context(args.long, contexts, args.steps, args.threads)))
     return 0

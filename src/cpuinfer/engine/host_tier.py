@@ -57,7 +57,8 @@ class HostTier:
         self.capacity_blocks = capacity_blocks
         self.block_bytes = sum(h[0].numel() * h.element_size() for h in self._host)
         self._entries: OrderedDict[bytes, _Entry] = OrderedDict()  # least recently used first
-        self._free_slots = list(range(capacity_blocks - 1, -1, -1))
+        self._free_slots: list[int] = []
+        self.clear()
         # Counters for stats.
         self.stored_blocks = 0
         self.restored_blocks = 0
@@ -113,7 +114,7 @@ class HostTier:
         self.restored_blocks += len(slots)
 
     def clear(self) -> None:
-        """Forget every held block."""
+        """Forget every held block (every slot free, the lowest taken first)."""
         self._entries.clear()
         self._free_slots = list(range(self.capacity_blocks - 1, -1, -1))
 
