@@ -45,6 +45,14 @@ std::vector<std::string> missing_features() {
 
 Registrar::Registrar(const char *name, TestFn fn) { registry().push_back({name, fn}); }
 
+bool reduced() {
+    static const bool on = [] {
+        const char *v = std::getenv("CPUINFER_TEST_REDUCED");
+        return v && std::strcmp(v, "1") == 0;
+    }();
+    return on;
+}
+
 std::mt19937 &rng() {
     static std::mt19937 gen(1234);
     return gen;

@@ -63,6 +63,13 @@ constexpr DType kFloatTypes[] = {DType::f32, DType::bf16, DType::f16};
 
 std::mt19937 &rng();
 
+// CPUINFER_TEST_REDUCED=1: the costliest cases (the attention matrices, and the linear ones, whose panels
+// are two vectors wide) run fewer and smaller shapes, every kernel path they cross still crossed. Set for SVE
+// at 256 and 2048 bits under qemu (tests/cpp/CMakeLists.txt): there each program took 4.5-7 minutes (the
+// attention cases ~10x their time at 128 bits, the linear ones growing with the panel width), where the full
+// shapes run at 128 bits and natively.
+bool reduced();
+
 // Random floats for test data, drawn from rng() directly. Not through
 // std::uniform_real_distribution or std::normal_distribution: both call
 // std::generate_canonical, which libstdc++ writes with a long double log of

@@ -231,6 +231,13 @@ std::vector<Seq> random_seqs(int n, int max_ctx) {
     return seqs;
 }
 
+// The head sizes of the tile-path cases: multiples of 32 (amx's tiles) and not (80), one past the
+// vector paths' widest register tile (256); all five unless reduced().
+std::vector<int64_t> head_sizes() {
+    if (reduced()) return {64, 80, 256};
+    return {64, 80, 96, 128, 256};
+}
+
 }  // namespace
 
 CPUINFER_TEST(paged_attention_matrix) {
@@ -242,7 +249,7 @@ CPUINFER_TEST(paged_attention_matrix) {
         for (DType cdt : kCacheTypes)
             for (int v = 0; v < 2; ++v, ++i) {
                 const int64_t *hg = heads[i % 5];
-                check_attention(kFloatTypes[i % 3], cdt, D, hg[0], hg[1], 16 * (1 + i % 3), random_seqs(3, 60),
+                check_attention(kFloatTypes[i % 3], cdt, D, hg[0], hg[1], 16 * (1 + i % 3), random_seqs(reduced() ? 2 : 3, reduced() ? 40 : 60),
                                 windows[i % 4], caps[i % 4]);
             }
 }
@@ -258,7 +265,7 @@ CPUINFER_TEST(paged_attention_bf16_tile_paths) {
     // on packed keys (tiles of 1-2, 3-8 and 9-16 rows take 4, 2 and 1 16-key
     // groups at once, so block size 128 and 1-2 heads per KV head are here),
     // amx's flash attention on tiles for head sizes that are multiples of 32.
-    for (int64_t D : {64, 80, 96, 128, 256}) {
+    for (int64_t D : head_sizes()) {
         check_attention(DType::bf16, DType::bf16, D, 2, 8, 32, {{1, 77}, {20, 50}, {3, 33}}, 0, 0.f);
         check_attention(DType::bf16, DType::bf16, D, 1, 4, 16, {{37, 37}, {1, 90}}, 24, 0.f);
         check_attention(DType::bf16, DType::bf16, D, 1, 16, 16, {{2, 40}}, 0, 15.f);
@@ -334,7 +341,7 @@ void check_rows_alone(DType dt, DType cdt, int64_t D, int64_t hkv, int64_t group
 }  // namespace
 
 CPUINFER_TEST(paged_attention_row_independent_of_its_tile) {
-    std::uniform_int_distribution<int> ctxd(2, 300), longd(600, 1400);
+    std::uniform_int_distribution<int> ctxd(2, reduced() ? 120 : 300), longd(600, reduced() ? 800 : 1400);
     int i = 0;
     for (DType dt : kFloatTypes)
         for (DType cdt : kCacheTypes)
@@ -347,7 +354,7 @@ CPUINFER_TEST(paged_attention_row_independent_of_its_tile) {
                 check_rows_alone(dt, cdt, D, 2, group, 16, q, ctx);
             }
     // bf16 x bf16 at block size 128 and every head size: avx512bf16's multi-group tiles, amx's D = 80.
-    for (int64_t D : {64, 80, 96, 128, 256})
+    for (int64_t D : head_sizes())
         for (int64_t group : {1, 2, 3})
             check_rows_alone(DType::bf16, DType::bf16, D, 1, group, 128, std::uniform_int_distribution<int>(2, 40)(rng()),
                              std::uniform_int_distribution<int>(60, 300)(rng()));
@@ -364,7 +371,7 @@ CPUINFER_TEST(paged_attention_fp8_cache_is_its_values_in_bf16) {
     const bool amx = std::string(attention_impl()) == "amx";
     std::uniform_int_distribution<int> byte(0, 255);
     for (int64_t bs : {16, 48, 128}) {
-        const int ctx = 1100, blocks = int((ctx + bs - 1) / bs);
+        const int ctx = reduced() ? 700 : 1100, blocks = int((ctx + bs - 1) / bs);
         std::vector<int32_t> table(static_cast<size_t>(blocks));
         std::iota(table.begin(), table.end(), 0);
         std::shuffle(table.begin(), table.end(), rng());
@@ -376,7 +383,7 @@ CPUINFER_TEST(paged_attention_fp8_cache_is_its_values_in_bf16) {
             for (int64_t i = 0; i < int64_t(c->bytes.size()); ++i)
                 if (byte(rng()) < 32) c->bytes[size_t(i)] = uint8_t(byte(rng()) % 0x48 | (byte(rng()) & 0x80));
         for (int64_t i = 0; i < int64_t(k8.bytes.size()); ++i) k16.set(i, k8.get(i)), v16.set(i, v8.get(i));
-        for (int rows : {300, 1}) {
+        for (int rows : {reduced() ? 48 : 300, 1}) {
             Buffer q(DType::bf16, rows * hq * D), o8(DType::bf16, rows * hq * D), o16 = o8;
             q.fill_normal();
             const int64_t window = bs == 48 ? 200 : 0;
