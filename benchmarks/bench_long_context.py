@@ -495,7 +495,7 @@ def llama_cpp_rows(args, contexts: list[int], steps: int) -> None:
     if python is None:
         print(f"  skipped: {why}")
         return
-    files = {"Q4_1": default_model_path(), "BF16": bf16}
+    files = {name: path for name, path in (("Q4_1", default_model_path()), ("BF16", bf16)) if name in args.llama_files}
     threads = args.llama_threads
     cpus = sorted(os.sched_getaffinity(0))
     env = dict(os.environ)
@@ -544,11 +544,21 @@ def main() -> int:
     ap.add_argument("--llama-contexts", default="4096,8000", help="contexts of section 5 ('' skips it)")
     ap.add_argument("--llama-threads", type=int, default=2, help="threads of both engines in section 5")
     ap.add_argument(
+        "--llama-files",
+        type=lambda v: v.split(","),
+        default=["Q4_1", "BF16"],
+        help="section 5's GGUF files, of Q4_1 (the bundled one) and BF16 (its weights; at 32k llama.cpp's prefill "
+        "takes ~15 min a file here)",
+    )
+    ap.add_argument(
         "--work-dir",
         default=os.path.join(os.path.expanduser("~"), ".cache", "cpuinfer-bench"),
         help="where section 5's BF16 GGUF file is made (once)",
     )
     args, _ = ap.parse_known_args()  # nox passes its posargs to every benchmark
+    unknown = sorted(set(args.llama_files) - {"Q4_1", "BF16"})
+    if unknown:
+        ap.error(f"--llama-files: unknown file(s) {', '.join(unknown)}; choose from Q4_1, BF16")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1.5")  # a 32k-token sequence: 0.7 GiB in bf16
     os.environ.setdefault("CPUINFER_GGUF_DEQUANTIZE", "1")  # SmolLM2 in bf16, as the issue measures it
     import cpuinfer
