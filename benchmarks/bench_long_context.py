@@ -41,17 +41,22 @@ Measured 2026-11-27 on the 2-core Sapphire Rapids KVM ("Intel(R) Xeon(R) Process
 avx512_bf16 avx512_fp16), amx variant, 2 threads, `--skip-engine --skip-kernel --llama-contexts ''`, under
 the benchmark lock but with other sessions' tests running (load 2-5: wall-clock times are inflated by up to
 ~1.5x, so CPU times are given too). The variant's bf16 tile peak: 6.9 TFLOP/s (3.45 a core).
-  Section 2, quieter run (wall-clock): 8000 tokens: bf16 KV 4.76 s, fp8 4.31 s; transformers 10.02 s (0.48x,
-  0.43x); llama.cpp 38.5 s (0.12x, 0.11x). 16384 tokens: bf16 KV 38.4 s (CPU 32.2 s over both threads: the
-  host's load took half of one core), fp8 26.1 s; transformers 40.6 s (0.95x, 0.64x); llama.cpp 238.7 s (0.16x,
-  0.11x). A second run, busier: CPU-time ratios against transformers 0.57x (8000) and 0.80x (16384), bf16 KV.
-  Targets: against llama.cpp met with margin; against transformers met at 8000 on a quiet host only, missed
-  at 16384 (~0.8x in CPU time).
+  Section 2 again on 2026-11-28, quiet (no other session; `--ttft-lens 8000,16384 --no-llama`): 8000 tokens:
+  bf16 KV 3.87 s (7.7 CPU-s), fp8 3.75 s; transformers 5.79 s (11.3 CPU-s): 0.67x / 0.65x (CPU 0.68x). 16384
+  tokens: bf16 KV 14.11 s (27.9 CPU-s), fp8 13.88 s; transformers 20.77 s (39.9 CPU-s): 0.68x / 0.67x (CPU
+  0.70x). (The 2026-11-27 runs, under other sessions' load, had printed 0.48x at 8000 and 0.95x at 16384:
+  transformers took 10.0 s at 8000 then, 5.8 quiet.) Section 5's llama.cpp TTFT, quiet: 16384 tokens
+  109.5 s on the BF16 file (ours 14.0 s: 0.13x), 92.3 s on Q4_1 (ours 17.5 s: 0.19x); 32768 on Q4_1 410.8 s
+  (ours 66.2 s: 0.16x). Targets: <= 0.6x llama.cpp met; <= 0.5x transformers missed at 8000 and 16384
+  (0.65-0.68x).
+  Section 5 at 16k and 32k, quiet (`--llama-contexts 16384` / `32768`), batch-1 decode, ours (bf16 KV) against
+  llama.cpp (f16 KV): Q4_1 16384 37.5 against 4.4 tok/s (8.4x), 32768 16.8 against 2.0 (8.3x); BF16 16384 28.4
+  against 4.2 (6.8x), 32768 17.9 against 2.1 (8.6x). Target >= 1.3x: met.
   Why 16k misses: the attention is quadratic and both engines' attention runs at about the same rate. One
   layer's causal attention at SmolLM2's heads, one thread, process CPU time (min of 3, alternating): torch's
   SDPA (bf16, its CPU flash-attention kernel, contiguous K/V, one call) 230-237 ms at 8192
   tokens and 952-958 ms at 16384; ours (the paged kernel over the prompt's 4096-token chunks) 206-209 and
-  848-914 ms. Over 30 layers that is ~26 of our 33 CPU-s at 16384 (the rest ~6 s, well under half
+  848-914 ms. Over 30 layers that is ~26 of our 28 CPU-s at 16384 (the rest ~6 s, well under half
   of transformers' non-attention work), so the ratio tends to ours/SDPA's attention (~0.9) as the prompt
   grows: 0.5x at 16k needs an attention ~2x faster than torch's.
   Section 4: 9q/3kv D=64, bf16 and fp8 KV alike, 11% of the tile peak at every chunk (770-820 GFLOP/s);
