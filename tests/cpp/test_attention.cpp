@@ -231,8 +231,8 @@ std::vector<Seq> random_seqs(int n, int max_ctx) {
     return seqs;
 }
 
-// The head sizes of the tile-path cases: multiples of 32 (amx's tiles) and not (80), one past the
-// vector paths' widest register tile (256); all five unless reduced().
+// The head sizes of the tile-path cases: 64, 96, 128 and 256 (multiples of 32: amx's tiles) and 80; reduced(),
+// the smallest, 80 and the largest.
 std::vector<int64_t> head_sizes() {
     if (reduced()) return {64, 80, 256};
     return {64, 80, 96, 128, 256};
@@ -249,8 +249,9 @@ CPUINFER_TEST(paged_attention_matrix) {
         for (DType cdt : kCacheTypes)
             for (int v = 0; v < 2; ++v, ++i) {
                 const int64_t *hg = heads[i % 5];
-                check_attention(kFloatTypes[i % 3], cdt, D, hg[0], hg[1], 16 * (1 + i % 3), random_seqs(reduced() ? 2 : 3, reduced() ? 40 : 60),
-                                windows[i % 4], caps[i % 4]);
+                const std::vector<Seq> seqs = reduced() ? random_seqs(2, 40) : random_seqs(3, 60);
+                check_attention(kFloatTypes[i % 3], cdt, D, hg[0], hg[1], 16 * (1 + i % 3), seqs, windows[i % 4],
+                                caps[i % 4]);
             }
 }
 

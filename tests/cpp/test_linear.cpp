@@ -40,8 +40,11 @@ CPUINFER_TEST(linear_matches_reference_row_major_and_packed) {
         // M crosses the GEMV / GEMM boundary (the tile's rows, 4, 6 or 12) and
         // the row chunks; N has whole panels and a tail, and 4 panels side by
         // side for one or two rows (the decode tiles); K odd where the pair allows.
-        // reduced(): one M on each side of every tile height, the row chunks left to linear_packed_gemm_row_chunks.
-        for (int64_t M : reduced() ? std::vector<int64_t>{1, 2, 5, 13, 40} : std::vector<int64_t>{1, 2, 3, 5, 9, 13, 25, 40, 131}) {
+        // reduced(): an M on each side of every tile height (and of amx's 16), row chunks left to
+        // linear_packed_gemm_row_chunks.
+        const std::vector<int64_t> Ms = reduced() ? std::vector<int64_t>{1, 2, 5, 13, 40}
+                                                  : std::vector<int64_t>{1, 2, 3, 5, 9, 13, 25, 40, 131};
+        for (int64_t M : Ms) {
             for (int64_t N : {int64_t(1), int64_t(7), C, 2 * C + 3, 4 * C + 3}) {
                 if (N > 2 * C + 3 && M > 2) continue;
                 for (int64_t K : {int64_t(2), C, 3 * C + 5, 3 * C + 6}) {
@@ -215,7 +218,9 @@ static double ref_glu(Activation act, DType dt, double g, double u) {
 CPUINFER_TEST(linear_glu_is_linear_then_act_and_mul) {
     const int64_t C = linear_pack_cols(), I = 3 * C, N = 2 * I;
     for (DType dt : {DType::bf16, DType::f16}) {
-        for (int64_t M : reduced() ? std::vector<int64_t>{1, 3, 17} : std::vector<int64_t>{1, 2, 3, 7, 17, 40, 131}) {
+        const std::vector<int64_t> Ms = reduced() ? std::vector<int64_t>{1, 3, 17}
+                                                  : std::vector<int64_t>{1, 2, 3, 7, 17, 40, 131};
+        for (int64_t M : Ms) {
             for (int64_t K : {64, 70}) {
                 if (K % linear_pack_pair(dt) != 0) continue;
                 Buffer x(dt, M * K), w(dt, N * K), packed(dt, N * K), bias(dt, N), both(dt, M * N);
