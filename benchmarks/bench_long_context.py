@@ -83,6 +83,9 @@ the benchmark lock but with other sessions' tests running (load 2-5: wall-clock 
   0.123 warm, 0.085 arithmetic alone; 16384 0.957 / 0.500 / 0.272, then 0.82 ms streamed with it; 32768
   1.978 / 1.199 / 0.556), and fp8 is compute-bound (its arithmetic alone 0.44 ms at 16384: the e5m2 -> bf16
   widening), so it reads 0.7x the bytes of bf16 and decodes only 1.03-1.05x faster at 16-32k.
+  Section 1 again on 2026-11-28, quiet (`--contexts 128,4096,16384`): bf16 KV 74.0 tok/s (74%), 52.1 (72%),
+  28.8 (67%); fp8 75.4 (72%), 54.9 (62%), 30.3 (49%). One thread runs the same steps at 90% of the one-thread
+  stream, two at ~81% of theirs (the layer stack scales 1.72x where the stream does 1.96x).
 """
 
 from __future__ import annotations
