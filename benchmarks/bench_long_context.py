@@ -56,9 +56,9 @@ the benchmark lock but with other sessions' tests running (load 2-5: wall-clock 
   layer's causal attention at SmolLM2's heads, one thread, process CPU time (min of 3, alternating): torch's
   SDPA (bf16, its CPU flash-attention kernel, contiguous K/V, one call) 230-237 ms at 8192
   tokens and 952-958 ms at 16384; ours (the paged kernel over the prompt's 4096-token chunks) 206-209 and
-  848-914 ms. Over 30 layers that is ~26 of our 28 CPU-s at 16384 (the rest ~6 s, well under half
-  of transformers' non-attention work), so the ratio tends to ours/SDPA's attention (~0.9) as the prompt
-  grows: 0.5x at 16k needs an attention ~2x faster than torch's.
+  848-914 ms. Over 30 layers that is ~26 of our 28 CPU-s at 16384 (quiet; the rest ~2 s, a fraction of
+  transformers' ~11 s of non-attention work), so the ratio tends to ours/SDPA's attention (~0.9) as the
+  prompt grows: 0.5x at 16k (20 of transformers' 40 CPU-s) needs our attention ~1.4x faster.
   Section 4: 9q/3kv D=64, bf16 and fp8 KV alike, 11% of the tile peak at every chunk (770-820 GFLOP/s);
   32q/8kv D=128: 14-15% (1060 GFLOP/s; the run printed 7% for the chunk after 12288, a load hiccup: alone,
   min of 6 s of calls, it ran at 1010-1040 GFLOP/s, as after 4096). Target >= 50%: missed.
@@ -115,6 +115,7 @@ LLAMA_HEADS = (32, 8, 128)  # Llama 3 8B's
 BLOCK = 128  # the engine's default block size
 SMOL_POSITIONS = 8192  # SmolLM2's max_position_embeddings
 TARGET = 0.9
+LLAMA_FILES = ("Q4_1", "BF16")  # section 5's GGUF files: the bundled one, and its weights in BF16
 
 
 def l3_bytes() -> int:
@@ -503,7 +504,8 @@ def llama_cpp_rows(args, contexts: list[int], steps: int) -> None:
     if python is None:
         print(f"  skipped: {why}")
         return
-    files = {name: path for name, path in (("Q4_1", default_model_path()), ("BF16", bf16)) if name in args.llama_files}
+    paths = {"Q4_1": default_model_path(), "BF16": bf16}
+    files = {name: paths[name] for name in args.llama_files}
     threads = args.llama_threads
     cpus = sorted(os.sched_getaffinity(0))
     env = dict(os.environ)
@@ -554,7 +556,7 @@ def main() -> int:
     ap.add_argument(
         "--llama-files",
         type=lambda v: v.split(","),
-        default=["Q4_1", "BF16"],
+        default=list(LLAMA_FILES),
         help="section 5's GGUF files, of Q4_1 (the bundled one) and BF16 (its weights; at 32k llama.cpp's prefill "
         "takes ~7 min a file on 2 Sapphire Rapids cores)",
     )
@@ -564,9 +566,9 @@ def main() -> int:
         help="where section 5's BF16 GGUF file is made (once)",
     )
     args, _ = ap.parse_known_args()  # nox passes its posargs to every benchmark
-    unknown = sorted(set(args.llama_files) - {"Q4_1", "BF16"})
+    unknown = sorted(set(args.llama_files) - set(LLAMA_FILES))
     if unknown:
-        ap.error(f"--llama-files: unknown file(s) {', '.join(unknown)}; choose from Q4_1, BF16")
+        ap.error(f"--llama-files: unknown file(s) {', '.join(unknown)}; choose from {', '.join(LLAMA_FILES)}")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1.5")  # a 32k-token sequence: 0.7 GiB in bf16
     os.environ.setdefault("CPUINFER_GGUF_DEQUANTIZE", "1")  # SmolLM2 in bf16, as the issue measures it
     import cpuinfer
