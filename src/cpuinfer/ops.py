@@ -297,6 +297,12 @@ def DecoderLayer(plan):  # named for the kernel class it constructs
     return _C.DecoderLayer(plan)
 
 
+def DecoderStack(layers):  # named for the kernel class it constructs
+    """A pipeline stage's fused layers (DecoderLayer objects) run in order by one call: one check pass and one GIL
+    release a step instead of a Python round trip per layer; see cpuinfer.models.decoder.stage_stack."""
+    return _C.DecoderStack(list(layers))
+
+
 def MoE(mlp, packed: bool = False):  # named for the kernel class it constructs
     """A mixture-of-experts MLP (a models.plan.MoEMLP, read by field name) as one kernel call: .forward(out, x)."""
     return _C.MoE(mlp, packed)

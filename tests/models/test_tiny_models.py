@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from cpuinfer import ops
 from cpuinfer.engine.step import ScheduledSeq
 from cpuinfer.model_loader import load_model_spec
 from cpuinfer.worker import ModelRunner
@@ -308,6 +309,55 @@ def test_fused_layer_keeps_only_the_sampled_rows(tmp_path_factory):
             run(torch.tensor(bad, dtype=torch.int64))
     with pytest.raises(TypeError, match="int64"):
         run(torch.tensor([4], dtype=torch.int32))
+
+
+def test_decoder_stack_equals_the_layers_one_by_one(tmp_path_factory):
+    """ops.DecoderStack (a stage's fused layers in one call, what the engine runs) gives the bits of each layer's
+    forward called in turn, keep on the last (Gemma 3: a sliding-window layer and a full one, so each layer's
+    checks differ), and checks every layer's arguments before any layer runs: a call that is bad only for the
+    last layer's cache leaves h, residual and both caches as they were."""
+    path, _ = _checkpoint(tmp_path_factory, "gemma3")
+    spec = load_model_spec(str(path), "bfloat16")
+    runner = ModelRunner(spec, block_size=16, num_blocks=8, cache_dtype=torch.bfloat16)
+    layers, stack = [layer.fused for layer in runner.model.layers], runner.model.stack
+    assert stack is not None and len(stack) == len(layers) == 2
+    g = torch.Generator().manual_seed(0)
+    caches = [tuple(torch.randn(c.shape, generator=g).to(c.dtype) for c in kv) for kv in runner.kv_caches]
+    h0, res0 = torch.randn(6, 128, generator=g).bfloat16(), torch.randn(6, 128, generator=g).bfloat16()
+    # A 5-token prefill in block 0 and a decode at position 20 (its second block: physical block 3).
+    pos = torch.tensor([0, 1, 2, 3, 4, 20])
+    slots = torch.tensor([0, 1, 2, 3, 4, 3 * 16 + 4])
+    qsl, lens = torch.tensor([0, 5, 6], dtype=torch.int32), torch.tensor([5, 21], dtype=torch.int32)
+    table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    keep = torch.tensor([4, 5])
+
+    def state():
+        return h0.clone(), res0.clone(), [tuple(c.clone() for c in kv) for kv in caches]
+
+    h, res, kv = state()
+    for i, layer in enumerate(layers):
+        last = i == len(layers) - 1
+        layer.forward(h, res, i == 0, pos, slots, qsl, lens, table, *kv[i], keep if last else None)
+    hs, rs, kvs = state()
+    stack.forward(hs, rs, True, pos, slots, qsl, lens, table, [k for k, _ in kvs], [v for _, v in kvs], keep)
+    assert torch.equal(hs[:2], h[:2]) and torch.equal(rs[:2], res[:2])
+    for got, want in zip(kvs, kv, strict=True):
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+    # The last layer's cache holds 2 blocks: its block table check fails (the first layer's passed), before
+    # either layer has run.
+    hs, rs, kvs = state()
+    small = [kvs[0], (kvs[1][0][:2], kvs[1][1][:2])]
+    inside = torch.tensor([0, 1, 2, 3, 4, 20])  # every slot inside the small cache: the table is what fails
+    with pytest.raises(IndexError, match=r"block_tables\[1, 0\] = 2 is not a block of the cache \(2 blocks\)"):
+        stack.forward(hs, rs, True, pos, inside, qsl, lens, table, [k for k, _ in small], [v for _, v in small])
+    assert torch.equal(hs, h0) and torch.equal(rs, res0)
+    for got, want in zip(kvs, caches, strict=True):
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    with pytest.raises(ValueError, match="2 layers but 1 key caches and 2 value caches"):
+        stack.forward(hs, rs, True, pos, slots, qsl, lens, table, [kvs[0][0]], [k for k, _ in kvs])
+    with pytest.raises(TypeError, match="DecoderStack takes DecoderLayer objects"):
+        ops.DecoderStack([layers[0], "layer"])
 
 
 def test_fused_layer_rejects_bad_calls(tmp_path_factory):

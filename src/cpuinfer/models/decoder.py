@@ -34,6 +34,7 @@ class DecoderModel:
         self.layers = [
             Layer(self.layer_plan(bag, i), bag.tp) for i in stage_layer_ids(bag, n_layers, "model.layers.{}")
         ]
+        self.stack = fused_stack(self.layers)
         self.norm = stage_norm(bag, "model.norm.weight", self.norm_offset)
         tied = config.get("tie_word_embeddings", self.tied_default)
         self.head: TokenHead | None = stage_head(bag, "model.embed_tokens.weight", "lm_head.weight", tied)
@@ -65,7 +66,7 @@ class DecoderModel:
         else:
             h, residual = carry
         keep = sample_idx if self.stage.last else None  # a stage before the last hands on every row
-        h, residual, rows = stage_stack(self.layers, h, residual, positions, meta, kv_caches, keep)
+        h, residual, rows = stage_stack(self.layers, h, residual, positions, meta, kv_caches, keep, self.stack)
         if not self.stage.last:
             return h, residual
         h = final_rows(h, residual, rows, self.norm, self.eps)
@@ -77,6 +78,13 @@ class DecoderModel:
         return logits
 
 
+def fused_stack(layers: list[Layer]):
+    """The layers' fused kernels as one ops.DecoderStack, or None where a layer runs its reference executor."""
+    if not layers or any(layer.fused is None for layer in layers):
+        return None
+    return ops.DecoderStack([layer.fused for layer in layers])
+
+
 def stage_stack(
     layers: list[Layer],
     h: torch.Tensor,
@@ -85,12 +93,15 @@ def stage_stack(
     meta: AttentionMetadata,
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
     sample_idx: torch.Tensor | None = None,
+    stack=None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Run this stage's layers: (h, residual) after them, and the rows of those to read.
 
     Each layer runs as its fused kernel when the step allows it (bf16/f16 layers, a kernel block size);
     otherwise its Python reference executor runs it op by op. residual: None at the model's first layer (h
     starts the residual stream), else the stream the previous pipeline stage handed over with h.
+
+    stack: the layers' fused kernels as one ops.DecoderStack (fused_stack), which then runs them in one call.
 
     sample_idx: the rows whose outputs are read (None: all), each the last of its sequence's query rows, in
     order (the model runner's). The fused last layer then carries only those rows past its cache write:
@@ -107,12 +118,27 @@ def stage_stack(
             meta.seq_lens,
             meta.block_tables,
         )
-        last = len(layers) - 1
-        for i, (layer, (k, v)) in enumerate(zip(layers, kv_caches, strict=True)):
-            keep = sample_idx if i == last else None
-            layer.fused.forward(
-                h, residual, first and i == 0, pos, slots, qsl, lens, tables, ops.cache_view(k), ops.cache_view(v), keep
-            )
+        if stack is not None:  # the whole stage in one kernel call
+            keys = [ops.cache_view(k) for k, _ in kv_caches]
+            values = [ops.cache_view(v) for _, v in kv_caches]
+            stack.forward(h, residual, first, pos, slots, qsl, lens, tables, keys, values, sample_idx)
+        else:
+            last = len(layers) - 1
+            for i, (layer, (k, v)) in enumerate(zip(layers, kv_caches, strict=True)):
+                keep = sample_idx if i == last else None
+                layer.fused.forward(
+                    h,
+                    residual,
+                    first and i == 0,
+                    pos,
+                    slots,
+                    qsl,
+                    lens,
+                    tables,
+                    ops.cache_view(k),
+                    ops.cache_view(v),
+                    keep,
+                )
         if sample_idx is not None:
             n = sample_idx.numel()
             return h[:n], residual[:n], None
