@@ -546,8 +546,8 @@ inline void bind_decoder(nb::module_ &m) {
         .def("set_all_reduce", &DecoderLayer::set_all_reduce, nb::arg("comm").none(),
              "Tensor parallelism: sum o_proj's and down_proj's outputs over the ranks with this ShmComm.");
     nb::class_<DecoderStack>(m, "DecoderStack",
-                             "A pipeline stage's DecoderLayer objects run in order by one call (one check pass, one GIL "
-                             "release).")
+                             "A pipeline stage's DecoderLayer objects run in order by one call (one check pass, "
+                             "one GIL release).")
         .def(nb::init<nb::sequence>(), nb::arg("layers"))
         .def("__len__", &DecoderStack::size)
         .def("forward", &DecoderStack::forward, nb::arg("h"), nb::arg("residual"), nb::arg("first"),
