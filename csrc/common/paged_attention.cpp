@@ -229,6 +229,21 @@ struct Runner {
     // -> 0.31-0.32 ms (the prefetches themselves). Engine, SmolLM2 bf16, batch-1 decode at 16384:
     // 22.4-22.8 -> 25.8-26.5 tok/s (55-56% -> 63-64% of the roofline); at 4096 unchanged. Every other line
     // lost the gain (0.94 ms at 16384).
+    // What bounds it now (2026-11-28, a Sapphire Rapids KVM with a 480 MB L3, batch 1, 16384 keys at SmolLM2's
+    // heads): the time is the sum of the arithmetic and the memory, not the larger of them. Per thread, one
+    // thread 1.54 ms streamed, 0.54 with every table entry on one block (the arithmetic alone), 0.61 with the
+    // KV in L2 and 0.87 in L3, against 0.87 for the bytes at the one-thread stream rate; two threads 0.80 /
+    // 0.29 / 0.33 / 0.43, 0.43 the bytes. A C++ microbenchmark of the same pattern (128 KB runs read in a
+    // random order, the next run prefetched into L2 a line at a time, ~8 cycles of vector work a line)
+    // behaves the same: 7.5 GB/s a thread against 12 for the work alone and 14.5 for the stream, with no
+    // prefetch 3 GB/s, two runs ahead 6.1, PREFETCHT2 6.8. The software prefetches hold a fill buffer each
+    // for a memory latency (16 of them: ~10 GB/s at most), and the demand loads of the run being computed
+    // wait behind them. Also tried here and no better (alternating builds, bench_long_context section 3):
+    // the prefetches spread over the PV products and sixteen times as finely; PREFETCHT2; the next chunk's
+    // rows prefetched into L1 as well (slower: 0.30 -> 0.35-0.38 ms of arithmetic). For fp8, a table widening of
+    // e5m2 (VBMI byte permutes, 4 shuffles for 32 values) and the key rows copied a chunk ahead of their
+    // tile loads changed nothing either. The lead left is less arithmetic a key (the prefetch loop itself
+    // is ~12% of it, the tile stores and loads of S^T and K most of the rest, perf annotate).
     void run_unit(const Unit &u, Scratch &sc, const Unit *next = nullptr) {
         const Group &g = groups[u.group];
         const int64_t s = g.seq, h = g.kv_head, L = q_len(s), ctx = a.seq_lens[s], qs = a.query_start_loc[s];
