@@ -242,8 +242,12 @@ struct Runner {
     // the prefetches spread over the PV products and sixteen times as finely; PREFETCHT2; the next chunk's
     // rows prefetched into L1 as well (slower: 0.30 -> 0.35-0.38 ms of arithmetic). For fp8, a table widening of
     // e5m2 (VBMI byte permutes, 4 shuffles for 32 values) and the key rows copied a chunk ahead of their
-    // tile loads changed nothing either. The lead left is less arithmetic a key (the prefetch loop itself
-    // is ~12% of it, the tile stores and loads of S^T and K most of the rest, perf annotate).
+    // tile loads changed nothing either. How fast the prefetches go out matters: next()'s loop written
+    // tighter (its cursor in a register, 4 instructions a line instead of 9) took the arithmetic alone
+    // 0.28-0.31 -> 0.26-0.29 ms but the streamed kernel 0.74-0.78 -> 0.80-0.82 (4096 keys 0.18 -> 0.20);
+    // prefetching the keys only (the values left to the demand loads) 0.75 -> 0.77. The lead left is less
+    // arithmetic a key (the tile stores and loads of S^T and K are most of it, perf annotate), with the
+    // prefetches paced to the memory.
     void run_unit(const Unit &u, Scratch &sc, const Unit *next = nullptr) {
         const Group &g = groups[u.group];
         const int64_t s = g.seq, h = g.kv_head, L = q_len(s), ctx = a.seq_lens[s], qs = a.query_start_loc[s];
