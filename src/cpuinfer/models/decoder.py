@@ -101,44 +101,34 @@ def stage_stack(
     otherwise its Python reference executor runs it op by op. residual: None at the model's first layer (h
     starts the residual stream), else the stream the previous pipeline stage handed over with h.
 
-    stack: the layers' fused kernels as one ops.DecoderStack (fused_stack), which then runs them in one call.
+    stack: the layers' fused kernels as one ops.DecoderStack (DecoderModel keeps one; None: built here when every
+    layer has its fused kernel), which runs the stage in one call.
 
     sample_idx: the rows whose outputs are read (None: all), each the last of its sequence's query rows, in
     order (the model runner's). The fused last layer then carries only those rows past its cache write:
     (h, residual) come back as theirs, and the rows to read as None; otherwise as given.
     """
-    if layers and layers[0].fused is not None and uses_kernels(block_size=meta.block_size):
+    if stack is None:
+        stack = fused_stack(layers)
+    if stack is not None and uses_kernels(block_size=meta.block_size):  # the whole stage in one kernel call
         first = residual is None
         if first:
             residual = torch.empty_like(h)
-        pos, slots, qsl, lens, tables = (
+        keys = [ops.cache_view(k) for k, _ in kv_caches]
+        values = [ops.cache_view(v) for _, v in kv_caches]
+        stack.forward(
+            h,
+            residual,
+            first,
             positions,
             meta.slot_mapping,
             meta.query_start_loc,
             meta.seq_lens,
             meta.block_tables,
+            keys,
+            values,
+            sample_idx,
         )
-        if stack is not None:  # the whole stage in one kernel call
-            keys = [ops.cache_view(k) for k, _ in kv_caches]
-            values = [ops.cache_view(v) for _, v in kv_caches]
-            stack.forward(h, residual, first, pos, slots, qsl, lens, tables, keys, values, sample_idx)
-        else:
-            last = len(layers) - 1
-            for i, (layer, (k, v)) in enumerate(zip(layers, kv_caches, strict=True)):
-                keep = sample_idx if i == last else None
-                layer.fused.forward(
-                    h,
-                    residual,
-                    first and i == 0,
-                    pos,
-                    slots,
-                    qsl,
-                    lens,
-                    tables,
-                    ops.cache_view(k),
-                    ops.cache_view(v),
-                    keep,
-                )
         if sample_idx is not None:
             n = sample_idx.numel()
             return h[:n], residual[:n], None
