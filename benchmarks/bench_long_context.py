@@ -88,15 +88,17 @@ the benchmark lock but with other sessions' tests running (load 2-5: wall-clock 
   Section 1 again on 2026-11-28, quiet (`--contexts 128,4096,16384`): bf16 KV 74.0 tok/s (74%), 52.1 (72%),
   28.8 (67%); fp8 75.4 (72%), 54.9 (62%), 30.3 (49%). One thread runs the same steps at 90% of the one-thread
   stream, two at ~81% of theirs (the layer stack scales 1.72x where the stream does 1.96x).
-  Section 1 on 2026-11-28 on another of these KVMs (the same flags, a 480 MiB L3, stream 28-30 GB/s), quiet:
-  bf16 KV 78.8 tok/s (75%), 55.5 (70%), 27.9 (65%); then with the stage's 30 fused layers as one kernel call
-  (ops.DecoderStack: a traced step had ~33 us between one layer's last parallel region and the next one's
-  first, the return to Python and the next call's checks, 1 ms of the 12.4 ms step): bf16 81.6 (76%), 60.3
-  (74%), 30.1 (68%); fp8 84.6 (78%), 61.0 (66%), 33.1 (52%). In that trace the layers' parallel regions read
-  the weights at 87% of the stream; what is left is ~0.7 ms of Python a step outside the model and, at long
-  context, the attention (section 3 on that machine, bf16 batch 1, 16384 keys: 0.79-0.82 ms streamed,
-  0.48-0.52 warm, 0.29-0.32 the arithmetic alone): its time is the sum of the arithmetic and the memory, not
-  the larger (paged_attention.cpp run_unit's notes: the software prefetches' fill buffers).
+  Section 1 on 2026-11-28 on another of these KVMs (the same flags, a 480 MiB L3, stream 28-30 GB/s), quiet,
+  two runs 30 minutes apart: bf16 KV 78.8 tok/s (75%), 55.5 (70%), 27.9 (65%); later (with ops.DecoderStack,
+  the stage's fused layers as one kernel call) bf16 81.6 (76%), 60.3 (74%), 30.1 (68%), fp8 84.6 (78%), 61.0
+  (66%), 33.1 (52%). Most of that difference is the machine's drift, not the change: alternating processes,
+  the change took 11.57 -> 11.52 ms a step at 128 tokens (7 pairs, within the noise) and 16.72 -> 16.35 at
+  4096 (3 pairs, -2%), though a traced step lost its ~30 us Python gap between layers (0.9 ms a step): the
+  layers' kernels ran slower back to back. In the trace the layers' parallel regions read the weights at
+  ~87% of the stream; left are ~0.7 ms of Python a step outside the model and, at long context, the
+  attention (section 3 on that machine, bf16 batch 1, 16384 keys: 0.74-0.82 ms streamed, 0.44-0.52 warm,
+  0.26-0.32 the arithmetic alone): its time is the sum of the arithmetic and the memory, not the larger
+  (paged_attention.cpp run_unit's notes: the software prefetches' fill buffers).
 """
 
 from __future__ import annotations
