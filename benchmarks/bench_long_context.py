@@ -93,9 +93,9 @@ the benchmark lock but with other sessions' tests running (load 2-5: wall-clock 
   the stage's fused layers as one kernel call) bf16 81.6 (76%), 60.3 (74%), 30.1 (68%), fp8 84.6 (78%), 61.0
   (66%), 33.1 (52%). Most of that difference is the machine's drift, not the change: alternating processes,
   the change took 11.57 -> 11.52 ms a step at 128 tokens (7 pairs, within the noise) and 16.72 -> 16.35 at
-  4096 (3 pairs, -2%), though a traced step lost its ~30 us Python gap between layers (0.9 ms a step): the
-  layers' kernels ran slower back to back. In the trace the layers' parallel regions read the weights at
-  ~87% of the stream; left are ~0.7 ms of Python a step outside the model and, at long context, the
+  4096 (3 pairs, -2%): the Python gap it removes between layers was ~30 us in one traced step (0.9 ms a
+  step) but 3-26 us in later ones. In the traces the layers' parallel regions read the weights at ~87-90%
+  of the stream; left are ~0.5-0.7 ms of Python a step outside the model and, at long context, the
   attention (section 3 on that machine, bf16 batch 1, 16384 keys: 0.74-0.82 ms streamed, 0.44-0.52 warm,
   0.26-0.32 the arithmetic alone): its time is the sum of the arithmetic and the memory, not the larger
   (paged_attention.cpp run_unit's notes: the software prefetches' fill buffers).

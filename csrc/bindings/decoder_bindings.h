@@ -480,9 +480,9 @@ class DecoderLayer {
 // changes nothing: a Python loop over DecoderLayer.forward had run the layers before the bad one), then the
 // layers one after another with the GIL released once. It also saves each layer's return to the interpreter
 // and the next call's argument conversion: traced on Sapphire Rapids (2 threads, SmolLM2 bf16, batch-1
-// decode), ~30 us between one layer's last kernel and the next one's first, 0.9 ms of a 12 ms step. The step
-// gained less than that, since the layers' kernels ran slower back to back (alternating processes: 128-token
-// context 11.57 -> 11.52 ms a step, 7 pairs, within the noise; 4096 16.72 -> 16.35 ms, 3 pairs, -2%).
+// decode), ~30 us between one layer's last kernel and the next one's first in one trace, 0.9 ms of a 12 ms
+// step, but 3-26 us in later ones: the step gained less (alternating processes: 128-token context 11.57 ->
+// 11.52 ms a step, 7 pairs, within the noise; 4096 16.72 -> 16.35 ms, 3 pairs, -2%).
 class DecoderStack {
   public:
     explicit DecoderStack(nb::sequence layers) {
