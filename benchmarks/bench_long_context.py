@@ -14,7 +14,8 @@
    a batch of 8): the KV read rate with the KV streamed from memory (block tables rotating over a cache of
    twice the L3, so that no call finds its blocks cached), with the same KV warm in the caches (one table
    again and again), and with every table entry on one block (the arithmetic alone), against the measured
-   streaming read.
+   streaming read; by default for the variant the dispatcher selects, --kernel-variants for others (`all`:
+   every variant this CPU runs).
 4. Prefill attention alone: the 4096-token chunks of an 8k and a 16k prompt (after 0, 4096 and 12288 cached
    tokens) at SmolLM2's heads, bf16 and fp8 KV, and at Llama 3 8B's (32q/8kv, D = 128), bf16 KV: GFLOP/s
    against the variant's bf16 tile peak (bench_linear's), timed in alternating rounds.
@@ -99,6 +100,13 @@ the benchmark lock but with other sessions' tests running (load 2-5: wall-clock 
   attention (section 3 on that machine, bf16 batch 1, 16384 keys: 0.74-0.82 ms streamed, 0.44-0.52 warm,
   0.26-0.32 the arithmetic alone): its time is the sum of the arithmetic and the memory, not the larger
   (paged_attention.cpp run_unit's notes: the software prefetches' fill buffers).
+  Section 3 per variant on that machine (`--kernel-variants all --kernel-contexts 4096,16384`), ms streamed /
+  warm / arithmetic alone, batch 1 at 16384 keys: bf16 KV amx 0.764 / 0.443 / 0.291 (54% of the stream),
+  avx512bf16 0.866 / 0.510 / 0.364 (48%), avx512 0.774 / 0.385 / 0.310 (54%), avx2 1.041 / 0.442 / 0.355 (41%),
+  generic 2.097 / 1.985 / 1.901 (20%); fp8 KV amx 0.675 / 0.497 / 0.458 (31%), avx512bf16 0.537 / 0.365 /
+  0.320 (39%), avx512 0.537 / 0.361 / 0.320 (40%), avx2 0.575 / 0.434 / 0.382 (38%), generic 5.0 (4%). Every
+  vector variant shows the same sum of arithmetic and memory; on an fp8 cache the vector paths' decode runs
+  faster than amx's, whose tiles (kept for prefill-equal bits) widen each key row to bf16 through memory.
 """
 
 from __future__ import annotations
@@ -118,6 +126,7 @@ from concurrent.futures import ProcessPoolExecutor
 import torch
 from bench_attention import STREAM_BUF, bench, kernel_fn, make_prefill, stream_read_fn
 from bench_engine import _tensors, hf_model
+from bench_kernels import runnable_variants, variant_modules
 from bench_linear import peak_flops
 from llama_cpp_run import add_llama_args, prompt_ids
 
@@ -552,6 +561,12 @@ def main() -> int:
         "--contexts", default="128,4096,8000", help="engine prompt lengths (past 8192, SmolLM2 extended: speed only)"
     )
     ap.add_argument("--kernel-contexts", default="4096,8192,16384,32768", help="kernel-alone contexts")
+    ap.add_argument(
+        "--kernel-variants",
+        default="",
+        help="section 3's kernel variants, comma-separated, or 'all' (every one this CPU runs); default: the "
+        "selected one",
+    )
     ap.add_argument("--kv", default="bfloat16,fp8_e5m2", help="KV cache dtypes")
     ap.add_argument("--ttft-lens", default="8000,16384", help="prompt lengths of the TTFT comparison (section 2)")
     ap.add_argument("--skip-ttft", action="store_true")
@@ -591,6 +606,12 @@ def main() -> int:
     kv_dtypes = args.kv.split(",")
     stream = stream_read_fn()
     best = cpuinfer._C
+    runnable = runnable_variants()
+    wanted = runnable if args.kernel_variants == "all" else [v for v in args.kernel_variants.split(",") if v]
+    unknown = [v for v in wanted if v not in runnable]
+    if unknown:
+        ap.error(f"--kernel-variants: {', '.join(unknown)} not runnable here; this CPU runs {', '.join(runnable)}")
+    kernel_mods = variant_modules(wanted) if wanted else {best.VARIANT: best}
     print(
         f"variant {best.VARIANT} (attention: {best.ATTENTION_IMPL}), {torch.get_num_threads()} threads, "
         f"L3 {l3_bytes() >> 20} MiB"
@@ -618,19 +639,24 @@ def main() -> int:
     if not args.skip_kernel:
         contexts = [int(c) for c in args.kernel_contexts.split(",")]
         print("\n3. attention kernel alone, one layer, SmolLM2 heads (9q/3kv, D=64), block size 128")
-        print("  KV        batch context  KV MB  streamed ms (GB/s, share)  warm ms (GB/s)  hot ms   stream GB/s")
-        for kv in kv_dtypes:
-            cd = torch.bfloat16 if kv == "bfloat16" else torch.float8_e5m2
-            for batch, ctxs in ((1, contexts), (8, contexts[:1])):
-                for r in kernel_alone(best, cd, ctxs, batch, reps, stream):
-                    kv_b = r["kv"]
-                    print(
-                        f"  {kv:9s} {batch:4d} {r['ctx']:7d} {kv_b / 1e6:6.1f}  {r['streamed'] * 1e3:7.3f}"
-                        f" ({kv_b / r['streamed'] / 1e9:5.1f}, {kv_b / r['streamed'] / r['bw']:4.0%})"
-                        f"    {r['warm'] * 1e3:7.3f} ({kv_b / r['warm'] / 1e9:5.1f})  {r['hot'] * 1e3:7.3f}"
-                        f"   {r['bw'] / 1e9:6.1f}"
-                    )
-                gc.collect()
+        print(
+            "  variant     KV        batch context  KV MB  streamed ms (GB/s, share)  warm ms (GB/s)  hot ms"
+            "   stream GB/s"
+        )
+        for name, mod in kernel_mods.items():
+            for kv in kv_dtypes:
+                cd = torch.bfloat16 if kv == "bfloat16" else torch.float8_e5m2
+                for batch, ctxs in ((1, contexts), (8, contexts[:1])):
+                    for r in kernel_alone(mod, cd, ctxs, batch, reps, stream):
+                        kv_b = r["kv"]
+                        print(
+                            f"  {name:11s} {kv:9s} {batch:4d} {r['ctx']:7d} {kv_b / 1e6:6.1f}"
+                            f"  {r['streamed'] * 1e3:7.3f}"
+                            f" ({kv_b / r['streamed'] / 1e9:5.1f}, {kv_b / r['streamed'] / r['bw']:4.0%})"
+                            f"    {r['warm'] * 1e3:7.3f} ({kv_b / r['warm'] / 1e9:5.1f})  {r['hot'] * 1e3:7.3f}"
+                            f"   {r['bw'] / 1e9:6.1f}"
+                        )
+                    gc.collect()
     if not args.skip_prefill:
         print("\n4. prefill attention, one layer, block size 128: the 4096-token chunks of an 8k and a 16k prompt")
     chunks = ((0, 4096), (4096, 4096), (12288, 4096))
