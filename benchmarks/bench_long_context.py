@@ -138,6 +138,8 @@ BLOCK = 128  # the engine's default block size
 SMOL_POSITIONS = 8192  # SmolLM2's max_position_embeddings
 TARGET = 0.9
 LLAMA_FILES = ("Q4_1", "BF16")  # section 5's GGUF files: the bundled one, and its weights in BF16
+# --kv's names (the engine's --kv-cache-dtype spellings) and the cache dtype sections 3 and 4 build for each.
+CACHE_DTYPES = {"bfloat16": torch.bfloat16, "fp8_e5m2": torch.float8_e5m2}
 
 
 def l3_bytes() -> int:
@@ -567,7 +569,7 @@ def main() -> int:
         help="section 3's kernel variants, comma-separated, or 'all' (every one this CPU runs); default: the "
         "selected one",
     )
-    ap.add_argument("--kv", default="bfloat16,fp8_e5m2", help="KV cache dtypes")
+    ap.add_argument("--kv", default=",".join(CACHE_DTYPES), help=f"KV cache dtypes, of {', '.join(CACHE_DTYPES)}")
     ap.add_argument("--ttft-lens", default="8000,16384", help="prompt lengths of the TTFT comparison (section 2)")
     ap.add_argument("--skip-ttft", action="store_true")
     ap.add_argument("--skip-engine", action="store_true")
@@ -597,13 +599,16 @@ def main() -> int:
     unknown = sorted(set(args.llama_files) - set(LLAMA_FILES))
     if unknown:
         ap.error(f"--llama-files: unknown file(s) {', '.join(unknown)}; choose from {', '.join(LLAMA_FILES)}")
+    kv_dtypes = args.kv.split(",")
+    unknown = [kv for kv in kv_dtypes if kv not in CACHE_DTYPES]
+    if unknown:
+        ap.error(f"--kv: unknown KV dtype(s) {', '.join(unknown)}; choose from {', '.join(CACHE_DTYPES)}")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1.5")  # a 32k-token sequence: 0.7 GiB in bf16
     os.environ.setdefault("CPUINFER_GGUF_DEQUANTIZE", "1")  # SmolLM2 in bf16, as the issue measures it
     import cpuinfer
 
     steps = 24 if args.quick else 64
     reps = 5 if args.quick else 11
-    kv_dtypes = args.kv.split(",")
     stream = stream_read_fn()
     best = cpuinfer._C
     runnable = runnable_variants()
@@ -611,7 +616,7 @@ def main() -> int:
     unknown = [v for v in wanted if v not in runnable]
     if unknown:
         ap.error(f"--kernel-variants: {', '.join(unknown)} not runnable here; this CPU runs {', '.join(runnable)}")
-    kernel_mods = variant_modules(wanted) if wanted else {best.VARIANT: best}
+    kernel_mods = variant_modules(wanted or [best.VARIANT])
     print(
         f"variant {best.VARIANT} (attention: {best.ATTENTION_IMPL}), {torch.get_num_threads()} threads, "
         f"L3 {l3_bytes() >> 20} MiB"
@@ -645,9 +650,8 @@ def main() -> int:
         )
         for name, mod in kernel_mods.items():
             for kv in kv_dtypes:
-                cd = torch.bfloat16 if kv == "bfloat16" else torch.float8_e5m2
                 for batch, ctxs in ((1, contexts), (8, contexts[:1])):
-                    for r in kernel_alone(mod, cd, ctxs, batch, reps, stream):
+                    for r in kernel_alone(mod, CACHE_DTYPES[kv], ctxs, batch, reps, stream):
                         kv_b = r["kv"]
                         print(
                             f"  {name:11s} {kv:9s} {batch:4d} {r['ctx']:7d} {kv_b / 1e6:6.1f}"
@@ -662,7 +666,7 @@ def main() -> int:
     chunks = ((0, 4096), (4096, 4096), (12288, 4096))
     cases = [(SMOL_HEADS, kv, c) for kv in kv_dtypes for c in chunks] + [(LLAMA_HEADS, "bfloat16", c) for c in chunks]
     for heads, kv, (prefix, new) in cases if not args.skip_prefill else ():
-        cd = torch.bfloat16 if kv == "bfloat16" else torch.float8_e5m2
+        cd = CACHE_DTYPES[kv]
         t, rate, share = prefill_attention(best, prefix, new, 3, cd, heads)
         name = f"{heads[0]}q/{heads[1]}kv D={heads[2]}"
         print(

@@ -348,9 +348,9 @@ def test_decoder_stack_equals_the_layers_one_by_one(tmp_path_factory):
     # either layer has run.
     hs, rs, kvs = state()
     small = [kvs[0], (kvs[1][0][:2], kvs[1][1][:2])]
-    inside = torch.tensor([0, 1, 2, 3, 4, 20])  # every slot inside the small cache: the table is what fails
+    # The positions as slots: every one inside the small cache (32 slots), so the table is what fails.
     with pytest.raises(IndexError, match=r"block_tables\[1, 0\] = 2 is not a block of the cache \(2 blocks\)"):
-        stack.forward(hs, rs, True, pos, inside, qsl, lens, table, [k for k, _ in small], [v for _, v in small])
+        stack.forward(hs, rs, True, pos, pos, qsl, lens, table, [k for k, _ in small], [v for _, v in small])
     assert torch.equal(hs, h0) and torch.equal(rs, res0)
     for got, want in zip(kvs, caches, strict=True):
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

@@ -101,15 +101,13 @@ def stage_stack(
     otherwise its Python reference executor runs it op by op. residual: None at the model's first layer (h
     starts the residual stream), else the stream the previous pipeline stage handed over with h.
 
-    stack: the layers' fused kernels as one ops.DecoderStack (DecoderModel keeps one; None: built here when every
-    layer has its fused kernel), which runs the stage in one call.
+    stack: the layers' fused kernels as one ops.DecoderStack (fused_stack, built once with the model), which runs
+    the stage in one call; None where a layer has none (the reference executors run).
 
     sample_idx: the rows whose outputs are read (None: all), each the last of its sequence's query rows, in
     order (the model runner's). The fused last layer then carries only those rows past its cache write:
     (h, residual) come back as theirs, and the rows to read as None; otherwise as given.
     """
-    if stack is None:
-        stack = fused_stack(layers)
     if stack is not None and uses_kernels(block_size=meta.block_size):  # the whole stage in one kernel call
         first = residual is None
         if first:
