@@ -341,6 +341,26 @@ struct QkBf16 {
     static void run(const bf16_t *, int64_t, const uint32_t *, int64_t, int64_t, float *, int64_t) {}
 };
 
+// The ISA's paths for units of many rows (a prefill chunk's share of a KV head), with the bits of the tiles
+// above, so that a unit may take either path and a row's result does not depend on which (a prefill row
+// against its decode). applies(D): the head sizes they handle.
+//   pack() lays out the keys [j0, j1) of one block (k: its first key row) in buf, once per block for all the
+//   unit's tiles; qk<R>() then gives the scores of R f32 query rows (in the cache's pair order, as qk_tile
+//   reads them) against them: s[r * ss + j] for j in [j0, j1), and possibly other j of the same 16-key
+//   groups, never read. qk_tile's bits: every lane's chain of FMAs and the vector layer's reduce_add tree.
+//   pv<R>() is pv_tile over all of [j0, j1) at once (alpha: the rescale, or null): pv_tile's bits, the same
+//   chain of FMAs per output element.
+template <typename C>
+struct ManyRows {
+    static constexpr bool kAvailable = false;
+    static bool applies(int64_t) { return false; }
+    static void pack(const C *, int64_t, int64_t, int64_t, int64_t, LineVector<float> &) {}
+    template <int R>
+    static void qk(const float *, int64_t, const float *, int64_t, int64_t, float *, int64_t) {}
+    template <int R>
+    static void pv(float *, int64_t, const float *, const float *, int64_t, const C *, int64_t, int64_t) {}
+};
+
 // One unit's query rows and running softmax state (natural d order), for a
 // path that takes a whole unit at once.
 struct FlashUnit {

@@ -74,6 +74,7 @@ struct Scratch {
     std::vector<int64_t> pos;
     LineVector<bf16_t> qb;    // raw bf16 query rows, for the bf16 x bf16 fast paths
     LineVector<uint32_t> kt;  // the current block's keys as QkBf16::pack lays them out
+    LineVector<float> kf;     // or as ManyRows::pack lays them out
     void reserve(int64_t rows, int64_t D, int64_t bs) {
         if (int64_t(q.size()) < rows * D) q.resize(rows * D), acc.resize(rows * D);
         if (int64_t(m.size()) < rows) m.resize(rows), l.resize(rows), pos.resize(rows);
@@ -119,6 +120,11 @@ struct Runner {
     static constexpr bool kRawQ = std::is_same_v<T, bf16_t>;
     // QK^T through the ISA's packed-key path (attention_tile.h's QkBf16 hook).
     static constexpr bool kPackedQk = kBf16 && attn::QkBf16<T, C>::kAvailable;
+    // Units of at least kManyRows rows (a prefill chunk's) take the ISA's paths for many rows, where there is
+    // one (attention_tile.h's ManyRows hook: the tiles' bits): its key packing is paid once per block for all
+    // the unit's rows, which a decode unit's few rows would not repay.
+    static constexpr int64_t kManyRows = 2 * attn::kTileRows;
+    using Many = attn::ManyRows<C>;
 
     const PagedAttentionArgs &a;
     int64_t G, D, bs;
@@ -347,6 +353,7 @@ struct Runner {
         // (32x1024 decode from DRAM, 2 threads): ~1.4x faster than
         // prefetching whole blocks (block size 128; 1.6x at 16). Looking
         // further ahead at small blocks measured no better.
+        const bool tree = !kPackedQk && Many::kAvailable && rows >= kManyRows && Many::applies(D);
         const int64_t b0 = k0 / bs;
         if (kPrefetch) {
             int64_t n;
@@ -366,6 +373,9 @@ struct Runner {
                 int64_t j0, j1;
                 if (seen(0, rows - 1, j0, j1))
                     attn::QkBf16<T, C>::pack(reinterpret_cast<const bf16_t *>(kb), D, bs, j0, j1, sc.kt);
+            } else if (tree) {
+                int64_t j0, j1;
+                if (seen(0, rows - 1, j0, j1)) Many::pack(kb, D, bs, j0, j1, sc.kf);
             }
             bool lead = kPrefetch;  // the first tile that computes on the block prefetches
             for (int64_t r0 = 0; r0 < rows; r0 += attn::kTileRows) {
@@ -384,10 +394,17 @@ struct Runner {
                 }
                 attn::with_rows(R, [&](auto rc) {
                     constexpr int RR = decltype(rc)::value;
-                    qk<RR>(sc, r0, kb, j0, j1, sbuf, v_pf);
+                    qk<RR>(sc, r0, kb, j0, j1, sbuf, v_pf, tree);
                 });
                 v_pf.rest();
                 softmax_tile(R, r0, base, j0, j1, sc, o);
+                if (tree) {
+                    nk_pf.rest();
+                    attn::with_rows(R, [&](auto rc) {
+                        Many::template pv<decltype(rc)::value>(acc + r0 * D, D, sc.alpha.data(), sbuf, bs, vb, j0, j1);
+                    });
+                    continue;
+                }
                 attn::with_rows(R, [&](auto rc) {
                     constexpr int RR = decltype(rc)::value;
                     // V in passes of kPvKeys keys: each pass walks a few KB
@@ -424,10 +441,16 @@ struct Runner {
     // Scores of the tile's rows (from r0) against keys [j0, j1) of block kb: from the raw bf16 rows and the
     // packed block on the ISA's path, else from the f32 rows (in pair order).
     template <int R>
-    void qk(const Scratch &sc, int64_t r0, const C *kb, int64_t j0, int64_t j1, float *sbuf, attn::Prefetch &pf) {
+    void qk(const Scratch &sc, int64_t r0, const C *kb, int64_t j0, int64_t j1, float *sbuf, attn::Prefetch &pf,
+            bool tree) {
         if constexpr (kPackedQk) {
             pf.rest();
             attn::QkBf16<T, C>::template run<R>(sc.qb.data() + r0 * D, D, sc.kt.data(), j0, j1, sbuf, bs);
+            return;
+        }
+        if (tree) {
+            pf.rest();
+            Many::template qk<R>(sc.q.data() + r0 * D, D, sc.kf.data(), j0, j1, sbuf, bs);
             return;
         }
         attn::qk_tile<R>(sc.q.data() + r0 * D, D, kb, j0, j1, sbuf, bs, pf);

@@ -31,17 +31,8 @@
 
 namespace cpuinfer::attn {
 
-#if defined(CPUINFER_ATTN_DPBF16)
-using x86::as_bh;
-
-// 32 bf16 at p (or 16, zero-extended, for the last chunk of D = 80).
-inline __m512i load_bf16x32(const bf16_t *p, int64_t n) {
-    if (n >= 32) return _mm512_loadu_si512(reinterpret_cast<const void *>(p));
-    return _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)), 0);
-}
-
-// 16 x 16 32-bit transpose of r[0..15] in place. (The AMX path's flash_pack
-// uses it too: amx builds always have AVX512-BF16.)
+// 16 x 16 32-bit transpose of r[0..15] in place (AVX512F: every variant of this layer; the AMX path's
+// flash_pack, the VDPBF16PS keys and the tree keys below use it).
 inline void transpose16(__m512i r[16]) {
     __m512i t[16];
     for (int i = 0; i < 16; i += 2) {
@@ -66,6 +57,180 @@ inline void transpose16(__m512i r[16]) {
         r[a] = _mm512_shuffle_i32x4(t[a], t[b], 0x88);
         r[b] = _mm512_shuffle_i32x4(t[a], t[b], 0xdd);
     }
+}
+
+// QK^T with qk_tile's bits for units of many rows (attention_tile.h's ManyRows hook), on every variant of this
+// layer. qk_tile gives a score as a dot product along d: lane l of a vector accumulates the chain
+// k[l] q[l], k[16 + l] q[16 + l], ... in FMAs (this layer's load2a/b keep d in natural order), and reduce_add's
+// tree sums the 16 lanes. That costs a horizontal reduction per score (reduce_add16: ~3 instructions a score
+// beside its D / 16 FMAs, ~half of a prefill's QK time measured at SmolLM2's heads) and reloads every query
+// vector per key. Here the keys lie across the lanes instead (16 keys to a vector, transposed once per block for
+// all the unit's rows), each lane class's chain is one vector of 16 keys, and the tree is 15 vertical adds a
+// row and 16 keys: the same products, chains and tree, so the same bits, at a third of the instructions.
+
+// kt layout of a block's keys: for 16-key group g and head-dim step t (d = 16 t .. 16 t + 15), 16 vectors, one
+// per lane class l: d = 16 t + l of the group's 16 keys, at kt + ((g * T + t) * 16 + l) * 16 (T = D / 16).
+inline int64_t tree_keys_size(int64_t D, int64_t bs) { return bs * D; }
+
+// Packs the groups of a block's keys (k: its first key row) that hold keys [j0, j1): whole groups (block sizes
+// are multiples of 16), the keys outside [j0, j1) from the block's memory; their scores are never read.
+template <typename C>
+inline void pack_keys_tree(const C *k, int64_t D, int64_t j0, int64_t j1, float *kt) {
+    const int64_t T = D / 16;
+    for (int64_t g = j0 / 16; g * 16 < j1; ++g) {
+        const C *kg = k + g * 16 * D;
+        for (int64_t t = 0; t < T; ++t) {
+            __m512i r[16];
+            for (int i = 0; i < 16; ++i) r[i] = _mm512_castps_si512(vec::load(kg + i * D + 16 * t).v);
+            transpose16(r);
+            float *dst = kt + (g * T + t) * 256;
+            for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * 16, _mm512_castsi512_ps(r[i]));
+        }
+    }
+}
+
+// The sums of lane classes l and l + 8 (the tree's first level) for RB rows x NB groups from g: each class's
+// chain over the head-dim steps in order, from zero, as qk_tile's accumulators.
+template <int RB, int NB>
+inline void tree_pairs(const float *q, int64_t D, const float *kt, int64_t g, int l, __m512 (&y)[RB][NB]) {
+    const int64_t T = D / 16;
+    __m512 a[RB][NB], b[RB][NB];
+#pragma GCC unroll 4
+    for (int r = 0; r < RB; ++r)
+#pragma GCC unroll 4
+        for (int n = 0; n < NB; ++n) a[r][n] = b[r][n] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < T; ++t) {
+        __m512 ka[NB], kb[NB];
+#pragma GCC unroll 4
+        for (int n = 0; n < NB; ++n) {
+            const float *kt_n = kt + ((g + n) * T + t) * 256;
+            ka[n] = _mm512_loadu_ps(kt_n + l * 16);
+            kb[n] = _mm512_loadu_ps(kt_n + (l + 8) * 16);
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < RB; ++r) {
+            const __m512 qa = _mm512_set1_ps(q[r * D + 16 * t + l]), qb = _mm512_set1_ps(q[r * D + 16 * t + l + 8]);
+#pragma GCC unroll 4
+            for (int n = 0; n < NB; ++n) {
+                a[r][n] = _mm512_fmadd_ps(qa, ka[n], a[r][n]);
+                b[r][n] = _mm512_fmadd_ps(qb, kb[n], b[r][n]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < RB; ++r)
+#pragma GCC unroll 4
+        for (int n = 0; n < NB; ++n) y[r][n] = _mm512_add_ps(a[r][n], b[r][n]);
+}
+
+template <int RB, int NB>
+inline void add_into(__m512 (&x)[RB][NB], const __m512 (&y)[RB][NB]) {
+#pragma GCC unroll 4
+    for (int r = 0; r < RB; ++r)
+#pragma GCC unroll 4
+        for (int n = 0; n < NB; ++n) x[r][n] = _mm512_add_ps(x[r][n], y[r][n]);
+}
+
+// s[r * ss + 16 (g + n) ..] for RB rows and NB groups from g: reduce_add's tree (vec_avx512.h) over the
+// classes' sums, y_l = c_l + c_{l+8}, then ((y0 + y4) + (y2 + y6)) + ((y1 + y5) + (y3 + y7)).
+template <int RB, int NB>
+inline void qk_tree_groups(const float *q, int64_t D, const float *kt, int64_t g, float *s, int64_t ss) {
+    __m512 x[RB][NB], y[RB][NB], z[RB][NB];
+    tree_pairs<RB, NB>(q, D, kt, g, 0, x);
+    tree_pairs<RB, NB>(q, D, kt, g, 4, y);
+    add_into(x, y);  // y0 + y4
+    tree_pairs<RB, NB>(q, D, kt, g, 2, y);
+    tree_pairs<RB, NB>(q, D, kt, g, 6, z);
+    add_into(y, z);  // y2 + y6
+    add_into(x, y);  // the left half
+    tree_pairs<RB, NB>(q, D, kt, g, 1, y);
+    tree_pairs<RB, NB>(q, D, kt, g, 5, z);
+    add_into(y, z);  // y1 + y5
+    __m512 w[RB][NB];
+    tree_pairs<RB, NB>(q, D, kt, g, 3, z);
+    tree_pairs<RB, NB>(q, D, kt, g, 7, w);
+    add_into(z, w);  // y3 + y7
+    add_into(y, z);  // the right half
+    add_into(x, y);
+#pragma GCC unroll 4
+    for (int r = 0; r < RB; ++r)
+#pragma GCC unroll 4
+        for (int n = 0; n < NB; ++n) _mm512_storeu_ps(s + r * ss + (g + n) * 16, x[r][n]);
+}
+
+// s[r * ss + j] for R rows (q: f32, stride D) and keys [j0, j1) of a block packed by pack_keys_tree; other
+// lanes of the 16-key groups touched get scores too. Groups in pairs, and for each pair the rows in pairs, so
+// that a pair of groups' keys (8 KB at D = 64) stays in L1 while every row passes over them.
+template <int R>
+inline void qk_tile_tree(const float *q, int64_t D, const float *kt, int64_t j0, int64_t j1, float *s, int64_t ss) {
+    const int64_t g1 = (j1 + 15) / 16;
+    for (int64_t g = j0 / 16; g < g1; g += 2) {
+        const bool two = g + 2 <= g1;
+        int r = 0;
+        for (; r + 2 <= R; r += 2) {
+            if (two) qk_tree_groups<2, 2>(q + r * D, D, kt, g, s + r * ss, ss);
+            else qk_tree_groups<2, 1>(q + r * D, D, kt, g, s + r * ss, ss);
+        }
+        if (r < R) {
+            if (two) qk_tree_groups<1, 2>(q + r * D, D, kt, g, s + r * ss, ss);
+            else qk_tree_groups<1, 1>(q + r * D, D, kt, g, s + r * ss, ss);
+        }
+    }
+}
+
+// pv_tile's products for R rows (R <= 8) and U vectors of d from c, over all the keys [j0, j1) with the
+// accumulators in registers: the same chain per element (acc * alpha, then an FMA a key in order), so the same
+// bits. pv_tile keeps 16 rows' accumulators for one vector of d and passes of 16 keys, so that every FMA
+// loads its weight through a pointer of its own row (16 of them: GCC spilled them, ~a third of pv_tile's
+// instructions in a prefill) and every row reloads its accumulator per pass.
+template <int R, int U, typename C>
+inline void pv_block(float *acc, int64_t D, const float *alpha, const float *p, int64_t ps, const C *v, int64_t j0,
+                     int64_t j1, int64_t c) {
+    __m512 a[R][U];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i)
+#pragma GCC unroll 2
+        for (int u = 0; u < U; ++u) {
+            a[i][u] = _mm512_loadu_ps(acc + i * D + c + 16 * u);
+            if (alpha) a[i][u] = _mm512_mul_ps(a[i][u], _mm512_set1_ps(alpha[i]));
+        }
+    for (int64_t j = j0; j < j1; ++j) {
+        __m512 vv[U];
+#pragma GCC unroll 2
+        for (int u = 0; u < U; ++u) vv[u] = vec::load(v + j * D + c + 16 * u).v;
+#pragma GCC unroll 8
+        for (int i = 0; i < R; ++i) {
+            const __m512 pb = _mm512_set1_ps(p[i * ps + j]);
+#pragma GCC unroll 2
+            for (int u = 0; u < U; ++u) a[i][u] = _mm512_fmadd_ps(pb, vv[u], a[i][u]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i)
+#pragma GCC unroll 2
+        for (int u = 0; u < U; ++u) _mm512_storeu_ps(acc + i * D + c + 16 * u, a[i][u]);
+}
+
+// pv_tile over all of [j0, j1) for R rows (D a multiple of 16): rows in eights, d in pairs of vectors (8 x 2
+// accumulators: a key's two value vectors and eight weights loaded for 16 FMAs).
+template <int R, typename C>
+inline void pv_tile_rows(float *acc, int64_t D, const float *alpha, const float *p, int64_t ps, const C *v,
+                         int64_t j0, int64_t j1) {
+    constexpr int RB = R < 8 ? R : 8;
+    int64_t c = 0;
+    for (; c + 32 <= D; c += 32) pv_block<RB, 2>(acc, D, alpha, p, ps, v, j0, j1, c);
+    if (c < D) pv_block<RB, 1>(acc, D, alpha, p, ps, v, j0, j1, c);
+    if constexpr (R > 8)
+        pv_tile_rows<R - 8>(acc + 8 * D, D, alpha ? alpha + 8 : nullptr, p + 8 * ps, ps, v, j0, j1);
+}
+
+#if defined(CPUINFER_ATTN_DPBF16)
+using x86::as_bh;
+
+// 32 bf16 at p (or 16, zero-extended, for the last chunk of D = 80).
+inline __m512i load_bf16x32(const bf16_t *p, int64_t n) {
+    if (n >= 32) return _mm512_loadu_si512(reinterpret_cast<const void *>(p));
+    return _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)), 0);
 }
 
 // QK^T on VDPBF16PS with the keys transposed, 16 keys to a vector: one
@@ -158,6 +323,33 @@ inline void qk_tile_dpbf16(const bf16_t *q, int64_t D, const uint32_t *kt, int64
 namespace cpuinfer::attn {
 
 // The hooks of common/attention_tile.h this build fills.
+template <typename C>
+struct ManyRowsAvx512 {
+    static constexpr bool kAvailable = true;
+    static bool applies(int64_t D) { return D % 16 == 0; }
+    static void pack(const C *k, int64_t D, int64_t bs, int64_t j0, int64_t j1, LineVector<float> &buf) {
+        const int64_t n = tree_keys_size(D, bs);
+        if (int64_t(buf.size()) < n) buf.resize(size_t(n));
+        pack_keys_tree(k, D, j0, j1, buf.data());
+    }
+    template <int R>
+    static void qk(const float *q, int64_t D, const float *kt, int64_t j0, int64_t j1, float *s, int64_t ss) {
+        qk_tile_tree<R>(q, D, kt, j0, j1, s, ss);
+    }
+    template <int R>
+    static void pv(float *acc, int64_t D, const float *alpha, const float *p, int64_t ps, const C *v, int64_t j0,
+                   int64_t j1) {
+        pv_tile_rows<R>(acc, D, alpha, p, ps, v, j0, j1);
+    }
+};
+template <>
+struct ManyRows<float> : ManyRowsAvx512<float> {};
+template <>
+struct ManyRows<bf16_t> : ManyRowsAvx512<bf16_t> {};
+template <>
+struct ManyRows<f16_t> : ManyRowsAvx512<f16_t> {};
+template <>
+struct ManyRows<fp8_e5m2_t> : ManyRowsAvx512<fp8_e5m2_t> {};
 #if defined(CPUINFER_ATTN_DPBF16)
 template <>
 struct QkBf16<bf16_t, bf16_t> {

@@ -321,6 +321,40 @@ def test_a_row_does_not_depend_on_its_batch(kernels, dtype, cache_dtype, window)
         )
 
 
+@pytest.mark.parametrize("head_size", [64, 80, 128])
+@pytest.mark.parametrize("cache_dtype", CACHE_DTYPES, ids=lambda c: str(c)[6:])
+def test_many_row_units_equal_their_rows_decoded(kernels, head_size, cache_dtype):
+    """A prefill chunk's units of 32 rows or more take the vector layer's many-rows path where it has one
+    (avx512: keys across the lanes for QK^T, PV with the accumulators in registers); its bits must be the
+    tiles', which every decode row takes: each row of the chunk equals that row decoded alone, bit for bit,
+    and the chunk is the float64 reference within the f32 tolerance. Unit sizes 45 (tiles of 16, 16 and 13
+    rows: the row pairs' and eights' remainders) and 64, block sizes 16 and 128 (odd and even counts of
+    16-key groups), a cached prefix, a sliding window and a soft-cap."""
+    rng = random.Random(head_size + CACHE_DTYPES.index(cache_dtype))
+    for group, tokens, block_size, window, cap in [
+        (5, 9, 16, 0, 0.0),  # 45 rows a KV head: one unit
+        (4, 40, 128, 0, 0.0),  # 160 rows: units of 64, 64 and 32
+        (5, 9, 128, 77, 0.0),
+        (4, 24, 16, 0, 20.0),
+    ]:
+        ctx = tokens + rng.randint(0, 300)
+        b = make_batch([(tokens, ctx)], 2 * group, 2, head_size, block_size, torch.float32, cache_dtype)
+        out = run_kernel(kernels, b, sliding_window=window, soft_cap=cap)
+        torch.testing.assert_close(out, ref_paged_attention(b, window, cap), **TOL[torch.float32])
+        for i in range(tokens):
+            one = PagedBatch(
+                b.query[i : i + 1].clone(),
+                b.key_cache,
+                b.value_cache,
+                torch.tensor([0, 1], dtype=torch.int32),
+                torch.tensor([ctx - tokens + i + 1], dtype=torch.int32),
+                b.block_tables,
+                b.scale,
+            )
+            alone = run_kernel(kernels, one, sliding_window=window, soft_cap=cap)
+            assert torch.equal(alone, out[i : i + 1]), f"{tokens} tokens after {ctx - tokens}: row {i} differs"
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_attention_sinks(kernels, dtype):
     """gpt-oss's sinks: a logit per query head in every row's softmax sum. Decodes over long contexts (their
