@@ -107,6 +107,24 @@ the benchmark lock but with other sessions' tests running (load 2-5: wall-clock 
   0.320 (39%), avx512 0.537 / 0.361 / 0.320 (40%), avx2 0.575 / 0.434 / 0.382 (38%), generic 5.0 (4%). Every
   vector variant shows the same sum of arithmetic and memory; on an fp8 cache the vector paths' decode runs
   faster than amx's, whose tiles (kept for prefill-equal bits) widen each key row to bf16 through memory.
+Measured 2026-11-28 on a 2-core Skylake-SP KVM ("Intel(R) Xeon(R) Processor @ 2.50GHz", model 85, avx512f/bw/dq/
+vl, no avx512_bf16, VNNI or AMX; L3 33 MiB), avx512 variant (attention `vec`: the FMA tiles), 2 threads, quiet.
+Its peak (bench_linear's): 153.5 GFLOP/s a core, ~300 with two.
+  Section 4 before and after the many-rows path (attention_x86.h: a prefill unit's QK^T with the keys across
+  the lanes and reduce_add's tree as vertical adds, PV with its accumulators in registers over a block's keys;
+  the tiles' bits): 9q/3kv D=64 bf16 KV 24 / 23 / 21% -> 35 / 37 / 36% of the peak (297.7 -> 177.5 ms after
+  0, 839.8 -> 510.1 after 4096, 2079 -> 1240.5 after 12288), fp8 KV 22 / 23 / 21% -> 35 / 35 / 35%; 32q/8kv
+  D=128 28 / 29 / 31% -> 42 / 40 / 41% (1604 -> 1078, 5778 -> 3370, 10169 -> 7654 ms). Target 50%: missed.
+  What is left (one thread, a 2048-token chunk after 2048, 258-264 ms): taken out one at a time (wrong
+  results, timing only) the whole softmax saves ~65 ms (the exponentials ~25 of them), so QK^T and PV
+  alone run at ~48%; by perf samples QK^T ~35% of the time (~64% of its own instruction bound: 64 FMAs and
+  15 adds for 16 scores), PV ~28%, the softmax ~27%. Tried and no better: other register blockings of the
+  QK tree (4x1, 3x2 rows x key groups: within 3%; 1x4 and the tree's partial sums staged through L1: slower),
+  the value rows widened to f32 once per block (slower: 258 -> 310 ms), two max accumulators in the softmax.
+  Section 2 (`--ttft-lens 8000,16384 --no-llama`, after the change): 8000 tokens ours 33.1 s (62.7 CPU-s)
+  bf16 KV, 33.0 fp8; transformers (SDPA, bf16: this CPU has no bf16 arithmetic) 61.6 s (116.4 CPU-s): 0.54x.
+  16384: ours 129.9 s (253.6 CPU-s), fp8 136.8; transformers 185.2 s (347.4): 0.70x / 0.74x. Target <= 0.5x:
+  missed at both.
 """
 
 from __future__ import annotations

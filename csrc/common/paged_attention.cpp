@@ -439,7 +439,8 @@ struct Runner {
     }
 
     // Scores of the tile's rows (from r0) against keys [j0, j1) of block kb: from the raw bf16 rows and the
-    // packed block on the ISA's path, else from the f32 rows (in pair order).
+    // packed block on the ISA's path, else from the f32 rows (in pair order), through the many-rows path's
+    // packed block (`tree`) or the portable tile.
     template <int R>
     void qk(const Scratch &sc, int64_t r0, const C *kb, int64_t j0, int64_t j1, float *sbuf, attn::Prefetch &pf,
             bool tree) {

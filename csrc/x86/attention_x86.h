@@ -8,6 +8,10 @@
 //   amx:        every unit (any row count; head sizes that are multiples of 32)
 //               as flash attention on AMX-BF16 tiles, QK^T and PV, the softmax
 //               weights in two bf16 terms; other head sizes (80) as avx512bf16
+// and on every variant of this layer, for units of many rows (a prefill
+// chunk's) that no path above takes, any query and cache type: QK^T with 16
+// keys across the lanes and PV with its accumulators in registers, with the
+// portable tiles' bits (the ManyRows hook, below).
 // Under CPUINFER_SIMDE_EMULATION (the C++ test program on CPUs without
 // AVX-512) the same code runs on SIMDe and on a software model of the AMX
 // tiles (amx_emulation.h).
