@@ -274,6 +274,19 @@ def test_bad_input(kernels):
         ops.paged_attention(out, q, kc.view(torch.uint8), vc.view(torch.uint8), qsl, lens, tables, scale)
 
 
+def row_decoded(b: PagedBatch, i: int, q_len: int, ctx: int) -> PagedBatch:
+    """Row i of b's one sequence (a chunk of q_len tokens ending at ctx) as a decode step of its own."""
+    return PagedBatch(
+        b.query[i : i + 1].clone(),
+        b.key_cache,
+        b.value_cache,
+        torch.tensor([0, 1], dtype=torch.int32),
+        torch.tensor([ctx - q_len + i + 1], dtype=torch.int32),
+        b.block_tables,
+        b.scale,
+    )
+
+
 @pytest.mark.parametrize("dtype", MODEL_DTYPES)
 @pytest.mark.parametrize("cache_dtype", CACHE_DTYPES, ids=lambda c: str(c)[6:])
 @pytest.mark.parametrize("window", [0, 200], ids=["full", "window"])
@@ -291,15 +304,7 @@ def test_a_row_does_not_depend_on_its_batch(kernels, dtype, cache_dtype, window)
         b = make_batch([(q, ctx)], 9, 3, 64, 16, dtype, cache_dtype)
         out = run_kernel(kernels, b, sliding_window=window)
         for i in range(q):
-            one = PagedBatch(
-                b.query[i : i + 1].clone(),
-                b.key_cache,
-                b.value_cache,
-                torch.tensor([0, 1], dtype=torch.int32),
-                torch.tensor([ctx - q + i + 1], dtype=torch.int32),
-                b.block_tables,
-                b.scale,
-            )
+            one = row_decoded(b, i, q, ctx)
             assert torch.equal(run_kernel(kernels, one, sliding_window=window), out[i : i + 1]), (
                 f"q={q} ctx={ctx}: row {i} differs"
             )
@@ -342,16 +347,7 @@ def test_many_row_units_equal_their_rows_decoded(kernels, head_size, cache_dtype
         out = run_kernel(kernels, b, sliding_window=window, soft_cap=cap)
         torch.testing.assert_close(out, ref_paged_attention(b, window, cap), **TOL[torch.float32])
         for i in range(tokens):
-            one = PagedBatch(
-                b.query[i : i + 1].clone(),
-                b.key_cache,
-                b.value_cache,
-                torch.tensor([0, 1], dtype=torch.int32),
-                torch.tensor([ctx - tokens + i + 1], dtype=torch.int32),
-                b.block_tables,
-                b.scale,
-            )
-            alone = run_kernel(kernels, one, sliding_window=window, soft_cap=cap)
+            alone = run_kernel(kernels, row_decoded(b, i, tokens, ctx), sliding_window=window, soft_cap=cap)
             assert torch.equal(alone, out[i : i + 1]), f"{tokens} tokens after {ctx - tokens}: row {i} differs"
 
 
