@@ -70,7 +70,9 @@ inline void transpose16(__m512i r[16]) {
 // beside its D / 16 FMAs, ~half of a prefill's QK time measured at SmolLM2's heads) and reloads every query
 // vector per key. Here the keys lie across the lanes instead (16 keys to a vector, transposed once per block for
 // all the unit's rows), each lane class's chain is one vector of 16 keys, and the tree is 15 vertical adds a
-// row and 16 keys: the same products, chains and tree, so the same bits, at a third of the instructions.
+// row and 16 keys: the same products, chains and tree, so the same bits. Measured on a Skylake-SP (avx512
+// variant, one thread, a 2048-token chunk after 2048 at SmolLM2's heads): QK^T ~208 -> ~93 ms of the chunk's
+// time by perf samples, the chunk 378 -> 291 ms with this path alone.
 
 // kt layout of a block's keys: for 16-key group g and head-dim step t (d = 16 t .. 16 t + 15), 16 vectors, one
 // per lane class l: d = 16 t + l of the group's 16 keys, at kt + ((g * T + t) * 16 + l) * 16 (T = D / 16).
