@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -149,8 +150,13 @@ def check_body(
         return
     messages = body.get("messages")
     if isinstance(messages, list):
-        chars = sum(text_chars(m.get("content")) for m in messages if isinstance(m, dict))
-        _check_conversation("messages", len(messages), chars, bounds, chars_per_prompt)
+        _check_conversation(
+            "messages",
+            len(messages),
+            lambda: sum(text_chars(m.get("content")) for m in messages if isinstance(m, dict)),
+            bounds,
+            chars_per_prompt,
+        )
     if route == "/v1/responses":
         _check_responses_input(body, bounds, chars_per_prompt)
     if route.endswith("/completions") or route == "/tokenize":
@@ -216,12 +222,16 @@ def _check_prompt_texts(field: str, prompt: Any, chars_per_prompt: int | None, c
 
 
 def _check_conversation(
-    field: str, messages: int, chars: int, bounds: RequestBounds, chars_per_prompt: int | None
+    field: str, messages: int, chars_of: Callable[[], int], bounds: RequestBounds, chars_per_prompt: int | None
 ) -> None:
-    """A conversation's message count and characters of text."""
+    """A conversation's message count, then its characters of text (`chars_of()`, counted only once the count is
+    within its bound: a list of 250k items is refused at len(), not after a pass over every item)."""
     if messages > bounds.max_messages:
         raise _too_big(field, "has", messages, bounds.max_messages, "--max-chat-messages", " messages")
-    if chars_per_prompt is not None and chars > chars_per_prompt:
+    if chars_per_prompt is None:
+        return
+    chars = chars_of()
+    if chars > chars_per_prompt:
         raise APIError(
             f"{field} hold{'' if field == 'messages' else 's'} {chars} characters of text, more than this model's "
             f"maximum context length could ever hold ({chars_per_prompt} characters: the context length times the "
@@ -236,16 +246,17 @@ def _check_responses_input(body: dict, bounds: RequestBounds, chars_per_prompt: 
     (one more message) as the conversation; `text.format.schema` as an output constraint."""
     items = body.get("input")
     instructions = body.get("instructions")
-    chars = len(instructions) if isinstance(instructions, str) else 0
-    count = 1 if instructions else 0
-    if isinstance(items, str):
-        chars += len(items)
-        count += 1
-    elif isinstance(items, list):
-        count += len(items)
-        for item in items:
+    count = (1 if instructions else 0) + (1 if isinstance(items, str) else len(items) if isinstance(items, list) else 0)
+
+    def chars() -> int:
+        total = len(instructions) if isinstance(instructions, str) else 0
+        if isinstance(items, str):
+            return total + len(items)
+        for item in items if isinstance(items, list) else ():
             if isinstance(item, dict):
-                chars += sum(text_chars(item.get(k)) for k in ("content", "arguments", "output"))
+                total += sum(text_chars(item.get(k)) for k in ("content", "arguments", "output"))
+        return total
+
     _check_conversation("input", count, chars, bounds, chars_per_prompt)
     text = body.get("text")
     fmt = text.get("format") if isinstance(text, dict) else None
