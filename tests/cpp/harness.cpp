@@ -1,6 +1,7 @@
 // Runs every registered case of the kernel test program (see harness.h).
 #include "harness.h"
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -131,13 +132,18 @@ int main(int argc, char **argv) {
         if (filter && !std::strstr(c.name, filter)) continue;
         g_case = c.name;
         g_failures_in_case = 0;
+        const auto t0 = std::chrono::steady_clock::now();
         c.fn();
+        // Each case's seconds: what an emulated run (qemu, SIMDe) spends where, for sizing CI's cross session.
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (g_failures_in_case) {
             ++failed;
-            std::printf("FAILED %s (%d checks)\n", c.name, g_failures_in_case);
+            std::printf("FAILED %s (%d checks, %.2f s)\n", c.name, g_failures_in_case, s);
         } else {
             ++passed;
+            std::printf("ok %s (%.2f s)\n", c.name, s);
         }
+        std::fflush(stdout);
     }
     std::printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
