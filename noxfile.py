@@ -58,8 +58,9 @@ nox.options.reuse_existing_virtualenvs = True
 # part 4m30s CPU to build its 4 variants with ccache empty, then ~20 s of emulated CPU per torch import under qemu
 # (5 runs); `nox -s foreign -- aarch64` with the kernels in ccache 4m06s CPU (9m47s wall); the s390x build 5m27s
 # CPU with ccache empty. Estimated on an idle machine: abi3 ~3 min, foreign ~11 min; clients ~4 min.
-# On a 2-core Skylake-SP KVM (2.5 GHz, stop 45) everything takes ~1.8x as long: wheel 9 min with ccache off,
-# pytest ~50 min; CI of stop 44 ran out of its 90 minutes on such a machine five minutes into cross.
+# On a 2-core Skylake-SP KVM (2.5 GHz, stop 45) everything takes ~2-3x as long: wheel 9 min with ccache off,
+# pytest 49 min (3637 tests; server 19 min, models 17, engine 8, pooling 2, kernels 2, toolchain 1.4); CI of
+# stop 44 ran out of its 90 minutes on such a machine five minutes into cross.
 # So the sessions after the core ones (lint, wheel, tests, precompiled, index) run in CI only while its
 # budget allows (ci_budget, below): all of them on the faster machines, the cheaper ones first on the slow.
 # cross's 14 min predate its emulated programs' reduced matrix (tests/cpp/CMakeLists.txt: ~2x faster each).
