@@ -349,16 +349,18 @@ struct QkBf16 {
 //   reads them) against them: s[r * ss + j] for j in [j0, j1), and possibly other j of the same 16-key
 //   groups, never read. qk_tile's bits: every lane's chain of FMAs and the vector layer's reduce_add tree.
 //   pv<R>() is pv_tile over all of [j0, j1) at once (alpha: the rescale, or null): pv_tile's bits, the same
-//   chain of FMAs per output element.
+//   chain of FMAs per output element. Each calls pf.next() qk_steps() / pv_steps() times for its tile.
 template <typename C>
 struct ManyRows {
     static constexpr bool kAvailable = false;
     static bool applies(int64_t) { return false; }
     static void pack(const C *, int64_t, int64_t, int64_t, int64_t, LineVector<float> &) {}
     template <int R>
-    static void qk(const float *, int64_t, const float *, int64_t, int64_t, float *, int64_t) {}
+    static void qk(const float *, int64_t, const float *, int64_t, int64_t, float *, int64_t, Prefetch &) {}
     template <int R>
-    static void pv(float *, int64_t, const float *, const float *, int64_t, const C *, int64_t, int64_t) {}
+    static void pv(float *, int64_t, const float *, const float *, int64_t, const C *, int64_t, int64_t, Prefetch &) {}
+    static int64_t qk_steps(int64_t, int64_t, int64_t) { return 1; }
+    static int64_t pv_steps(int64_t, int64_t, int64_t, int64_t) { return 1; }
 };
 
 // One unit's query rows and running softmax state (natural d order), for a

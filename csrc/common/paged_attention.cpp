@@ -386,10 +386,13 @@ struct Runner {
                 if (lead) {
                     int64_t n;
                     const C *p = span(vc, b, n);
-                    v_pf = attn::Prefetch(p, n, row_bytes);  // a row per key of QK
+                    // The tiles: a row per key of QK. The many-rows path: spread over its QK steps and its PV keys
+                    // (Many::qk_steps / pv_steps) instead of all at once, which stalled on full fill buffers.
+                    v_pf = attn::Prefetch(p, n, tree ? -(-n / Many::qk_steps(R, j0, j1)) : row_bytes);
                     p = span(kc, b + 1, n);
                     // kPvKeys rows per PV pass, which takes D / width() steps
-                    nk_pf = attn::Prefetch(p, n, kPvKeys * int64_t(sizeof(C)) * vec::width());
+                    nk_pf = attn::Prefetch(p, n, tree ? -(-n / Many::pv_steps(R, D, j0, j1))
+                                                      : kPvKeys * int64_t(sizeof(C)) * vec::width());
                     lead = false;
                 }
                 attn::with_rows(R, [&](auto rc) {
@@ -399,10 +402,11 @@ struct Runner {
                 v_pf.rest();
                 softmax_tile(R, r0, base, j0, j1, sc, o);
                 if (tree) {
-                    nk_pf.rest();
                     attn::with_rows(R, [&](auto rc) {
-                        Many::template pv<decltype(rc)::value>(acc + r0 * D, D, sc.alpha.data(), sbuf, bs, vb, j0, j1);
+                        Many::template pv<decltype(rc)::value>(acc + r0 * D, D, sc.alpha.data(), sbuf, bs, vb, j0, j1,
+                                                               nk_pf);
                     });
+                    nk_pf.rest();
                     continue;
                 }
                 attn::with_rows(R, [&](auto rc) {
@@ -450,8 +454,7 @@ struct Runner {
             return;
         }
         if (tree) {
-            pf.rest();
-            Many::template qk<R>(sc.q.data() + r0 * D, D, sc.kf.data(), j0, j1, sbuf, bs);
+            Many::template qk<R>(sc.q.data() + r0 * D, D, sc.kf.data(), j0, j1, sbuf, bs, pf);
             return;
         }
         attn::qk_tile<R>(sc.q.data() + r0 * D, D, kb, j0, j1, sbuf, bs, pf);

@@ -168,20 +168,28 @@ inline void qk_tree_groups(const float *q, int64_t D, const float *kt, int64_t g
 // lanes of the 16-key groups touched get scores too. Groups in pairs, and for each pair the rows in pairs, so
 // that a pair of groups' keys (8 KB at D = 64) stays in L1 while every row passes over them.
 template <int R>
-inline void qk_tile_tree(const float *q, int64_t D, const float *kt, int64_t j0, int64_t j1, float *s, int64_t ss) {
+inline void qk_tile_tree(const float *q, int64_t D, const float *kt, int64_t j0, int64_t j1, float *s, int64_t ss,
+                         Prefetch &pf) {
     const int64_t g1 = (j1 + 15) / 16;
     for (int64_t g = j0 / 16; g < g1; g += 2) {
         const bool two = g + 2 <= g1;
         int r = 0;
         for (; r + 2 <= R; r += 2) {
+            pf.next();
             if (two) qk_tree_groups<2, 2>(q + r * D, D, kt, g, s + r * ss, ss);
             else qk_tree_groups<2, 1>(q + r * D, D, kt, g, s + r * ss, ss);
         }
         if (r < R) {
+            pf.next();
             if (two) qk_tree_groups<1, 2>(q + r * D, D, kt, g, s + r * ss, ss);
             else qk_tree_groups<1, 1>(q + r * D, D, kt, g, s + r * ss, ss);
         }
     }
+}
+
+// qk_tile_tree's calls of pf.next() for R rows and keys [j0, j1): one per row pair and pair of 16-key groups.
+inline int64_t tree_qk_steps(int64_t R, int64_t j0, int64_t j1) {
+    return std::max<int64_t>(1, ((j1 + 15) / 16 - j0 / 16 + 1) / 2 * ((R + 1) / 2));
 }
 
 // pv_tile's products for R rows (R <= 8) and U vectors of d from c, over all the keys [j0, j1) with the
@@ -191,7 +199,7 @@ inline void qk_tile_tree(const float *q, int64_t D, const float *kt, int64_t j0,
 // instructions in a prefill) and every row reloads its accumulator per pass.
 template <int R, int U, typename C>
 inline void pv_block(float *acc, int64_t D, const float *alpha, const float *p, int64_t ps, const C *v, int64_t j0,
-                     int64_t j1, int64_t c) {
+                     int64_t j1, int64_t c, Prefetch &pf) {
     __m512 a[R][U];
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i)
@@ -201,6 +209,7 @@ inline void pv_block(float *acc, int64_t D, const float *alpha, const float *p, 
             if (alpha) a[i][u] = _mm512_mul_ps(a[i][u], _mm512_set1_ps(alpha[i]));
         }
     for (int64_t j = j0; j < j1; ++j) {
+        pf.next();
         __m512 vv[U];
 #pragma GCC unroll 2
         for (int u = 0; u < U; ++u) vv[u] = vec::load(v + j * D + c + 16 * u).v;
@@ -221,13 +230,18 @@ inline void pv_block(float *acc, int64_t D, const float *alpha, const float *p, 
 // accumulators: a key's two value vectors and eight weights loaded for 16 FMAs).
 template <int R, typename C>
 inline void pv_tile_rows(float *acc, int64_t D, const float *alpha, const float *p, int64_t ps, const C *v,
-                         int64_t j0, int64_t j1) {
+                         int64_t j0, int64_t j1, Prefetch &pf) {
     constexpr int RB = R < 8 ? R : 8;
     int64_t c = 0;
-    for (; c + 32 <= D; c += 32) pv_block<RB, 2>(acc, D, alpha, p, ps, v, j0, j1, c);
-    if (c < D) pv_block<RB, 1>(acc, D, alpha, p, ps, v, j0, j1, c);
+    for (; c + 32 <= D; c += 32) pv_block<RB, 2>(acc, D, alpha, p, ps, v, j0, j1, c, pf);
+    if (c < D) pv_block<RB, 1>(acc, D, alpha, p, ps, v, j0, j1, c, pf);
     if constexpr (R > 8)
-        pv_tile_rows<R - 8>(acc + 8 * D, D, alpha ? alpha + 8 : nullptr, p + 8 * ps, ps, v, j0, j1);
+        pv_tile_rows<R - 8>(acc + 8 * D, D, alpha ? alpha + 8 : nullptr, p + 8 * ps, ps, v, j0, j1, pf);
+}
+
+// pv_tile_rows' calls of pf.next() for R rows: one per key of each pv_block.
+inline int64_t tree_pv_steps(int64_t R, int64_t D, int64_t j0, int64_t j1) {
+    return std::max<int64_t>(1, (j1 - j0) * ((R + 7) / 8) * ((D + 31) / 32));
 }
 
 #if defined(CPUINFER_ATTN_DPBF16)
@@ -339,14 +353,17 @@ struct ManyRowsAvx512 {
         pack_keys_tree(k, D, j0, j1, buf.data());
     }
     template <int R>
-    static void qk(const float *q, int64_t D, const float *kt, int64_t j0, int64_t j1, float *s, int64_t ss) {
-        qk_tile_tree<R>(q, D, kt, j0, j1, s, ss);
+    static void qk(const float *q, int64_t D, const float *kt, int64_t j0, int64_t j1, float *s, int64_t ss,
+                   Prefetch &pf) {
+        qk_tile_tree<R>(q, D, kt, j0, j1, s, ss, pf);
     }
     template <int R>
     static void pv(float *acc, int64_t D, const float *alpha, const float *p, int64_t ps, const C *v, int64_t j0,
-                   int64_t j1) {
-        pv_tile_rows<R>(acc, D, alpha, p, ps, v, j0, j1);
+                   int64_t j1, Prefetch &pf) {
+        pv_tile_rows<R>(acc, D, alpha, p, ps, v, j0, j1, pf);
     }
+    static int64_t qk_steps(int64_t R, int64_t j0, int64_t j1) { return tree_qk_steps(R, j0, j1); }
+    static int64_t pv_steps(int64_t R, int64_t D, int64_t j0, int64_t j1) { return tree_pv_steps(R, D, j0, j1); }
 };
 template <>
 struct ManyRows<float> : ManyRowsAvx512<float> {};
