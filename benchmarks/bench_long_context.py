@@ -125,6 +125,10 @@ Its peak (bench_linear's): 153.5 GFLOP/s a core, ~300 with two.
   bf16 KV, 33.0 fp8; transformers (SDPA, bf16: this CPU has no bf16 arithmetic) 61.6 s (116.4 CPU-s): 0.54x.
   16384: ours 129.9 s (253.6 CPU-s), fp8 136.8; transformers 185.2 s (347.4): 0.70x / 0.74x. Target <= 0.5x:
   missed at both.
+  Later (same machine kind, 2026-11-28), the many-rows path's prefetches stepped over its QK^T and PV instead of
+  a block at once (section 4 not rerun; the kernel alone, 2 threads, min of calls): 32q/8kv D=128 4096 after
+  4096 3219-3316 -> 3063-3127 ms (~43-44% of the peak), 9q/3kv D=64 4096 after 12288 1279-1322 -> 1249-1269.
+  The softmax's scale-and-max pass fused into the QK^T tree's output (same bits) was no faster (+1% samples).
 """
 
 from __future__ import annotations
