@@ -246,14 +246,15 @@ def _check_responses_input(body: dict, bounds: RequestBounds, chars_per_prompt: 
     (one more message) as the conversation; `text.format.schema` as an output constraint."""
     items = body.get("input")
     instructions = body.get("instructions")
-    count = (1 if instructions else 0) + (1 if isinstance(items, str) else len(items) if isinstance(items, list) else 0)
+    listed = items if isinstance(items, list) else [items] if isinstance(items, str) else []
+    count = len(listed) + (1 if instructions else 0)
 
     def chars() -> int:
         total = len(instructions) if isinstance(instructions, str) else 0
-        if isinstance(items, str):
-            return total + len(items)
-        for item in items if isinstance(items, list) else ():
-            if isinstance(item, dict):
+        for item in listed:
+            if isinstance(item, str):
+                total += len(item)
+            elif isinstance(item, dict):
                 total += sum(text_chars(item.get(k)) for k in ("content", "arguments", "output"))
         return total
 
