@@ -6,6 +6,7 @@
 // Accumulators are separate named variables rather than an array because SVE
 // vectors are sizeless types that cannot be array elements.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
@@ -21,19 +22,24 @@ constexpr int kTileRows = vec::kAttnRows;  // accumulator rows that fit the laye
 // cache lines) per call of next() in some loop, so that the reads of a later
 // phase are in flight while this one computes, without a burst that fills
 // the miss queue. rest() issues whatever is left. An empty one does nothing.
+// pace(steps): a loop that calls next() at its own rate spreads what is left
+// over its `steps` calls instead.
 struct Prefetch {
     const char *p = nullptr, *end = nullptr;
     int64_t per = 0;
     Prefetch() = default;
     Prefetch(const void *ptr, int64_t bytes, int64_t per_step)
-        : p(static_cast<const char *>(ptr)), end(p + bytes),
-          per((per_step + tuning::kCacheLine - 1) / tuning::kCacheLine * tuning::kCacheLine) {}
+        : p(static_cast<const char *>(ptr)), end(p + bytes), per(whole_lines(per_step)) {}
+    void pace(int64_t steps) { per = whole_lines((end - p + steps - 1) / std::max<int64_t>(steps, 1)); }
     void next() {
         const char *e = end - p > per ? p + per : end;
         for (; p < e; p += tuning::kCacheLine) __builtin_prefetch(p);
     }
     void rest() {
         for (; p < end; p += tuning::kCacheLine) __builtin_prefetch(p);
+    }
+    static int64_t whole_lines(int64_t bytes) {
+        return (bytes + tuning::kCacheLine - 1) / tuning::kCacheLine * tuning::kCacheLine;
     }
 };
 
@@ -349,7 +355,7 @@ struct QkBf16 {
 //   reads them) against them: s[r * ss + j] for j in [j0, j1), and possibly other j of the same 16-key
 //   groups, never read. qk_tile's bits: every lane's chain of FMAs and the vector layer's reduce_add tree.
 //   pv<R>() is pv_tile over all of [j0, j1) at once (alpha: the rescale, or null): pv_tile's bits, the same
-//   chain of FMAs per output element. Each calls pf.next() qk_steps() / pv_steps() times for its tile.
+//   chain of FMAs per output element. Both pace `pf` (Prefetch::pace) over their own loops.
 template <typename C>
 struct ManyRows {
     static constexpr bool kAvailable = false;
@@ -359,8 +365,6 @@ struct ManyRows {
     static void qk(const float *, int64_t, const float *, int64_t, int64_t, float *, int64_t, Prefetch &) {}
     template <int R>
     static void pv(float *, int64_t, const float *, const float *, int64_t, const C *, int64_t, int64_t, Prefetch &) {}
-    static int64_t qk_steps(int64_t, int64_t, int64_t) { return 1; }
-    static int64_t pv_steps(int64_t, int64_t, int64_t, int64_t) { return 1; }
 };
 
 // One unit's query rows and running softmax state (natural d order), for a

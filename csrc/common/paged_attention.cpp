@@ -386,13 +386,10 @@ struct Runner {
                 if (lead) {
                     int64_t n;
                     const C *p = span(vc, b, n);
-                    // The tiles: a row per key of QK. The many-rows path: spread over its QK steps and its PV keys
-                    // (Many::qk_steps / pv_steps) instead of all at once, which stalled on full fill buffers.
-                    v_pf = attn::Prefetch(p, n, tree ? -(-n / Many::qk_steps(R, j0, j1)) : row_bytes);
+                    v_pf = attn::Prefetch(p, n, row_bytes);  // a row per key of QK (the many-rows path paces it)
                     p = span(kc, b + 1, n);
                     // kPvKeys rows per PV pass, which takes D / width() steps
-                    nk_pf = attn::Prefetch(p, n, tree ? -(-n / Many::pv_steps(R, D, j0, j1))
-                                                      : kPvKeys * int64_t(sizeof(C)) * vec::width());
+                    nk_pf = attn::Prefetch(p, n, kPvKeys * int64_t(sizeof(C)) * vec::width());
                     lead = false;
                 }
                 attn::with_rows(R, [&](auto rc) {

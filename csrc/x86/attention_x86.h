@@ -166,11 +166,13 @@ inline void qk_tree_groups(const float *q, int64_t D, const float *kt, int64_t g
 
 // s[r * ss + j] for R rows (q: f32, stride D) and keys [j0, j1) of a block packed by pack_keys_tree; other
 // lanes of the 16-key groups touched get scores too. Groups in pairs, and for each pair the rows in pairs, so
-// that a pair of groups' keys (8 KB at D = 64) stays in L1 while every row passes over them.
+// that a pair of groups' keys (8 KB at D = 64) stays in L1 while every row passes over them. pf: a step per row
+// pair and pair of groups (all at once, a block's V stalled on full fill buffers: ~20% of attend's own time).
 template <int R>
 inline void qk_tile_tree(const float *q, int64_t D, const float *kt, int64_t j0, int64_t j1, float *s, int64_t ss,
                          Prefetch &pf) {
     const int64_t g1 = (j1 + 15) / 16;
+    pf.pace((g1 - j0 / 16 + 1) / 2 * ((R + 1) / 2));
     for (int64_t g = j0 / 16; g < g1; g += 2) {
         const bool two = g + 2 <= g1;
         int r = 0;
@@ -185,11 +187,6 @@ inline void qk_tile_tree(const float *q, int64_t D, const float *kt, int64_t j0,
             else qk_tree_groups<1, 1>(q + r * D, D, kt, g, s + r * ss, ss);
         }
     }
-}
-
-// qk_tile_tree's calls of pf.next() for R rows and keys [j0, j1): one per row pair and pair of 16-key groups.
-inline int64_t tree_qk_steps(int64_t R, int64_t j0, int64_t j1) {
-    return std::max<int64_t>(1, ((j1 + 15) / 16 - j0 / 16 + 1) / 2 * ((R + 1) / 2));
 }
 
 // pv_tile's products for R rows (R <= 8) and U vectors of d from c, over all the keys [j0, j1) with the
@@ -239,10 +236,6 @@ inline void pv_tile_rows(float *acc, int64_t D, const float *alpha, const float 
         pv_tile_rows<R - 8>(acc + 8 * D, D, alpha ? alpha + 8 : nullptr, p + 8 * ps, ps, v, j0, j1, pf);
 }
 
-// pv_tile_rows' calls of pf.next() for R rows: one per key of each pv_block.
-inline int64_t tree_pv_steps(int64_t R, int64_t D, int64_t j0, int64_t j1) {
-    return std::max<int64_t>(1, (j1 - j0) * ((R + 7) / 8) * ((D + 31) / 32));
-}
 
 #if defined(CPUINFER_ATTN_DPBF16)
 using x86::as_bh;
@@ -360,10 +353,9 @@ struct ManyRowsAvx512 {
     template <int R>
     static void pv(float *acc, int64_t D, const float *alpha, const float *p, int64_t ps, const C *v, int64_t j0,
                    int64_t j1, Prefetch &pf) {
+        pf.pace((j1 - j0) * ((R + 7) / 8) * ((D + 31) / 32));  // pv_block's keys, for each of its calls
         pv_tile_rows<R>(acc, D, alpha, p, ps, v, j0, j1, pf);
     }
-    static int64_t qk_steps(int64_t R, int64_t j0, int64_t j1) { return tree_qk_steps(R, j0, j1); }
-    static int64_t pv_steps(int64_t R, int64_t D, int64_t j0, int64_t j1) { return tree_pv_steps(R, D, j0, j1); }
 };
 template <>
 struct ManyRows<float> : ManyRowsAvx512<float> {};
