@@ -94,6 +94,31 @@ def hf_gguf_model(path: str):
     ).eval()
 
 
+@torch.inference_mode()
+def hf_greedy_batch(model, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+    """hf_greedy's continuations (no EOS stop) of several prompts at once: left-padded, one forward a step for
+    all of them. A padded row's float32 sums may differ from its unpadded run's in the last bits, so a near-tie
+    can pick the other token: for tokens to teacher-force, whose logits the caller computes unpadded, not for
+    token-exact comparisons with transformers (those use hf_greedy)."""
+    n = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), n, dtype=torch.long)
+    mask = torch.zeros(len(prompts), n, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, n - len(p) :] = torch.tensor(p)
+        mask[i, n - len(p) :] = 1
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+    toks = [out.logits[:, -1].argmax(-1)]
+    for _ in range(new_tokens - 1):
+        mask = torch.cat([mask, torch.ones(len(prompts), 1, dtype=torch.long)], 1)
+        pos = pos[:, -1:] + 1
+        out = model(
+            input_ids=toks[-1][:, None], attention_mask=mask, position_ids=pos, past_key_values=out.past_key_values
+        )
+        toks.append(out.logits[:, -1].argmax(-1))
+    return torch.stack(toks, 1).tolist()
+
+
 def executors_equal(
     path: str, monkeypatch, expert_kind: str | None = None, new_tokens: int = 8, **mode
 ) -> tuple[ModelRunner, list[list[int]], list[torch.Tensor]]:

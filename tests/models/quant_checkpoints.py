@@ -177,8 +177,10 @@ def hf_from_gguf(gguf_path: str, out: str) -> str:
     """A GGUF model as a float32 Hugging Face checkpoint in out, converted by transformers (gguf_file=...)."""
     import transformers
 
+    from .greedy import hf_gguf_model  # the session's float32 model of the file: not a second parse of it
+
     directory, file = os.path.split(gguf_path)
-    model = transformers.AutoModelForCausalLM.from_pretrained(directory, gguf_file=file, dtype=torch.float32)
+    model = hf_gguf_model(gguf_path)
     os.makedirs(out, exist_ok=True)
     # save_pretrained refuses a model loaded from GGUF: write its float32 tensors and config ourselves.
     config = model.config.to_dict()

