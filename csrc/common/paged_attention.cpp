@@ -517,20 +517,20 @@ struct Runner {
         return mx;
     }
 
-    // A query row as f32, in the lane order of the cache's load2a/b (the tiles'
-    // products meet keys and values in that order).
+    // A query row as f32, in the lane order attention reads the cache in
+    // (attn::KvLanes: the tiles' products meet keys and values in that order).
     void load_row(float *dst, const T *src) {
         const int64_t W = vec::width();
         int64_t i = 0;
         for (; i + W <= D; i += W) vec::store(dst + i, vec::load(src + i));
         for (; i < D; ++i) dst[i] = to_f32(src[i]);
-        vec::pair_order(dst, D, static_cast<const C *>(nullptr));
+        attn::KvLanes<C>::pair_order(dst, D);
     }
 
-    // An output row from its accumulator (in the cache's load2a/b lane order;
-    // put back in natural order here, in place).
+    // An output row from its accumulator (in attn::KvLanes' lane order; put
+    // back in natural order here, in place).
     void store_row(T *dst, float *src, float mul) {
-        vec::natural_order(src, D, static_cast<const C *>(nullptr));
+        attn::KvLanes<C>::natural_order(src, D);
         const int64_t W = vec::width();
         vec::vf vm = vec::splat(mul);
         int64_t i = 0;

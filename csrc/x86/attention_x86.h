@@ -63,9 +63,66 @@ inline void transpose16(__m512i r[16]) {
     }
 }
 
+#if !defined(CPUINFER_ATTN_DPBF16)
+// Without AVX512-BF16 (the avx512 variant), attention reads bf16 and fp8 caches as even/odd lanes, as the avx2
+// layer does everywhere: 32 bf16 are one 64-byte load, the even ones a 16-bit shift of each 32-bit lane away
+// from f32 and the odd ones a mask (fp8: 32 bytes, a shift or a mask of each 16-bit lane, then the f16
+// conversion), where natural order widens every 16 through a cross-lane shuffle first (vpmovzxwd / vpmovzxbw).
+// For attention alone: the vector layer keeps natural order for the GEMV and the norms, and the BF16 variants
+// keep it for their VDPBF16PS and AMX paths, whose outputs are in natural order. Measured (Skylake-SP, one
+// decode layer at SmolLM2's heads, 16384 keys, 2 threads, alternating builds in one process, 60 rounds x 4,
+// together with unroll()'s four keys for 3 rows): from memory 1.328-1.469 -> 1.256-1.405 ms (4-5%), in cache
+// 1.121 -> 1.005 ms.
+struct KvLanesEvenOdd {
+    // x[32c .. 32c + 32) from natural order to 16 even elements then 16 odd ones, and back.
+    static void pair_order(float *x, int64_t n) {
+        const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+        for (int64_t i = 0; i + 32 <= n; i += 32) {
+            const __m512 lo = _mm512_loadu_ps(x + i), hi = _mm512_loadu_ps(x + i + 16);
+            _mm512_storeu_ps(x + i, _mm512_permutex2var_ps(lo, even, hi));
+            _mm512_storeu_ps(x + i + 16, _mm512_permutex2var_ps(lo, odd, hi));
+        }
+    }
+    static void natural_order(float *x, int64_t n) {
+        const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+        const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+        for (int64_t i = 0; i + 32 <= n; i += 32) {
+            const __m512 e = _mm512_loadu_ps(x + i), o = _mm512_loadu_ps(x + i + 16);
+            _mm512_storeu_ps(x + i, _mm512_permutex2var_ps(e, lo, o));
+            _mm512_storeu_ps(x + i + 16, _mm512_permutex2var_ps(e, hi, o));
+        }
+    }
+};
+template <>
+struct KvLanes<bf16_t> : KvLanesEvenOdd {
+    static vec::vf a(const bf16_t *p) { return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(p), 16))}; }
+    static vec::vf b(const bf16_t *p) {
+        return {_mm512_castsi512_ps(_mm512_and_si512(_mm512_loadu_si512(p), _mm512_set1_epi32(int(0xffff0000u))))};
+    }
+};
+template <>
+struct KvLanes<fp8_e5m2_t> : KvLanesEvenOdd {
+    static __m256i bytes(const fp8_e5m2_t *p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)); }
+    static vec::vf a(const fp8_e5m2_t *p) { return {_mm512_cvtph_ps(_mm256_slli_epi16(bytes(p), 8))}; }
+    static vec::vf b(const fp8_e5m2_t *p) {
+        return {_mm512_cvtph_ps(_mm256_and_si256(bytes(p), _mm256_set1_epi16(int16_t(0xff00))))};
+    }
+};
+#endif
+
+// Head-dim step t (d = 16 t .. 16 t + 15 in natural order) of a cache row as qk_tile and pv_tile meet it: a
+// half of a whole KvLanes pair of 32, or the natural 16 of a tail (D = 80's last).
+template <typename C>
+inline __m512 kv_step(const C *row, int64_t t, int64_t D) {
+    const int64_t c = 32 * (t / 2);
+    if (c + 32 > D) return vec::load(row + 16 * t).v;
+    return (t % 2 ? KvLanes<C>::b(row + c) : KvLanes<C>::a(row + c)).v;
+}
+
 // QK^T with qk_tile's bits for units of many rows (attention_tile.h's ManyRows hook), on every variant of this
 // layer. qk_tile gives a score as a dot product along d: lane l of a vector accumulates the chain
-// k[l] q[l], k[16 + l] q[16 + l], ... in FMAs (this layer's load2a/b keep d in natural order), and reduce_add's
+// k[l] q[l], k[16 + l] q[16 + l], ... in FMAs (in KvLanes' order: step t's lane l, kv_step), and reduce_add's
 // tree sums the 16 lanes. That costs a horizontal reduction per score (reduce_add16: ~3 instructions a score
 // beside its D / 16 FMAs, ~half of a prefill's QK time measured at SmolLM2's heads) and reloads every query
 // vector per key. Here the keys lie across the lanes instead (16 keys to a vector, transposed once per block for
@@ -74,8 +131,8 @@ inline void transpose16(__m512i r[16]) {
 // variant, one thread, a 2048-token chunk after 2048 at SmolLM2's heads): QK^T ~208 -> ~93 ms of the chunk's
 // time by perf samples, the chunk 378 -> 291 ms with this path alone.
 
-// kt layout of a block's keys: for 16-key group g and head-dim step t (d = 16 t .. 16 t + 15), 16 vectors, one
-// per lane class l: d = 16 t + l of the group's 16 keys, at kt + ((g * T + t) * 16 + l) * 16 (T = D / 16).
+// kt layout of a block's keys: for 16-key group g and head-dim step t (kv_step's 16 elements), 16 vectors, one
+// per lane class l: lane l of step t of the group's 16 keys, at kt + ((g * T + t) * 16 + l) * 16 (T = D / 16).
 inline int64_t tree_keys_size(int64_t D, int64_t bs) { return bs * D; }
 
 // Packs the groups of a block's keys (k: its first key row) that hold keys [j0, j1): whole groups (block sizes
@@ -87,7 +144,7 @@ inline void pack_keys_tree(const C *k, int64_t D, int64_t j0, int64_t j1, float 
         const C *kg = k + g * 16 * D;
         for (int64_t t = 0; t < T; ++t) {
             __m512i r[16];
-            for (int i = 0; i < 16; ++i) r[i] = _mm512_castps_si512(vec::load(kg + i * D + 16 * t).v);
+            for (int i = 0; i < 16; ++i) r[i] = _mm512_castps_si512(kv_step(kg + i * D, t, D));
             transpose16(r);
             float *dst = kt + (g * T + t) * 256;
             for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * 16, _mm512_castsi512_ps(r[i]));
@@ -208,8 +265,12 @@ inline void pv_block(float *acc, int64_t D, const float *alpha, const float *p, 
     for (int64_t j = j0; j < j1; ++j) {
         pf.next();
         __m512 vv[U];
-#pragma GCC unroll 2
-        for (int u = 0; u < U; ++u) vv[u] = vec::load(v + j * D + c + 16 * u).v;
+        if constexpr (U == 2) {  // a whole KvLanes pair (pv_tile_rows: c steps by 32)
+            vv[0] = KvLanes<C>::a(v + j * D + c).v;
+            vv[1] = KvLanes<C>::b(v + j * D + c).v;
+        } else {
+            vv[0] = vec::load(v + j * D + c).v;  // the natural tail of 16
+        }
 #pragma GCC unroll 8
         for (int i = 0; i < R; ++i) {
             const __m512 pb = _mm512_set1_ps(p[i * ps + j]);
