@@ -325,7 +325,7 @@ struct Runner {
         auto block = [&](int64_t nb) { return (int64_t(table[nb]) * a.num_kv_heads + h) * bs * D; };
         // A whole-unit fast path (attention_tile.h's WholeUnit hook: AMX
         // flash attention) writes natural order, which the layers that
-        // have one keep for load2a/b.
+        // have one keep for KvLanes.
         if (whole) {
             const C *kb = kc, *vb = vc;
             attn::WholeUnit<T, C>::run({.q = sc.qb.data(), .rows = rows, .D = D, .pos = pos, .k0 = k0, .k1 = k1,

@@ -70,27 +70,25 @@ inline void transpose16(__m512i r[16]) {
 // conversion), where natural order widens every 16 through a cross-lane shuffle first (vpmovzxwd / vpmovzxbw).
 // For attention alone: the vector layer keeps natural order for the GEMV and the norms, and the BF16 variants
 // keep it for their VDPBF16PS and AMX paths, whose outputs are in natural order. Measured (Skylake-SP, one
-// decode layer at SmolLM2's heads, 16384 keys, 2 threads, alternating builds in one process, 60 rounds x 4,
-// together with unroll()'s four keys for 3 rows): from memory 1.328-1.469 -> 1.256-1.405 ms (4-5%), in cache
-// 1.121 -> 1.005 ms.
+// decode layer at SmolLM2's heads, 16384 keys, 2 threads, alternating builds in one process, medians of 60
+// rounds, together with unroll()'s four keys for 3 rows): streamed from memory bf16 1.164-1.419 ->
+// 1.122-1.352 ms (4-6%), fp8 1.235-1.242 -> 1.147-1.150 (7-8%); in cache bf16 1.200 -> 1.061.
 struct KvLanesEvenOdd {
-    // x[32c .. 32c + 32) from natural order to 16 even elements then 16 odd ones, and back.
+    // x[32c .. 32c + 32) from natural order to its 16 even elements then its 16 odd ones, and back.
     static void pair_order(float *x, int64_t n) {
-        const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-        const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-        for (int64_t i = 0; i + 32 <= n; i += 32) {
-            const __m512 lo = _mm512_loadu_ps(x + i), hi = _mm512_loadu_ps(x + i + 16);
-            _mm512_storeu_ps(x + i, _mm512_permutex2var_ps(lo, even, hi));
-            _mm512_storeu_ps(x + i + 16, _mm512_permutex2var_ps(lo, odd, hi));
-        }
+        shuffle(x, n, _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30),
+                _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31));
     }
     static void natural_order(float *x, int64_t n) {
-        const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-        const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+        shuffle(x, n, _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23),
+                _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31));
+    }
+    // Each whole 32 of x as (its lanes ia, its lanes ib) of the pair of vectors it is.
+    static void shuffle(float *x, int64_t n, __m512i ia, __m512i ib) {
         for (int64_t i = 0; i + 32 <= n; i += 32) {
-            const __m512 e = _mm512_loadu_ps(x + i), o = _mm512_loadu_ps(x + i + 16);
-            _mm512_storeu_ps(x + i, _mm512_permutex2var_ps(e, lo, o));
-            _mm512_storeu_ps(x + i + 16, _mm512_permutex2var_ps(e, hi, o));
+            const __m512 lo = _mm512_loadu_ps(x + i), hi = _mm512_loadu_ps(x + i + 16);
+            _mm512_storeu_ps(x + i, _mm512_permutex2var_ps(lo, ia, hi));
+            _mm512_storeu_ps(x + i + 16, _mm512_permutex2var_ps(lo, ib, hi));
         }
     }
 };
