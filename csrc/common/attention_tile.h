@@ -370,7 +370,7 @@ struct QkBf16 {
 // above, so that a unit may take either path and a row's result does not depend on which (a prefill row
 // against its decode). applies(D): the head sizes they handle.
 //   pack() lays out the keys [j0, j1) of one block (k: its first key row) in buf, once per block for all the
-//   unit's tiles; qk<R>() then gives the scores of R f32 query rows (in the cache's pair order, as qk_tile
+//   unit's tiles; qk<R>() then gives the scores of R f32 query rows (in KvLanes<C>' order, as qk_tile
 //   reads them) against them: s[r * ss + j] for j in [j0, j1), and possibly other j of the same 16-key
 //   groups, never read. qk_tile's bits: every lane's chain of FMAs and the vector layer's reduce_add tree.
 //   pv<R>() is pv_tile over all of [j0, j1) at once (alpha: the rescale, or null): pv_tile's bits, the same
