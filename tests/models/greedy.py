@@ -68,18 +68,11 @@ def greedy(
     return [s["out"] for s in state], [s["first"] for s in state]
 
 
-@torch.inference_mode()
 def hf_greedy(model, prompt: list[int], new_tokens: int) -> tuple[list[int], torch.Tensor]:
-    """transformers' greedy continuation (no EOS stop) and the logits of the first generated token."""
-    out = model(input_ids=torch.tensor([prompt]), use_cache=True)
-    first = out.logits[0, -1].float().clone()
-    toks = [int(first.argmax())]
-    past = out.past_key_values
-    while len(toks) < new_tokens:
-        out = model(input_ids=torch.tensor([[toks[-1]]]), past_key_values=past, use_cache=True)
-        past = out.past_key_values
-        toks.append(int(out.logits[0, -1].argmax()))
-    return toks, first
+    """transformers' greedy continuation (no EOS stop) of one prompt, unpadded, and the logits of the first
+    generated token."""
+    tokens, first = hf_greedy_batch(model, [prompt], new_tokens)
+    return tokens[0], first[0]
 
 
 @functools.lru_cache(maxsize=2)
@@ -95,28 +88,32 @@ def hf_gguf_model(path: str):
 
 
 @torch.inference_mode()
-def hf_greedy_batch(model, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
-    """hf_greedy's continuations (no EOS stop) of several prompts at once: left-padded, one forward a step for
-    all of them. A padded row's float32 sums may differ from its unpadded run's in the last bits, so a near-tie
-    can pick the other token: for tokens to teacher-force, whose logits the caller computes unpadded, not for
-    token-exact comparisons with transformers (those use hf_greedy)."""
+def hf_greedy_batch(model, prompts: list[list[int]], new_tokens: int) -> tuple[list[list[int]], torch.Tensor]:
+    """transformers' greedy continuations (no EOS stop) of several prompts at once, one forward a step for all,
+    and the logits of each one's first generated token [P, V]. Prompts of one length run as they stand;
+    shorter ones are left-padded (an attention mask and positions), and a padded row's float32 sums may differ
+    from its unpadded run's in the last bits, so that a near-tie can pick the other token: such tokens are for
+    teacher-forcing, with logits the caller computes unpadded, not for token-exact comparisons."""
     n = max(len(p) for p in prompts)
     ids = torch.zeros(len(prompts), n, dtype=torch.long)
     mask = torch.zeros(len(prompts), n, dtype=torch.long)
     for i, p in enumerate(prompts):
         ids[i, n - len(p) :] = torch.tensor(p)
         mask[i, n - len(p) :] = 1
+    padded = not bool(mask.all())
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
-    toks = [out.logits[:, -1].argmax(-1)]
+    extra = dict(attention_mask=mask, position_ids=pos) if padded else {}
+    out = model(input_ids=ids, use_cache=True, **extra)
+    first = out.logits[:, -1].float().clone()
+    toks = [first.argmax(-1)]
     for _ in range(new_tokens - 1):
-        mask = torch.cat([mask, torch.ones(len(prompts), 1, dtype=torch.long)], 1)
-        pos = pos[:, -1:] + 1
-        out = model(
-            input_ids=toks[-1][:, None], attention_mask=mask, position_ids=pos, past_key_values=out.past_key_values
-        )
+        if padded:
+            mask = torch.cat([mask, torch.ones(len(prompts), 1, dtype=torch.long)], 1)
+            pos = pos[:, -1:] + 1
+            extra = dict(attention_mask=mask, position_ids=pos)
+        out = model(input_ids=toks[-1][:, None], past_key_values=out.past_key_values, use_cache=True, **extra)
         toks.append(out.logits[:, -1].argmax(-1))
-    return torch.stack(toks, 1).tolist()
+    return torch.stack(toks, 1).tolist(), first
 
 
 def executors_equal(

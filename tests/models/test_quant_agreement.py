@@ -55,7 +55,9 @@ HF_FORMATS = {
     "ct-w8a16-channel": ("compressed-tensors", dict(scheme="W4A16", bits=8)),
 }
 # GGUF: the least agreement (of the 512 positions) and the most logit error over the plain bf16 run's.
-GGUF_BOUNDS = {"Q4_1": (0.03, 2.0)}  # measured: 495 against 499 of 512, logit error 0.45 against 0.32
+# Measured (avx512 variant, Skylake-SP; the figures move with a variant's summation order): 492 against 498 of
+# 512, logit error 0.51 against 0.33.
+GGUF_BOUNDS = {"Q4_1": (0.03, 2.0)}
 
 
 def _runner(path: str, dtype: str = "bfloat16") -> ModelRunner:
@@ -72,7 +74,7 @@ def _prompts(path: str) -> list[list[int]]:
 def reference(model, prompts: list[list[int]]) -> tuple[list[list[int]], torch.Tensor]:
     """The reference's greedy continuations (POSITIONS tokens, all prompts at once) and its logits at those
     positions [P, POSITIONS, V], each prompt's computed unpadded."""
-    tokens = hf_greedy_batch(model, prompts, POSITIONS)
+    tokens, _ = hf_greedy_batch(model, prompts, POSITIONS)
     logits = [
         model(input_ids=torch.tensor([p + t[:-1]])).logits[0, len(p) - 1 :].float()
         for p, t in zip(prompts, tokens, strict=True)
@@ -135,8 +137,8 @@ def test_weight_only_formats_agree_as_plain_bf16(made, smollm2_prompts, name):
 
 def test_w4a8_opt_in(made, smollm2_prompts, monkeypatch):
     """CPUINFER_INT4_W4A8=1 (here vLLM's spelling, VLLM_CPU_INT4_W4A8) runs 4-bit weight-only layers with int8
-    activations: fewer positions agree with the reference than with the default 16-bit ones (measured 489
-    against 504 of 512)."""
+    activations: fewer positions agree with the reference than with the default 16-bit ones (measured 493
+    against 499 of 512 on the avx512 variant)."""
     path, _, tokens, ref = made("gptq-4bit-g128-act")
     a16 = agreement(ref, run_forced(_runner(path), smollm2_prompts, tokens))
     monkeypatch.setenv(envs.INT4_W4A8.names[1], "1")
