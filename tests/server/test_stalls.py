@@ -143,7 +143,13 @@ def test_a_small_request_is_not_queued_behind_a_huge_one(server):
     thread = threading.Thread(target=lambda: answer.append(post(server, "/completions", big)), daemon=True)
     thread.start()
     time.sleep(1.0)  # its first prompts are running, the others wait in the front end
-    during = normal(server)
+    # Three small requests one after another, their median against the idle minimum: one sample alone can meet the
+    # step where both running prompts finish and the next two prefill, on a 2-core machine whose engine threads
+    # share the cores with the front end (one CI run: 6.4x once, where three runs here read 2.0-2.2x). A small
+    # request queued behind the big one would wait in all three.
+    samples = [normal(server) for _ in range(3)]
+    overlapped = thread.is_alive()
+    during = sorted(samples)[1]
     thread.join(300)
     big_time = time.monotonic() - t0
     r = answer[0]
@@ -151,9 +157,11 @@ def test_a_small_request_is_not_queued_behind_a_huge_one(server):
     choices = r.json()["choices"]
     assert sorted(c["index"] for c in choices) == list(range(16))
     assert all(c["finish_reason"] == "length" for c in choices)
-    print(f"fairness: small request {during / idle:.2f}x idle while a {big_time / idle:.0f}x-idle request ran")
-    assert during < big_time / 2, "the small request waited for most of the big one"
-    assert during <= SLOWDOWN * idle, f"a small request took {during / idle:.1f}x its idle time"
+    ratios = ", ".join(f"{t / idle:.2f}x" for t in samples)
+    print(f"fairness: small requests {ratios} idle while a {big_time / idle:.0f}x-idle request ran")
+    assert overlapped, "the big request ended before the small ones did: it no longer measures anything"
+    assert max(samples) < big_time / 2, "a small request waited for most of the big one"
+    assert during <= SLOWDOWN * idle, f"small requests took {ratios} their idle time (median over {SLOWDOWN}x)"
 
 
 @pytest.mark.parametrize(
