@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 
 import jsonschema
 import lark
 import pytest
 
 from cpuinfer.engine.core import EngineCore
-from cpuinfer.engine.limits import RequestLimits
+from cpuinfer.engine.limits import RequestLimits, validate_request
 from cpuinfer.engine.messages import AddRequest
 from cpuinfer.engine.scheduler import SchedulerConfig
 from cpuinfer.errors import InvalidRequestError
@@ -199,10 +200,57 @@ def test_a_constraint_that_does_not_compile_is_refused_before_anything_starts(
     smol_runner, smol_spec, grammars, constraint, param
 ):
     core = make_core(smol_runner, smol_spec, grammars)
+    bad = SamplingParams(structured_outputs=constraint)
+    # LLMEngine and the server's front end check a request this way before they send it to a core.
     with pytest.raises(InvalidRequestError) as e:
-        core.add_request(AddRequest("bad", [1, 2, 3], SamplingParams(structured_outputs=constraint)))
+        validate_request([1, 2, 3], bad, core.limits, grammars)
     assert e.value.param == param
-    assert not core.has_unfinished() and not core.requests
+    # The core itself compiles on its grammar thread: the request ends with the error naming the field, no step
+    # runs it, and a request beside it is served.
+    core.add_request(AddRequest("bad", [1, 2, 3], bad))
+    core.add_request(AddRequest("good", [1, 2, 3], SamplingParams(temperature=0.0, max_tokens=3)))
+    outputs = []
+    while core.has_unfinished():
+        outputs += core.step()
+    failed = [(o.request_id, o.finish_reason, o.error_param, o.new_token_ids) for o in outputs if o.error_id]
+    assert failed == [("bad", "error", param, [])]
+    reason = next(o.error_reason for o in outputs if o.error_id)
+    assert "cannot be compiled" in reason or "not valid JSON" in reason, reason
+    assert sum(len(o.new_token_ids) for o in outputs if o.request_id == "good") == 3
+    assert not core.requests and core.stats().num_waiting == 0
+
+
+def test_requests_run_while_a_constraint_compiles_and_one_aborted_then_never_starts(smol_runner, smol_spec):
+    """A request whose constraint is new to the core waits outside the scheduler while it compiles on the
+    grammar thread (a server's step loop never compiles): here the compile is held until the unconstrained
+    request has run two steps, and its sequences, in arrival order, start after it, all but the aborted one."""
+    grammars = StructuredOutputManager("llguidance", smol_spec.tokenizer, smol_spec.vocab_size, smol_spec.eos_token_ids)
+    core = make_core(smol_runner, smol_spec, grammars)
+    gate = threading.Event()
+    compile_now = grammars.compile
+
+    def held(constraint):
+        gate.wait(60)
+        return compile_now(constraint)
+
+    grammars.compile = held
+    digits = SamplingParams(
+        n=3, temperature=0.0, max_tokens=4, structured_outputs=StructuredOutputsParams(regex="[0-9]+")
+    )
+    core.add_request(AddRequest("free", [1, 2, 3], SamplingParams(temperature=0.0, max_tokens=6)))
+    core.add_request(AddRequest("re", [4, 5, 6], digits, ["0_re", "1_re", "2_re"]))
+    assert core.stats().num_waiting == 3 + 1 and core.has_unfinished()
+    first = core.step() + core.step()
+    assert [o.request_id for o in first] == ["free", "free"]
+    core.abort(["1_re"])
+    gate.set()
+    grammars.compile = compile_now
+    tokens, ends = drain(core)
+    assert sorted(tokens) == ["0_re", "2_re", "free"] and ends["free"] == "length"
+    for rid in ("0_re", "2_re"):
+        text = smol_spec.tokenizer.decode(tokens[rid], skip_special_tokens=True)
+        assert re.fullmatch("[0-9]+", text), (rid, text)
+    assert not core.requests
 
 
 def test_compiled_grammars_are_cached_by_their_text(grammars):
@@ -228,8 +276,12 @@ def test_an_empty_language_and_min_tokens_or_ignore_eos_with_a_constraint_are_re
         (SamplingParams(ignore_eos=True, structured_outputs=StructuredOutputsParams(regex="a")), "ignore_eos"),
     ):
         with pytest.raises(InvalidRequestError) as e:
-            core.add_request(AddRequest("bad", [1, 2, 3], sp))
+            validate_request([1, 2, 3], sp, core.limits, grammars)  # as LLMEngine and the front end check
         assert e.value.param == param
+        if sp.structured_outputs.regex == "a":  # no compile needed: the core refuses it as it arrives, too
+            with pytest.raises(InvalidRequestError, match=param):
+                core.add_request(AddRequest("bad", [1, 2, 3], sp))
+    assert not core.requests
 
 
 def test_offline_llm_generate_with_structured_outputs(smol_path):

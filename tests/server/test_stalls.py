@@ -70,7 +70,12 @@ NESTED_RANGES = "{% for i in range(100000) %}{% for j in range(100000) %}{{ '' }
 
 EMPTY_MESSAGES = [{"role": "user", "content": ""}] * 250_000
 # Just under --max-grammar-bytes (62 KB): compiled on a worker thread (the backend releases the GIL); accepted.
-BIG_REGEX = "|".join(f"(item{i}-[0-9]+)" for i in range(3500))
+
+
+def big_regex(attempt: int) -> str:
+    """A regex new to the server on each attempt (a second one would otherwise find the first's compile cached)."""
+    return "|".join(f"(item{attempt}x{i}-[0-9]+)" for i in range(3300))
+
 
 HOSTILE = {
     "70k_choices": (
@@ -88,7 +93,11 @@ HOSTILE = {
     ),
     "7mb_tool_description": ("/chat/completions", chat(tools=[tool("d" * 7_000_000)]), "tools"),
     "string_bomb_template": ("/chat/completions", chat(chat_template="{{ 'hello ' * 1500000 }}"), "messages"),
-    "62kb_regex": ("/completions", {"prompt": "Pick one:", "max_tokens": 6, "guided_regex": BIG_REGEX}, None),
+    "62kb_regex": (
+        "/completions",
+        lambda n: {"prompt": "Pick one:", "max_tokens": 6, "guided_regex": big_regex(n)},
+        None,
+    ),
     # /v1/responses is the chat route in another shape: its input items are the messages, bounded the same way.
     "250k_empty_response_items": (
         "/responses",
@@ -101,6 +110,30 @@ HOSTILE = {
 @pytest.mark.parametrize("case", list(HOSTILE))
 def test_a_hostile_request_is_refused_without_stalling_anyone(server, case):
     path, body, param = HOSTILE[case]
+    # A second attempt where the first is over a bound: a shared machine's slow spell (one run here: the core's
+    # every step 4-20x slower for ~5 s, /health 2.7x) rarely comes twice in a row; a stall this test is for does.
+    for attempt in range(2):
+        r, during, worst = hostile_run(server, path, body(attempt) if callable(body) else body)
+        if param is None:
+            assert r.status_code == 200, (case, r.status_code, r.text[:300])
+        else:
+            assert r.status_code == 400, (case, r.status_code, r.text[:300])
+            err = r.json()["error"]
+            assert err["param"] == param, err
+            assert "Traceback" not in r.text and "backtrace" not in r.text
+        print(f"{case}: {r.status_code}; normal request {during:.2f}x idle, worst /health {worst:.2f}x")
+        if during <= SLOWDOWN and worst <= SLOWDOWN:
+            break
+    # The accepted 62 KB regex compiles on the core's grammar thread, not between its steps, and the grammar
+    # backend was built before the core said it was ready (a build in the step loop, then the compile: 6.8-8.2x
+    # here; off it, 1.4-2.0x).
+    assert during <= SLOWDOWN, f"{case}: a normal request took {during:.1f}x its idle time, twice"
+    assert worst <= SLOWDOWN, f"{case}: /health took {worst:.1f}x a normal request's idle time, twice"
+
+
+def hostile_run(server, path: str, body: dict) -> tuple[httpx.Response, float, float]:
+    """The hostile request's answer, and how long a normal request made during it and the slowest /health took,
+    each in multiples of the normal request's idle time."""
     idle = min(normal(server) for _ in range(3))
     answer: list = []
     hostile = threading.Thread(target=lambda: answer.append(post(server, path, body)), daemon=True)
@@ -109,21 +142,7 @@ def test_a_hostile_request_is_refused_without_stalling_anyone(server, case):
         time.sleep(0.2)  # under way (uploaded, parsed, being prepared)
         during = normal(server)
         hostile.join(120)
-    r = answer[0]
-    if param is None:
-        assert r.status_code == 200, (case, r.status_code, r.text[:300])
-    else:
-        assert r.status_code == 400, (case, r.status_code, r.text[:300])
-        err = r.json()["error"]
-        assert err["param"] == param, err
-        assert "Traceback" not in r.text and "backtrace" not in r.text
-    worst = max(probe.latencies)
-    print(f"{case}: {r.status_code}; normal request {during / idle:.2f}x idle, worst /health {worst / idle:.2f}x")
-    # An accepted constraint also costs the engine: its core compiles the grammar between steps and the normal
-    # request shares steps with the constrained one while it is masked (2.9-6.2x in four runs here).
-    bound = 2 * SLOWDOWN if param is None else SLOWDOWN
-    assert during <= bound * idle, f"{case}: a normal request took {during / idle:.1f}x its idle time"
-    assert worst <= SLOWDOWN * idle, f"{case}: /health took {worst / idle:.1f}x a normal request's idle time"
+    return answer[0], during / idle, max(probe.latencies) / idle
 
 
 def test_the_prep_timeout_and_the_trust_flag_are_named(server):
@@ -135,6 +154,27 @@ def test_the_prep_timeout_and_the_trust_flag_are_named(server):
 
 
 def test_a_small_request_is_not_queued_behind_a_huge_one(server):
+    # Three small requests one after another, their median against the idle minimum: one sample alone can meet the
+    # step where both running prompts finish and the next two prefill, on a 2-core machine whose engine threads
+    # share the cores with the front end (one CI run: 6.4x once, where three runs here read 2.0-2.2x). A small
+    # request queued behind the big one would wait in all three. A second attempt where the first is over the
+    # bound, as for the hostile requests (one run here met a slow spell: the big request took 183x idle, not
+    # ~85x, and the small ones 3.5x, 6.3x, 11.1x).
+    for _ in range(2):
+        samples, big_time = fairness_run(server)
+        ratios = ", ".join(f"{t:.2f}x" for t in samples)
+        print(f"fairness: small requests {ratios} idle while a {big_time:.0f}x-idle request ran")
+        assert max(samples) < big_time / 2, "a small request waited for most of the big one"
+        if sorted(samples)[1] <= SLOWDOWN:
+            break
+    assert sorted(samples)[1] <= SLOWDOWN, (
+        f"small requests took {ratios} their idle time, twice (median over {SLOWDOWN}x)"
+    )
+
+
+def fairness_run(server) -> tuple[list[float], float]:
+    """Three small requests made one after another while a big one runs, and the big one, in multiples of a small
+    request's idle time."""
     idle = min(normal(server) for _ in range(3))
     # 16 prompts: more sequences than the engine holds at once (4 running + 8 waiting); two run at a time.
     big = {"prompt": [f"{i} " + "word " * 100 for i in range(16)], "max_tokens": 60, "ignore_eos": True}
@@ -143,13 +183,8 @@ def test_a_small_request_is_not_queued_behind_a_huge_one(server):
     thread = threading.Thread(target=lambda: answer.append(post(server, "/completions", big)), daemon=True)
     thread.start()
     time.sleep(1.0)  # its first prompts are running, the others wait in the front end
-    # Three small requests one after another, their median against the idle minimum: one sample alone can meet the
-    # step where both running prompts finish and the next two prefill, on a 2-core machine whose engine threads
-    # share the cores with the front end (one CI run: 6.4x once, where three runs here read 2.0-2.2x). A small
-    # request queued behind the big one would wait in all three.
     samples = [normal(server) for _ in range(3)]
-    overlapped = thread.is_alive()
-    during = sorted(samples)[1]
+    assert thread.is_alive(), "the big request ended before the small ones did: it no longer measures anything"
     thread.join(300)
     big_time = time.monotonic() - t0
     r = answer[0]
@@ -157,11 +192,7 @@ def test_a_small_request_is_not_queued_behind_a_huge_one(server):
     choices = r.json()["choices"]
     assert sorted(c["index"] for c in choices) == list(range(16))
     assert all(c["finish_reason"] == "length" for c in choices)
-    ratios = ", ".join(f"{t / idle:.2f}x" for t in samples)
-    print(f"fairness: small requests {ratios} idle while a {big_time / idle:.0f}x-idle request ran")
-    assert overlapped, "the big request ended before the small ones did: it no longer measures anything"
-    assert max(samples) < big_time / 2, "a small request waited for most of the big one"
-    assert during <= SLOWDOWN * idle, f"small requests took {ratios} their idle time (median over {SLOWDOWN}x)"
+    return [t / idle for t in samples], big_time / idle
 
 
 @pytest.mark.parametrize(

@@ -126,6 +126,8 @@ class AsyncLLM:
         self.grammars = StructuredOutputManager(
             args.structured_outputs_backend, spec.tokenizer, spec.vocab_size, spec.eos_token_ids
         )
+        if config.pooler is None:
+            self.grammars.warm_up()  # while the core loads: its build holds this process's GIL
         self.model_name = args.model or os.path.basename(self.config.model)
         self.max_queued_seqs = self.config.max_num_seqs + args.max_waiting_requests
         self.heartbeat_timeout = float(args.engine_heartbeat_timeout)

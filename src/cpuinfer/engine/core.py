@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass
 
 import torch
 
@@ -23,6 +25,7 @@ from cpuinfer.models.classifier import activate
 from cpuinfer.models.pooler import finish_pooled
 from cpuinfer.sampling.prompt_logprobs import prompt_token_logprobs
 from cpuinfer.sampling.sampler import Sampler, SampleResult
+from cpuinfer.sampling_params import StructuredOutputsParams
 from cpuinfer.spec_decode.decoder import SpecDecoder
 from cpuinfer.structured.manager import MaskJob, StructuredOutputManager
 
@@ -32,6 +35,19 @@ logger = logging.getLogger("cpuinfer.engine")
 # This many failed requests in a row, with no successful step between them, means the engine itself
 # is broken (a bad model, a broken kernel): then the failure is fatal.
 MAX_CONSECUTIVE_FAILURES = 8
+# With nothing else to run, a step waits this long (at most) for a constraint being compiled, then returns so
+# that the caller can read its messages.
+COMPILE_POLL_SECONDS = 0.05
+
+
+@dataclass
+class _Compiling:
+    """The sequences of a request whose constraint compiles on the grammar thread; outside the scheduler until
+    it is done, so the other requests' steps go on meanwhile."""
+
+    future: Future
+    constraint: StructuredOutputsParams
+    requests: list[Request]
 
 
 class GrammarRejectedError(RuntimeError):
@@ -77,6 +93,7 @@ class EngineCore:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.limits = limits
         self.requests: dict[str, Request] = {}
+        self._compiling: list[_Compiling] = []
         self._consecutive_failures = 0
         self._arrivals = 0
         self._stats = EngineStats(num_kv_blocks=num_blocks)
@@ -84,12 +101,19 @@ class EngineCore:
         self.layout: list = []  # worker.tp_executor.RankPlacement of each rank (from_config fills it)
 
     @classmethod
-    def from_config(cls, config) -> EngineCore:
-        """Bind threads, load the model and allocate the KV cache as `config` (an EngineConfig) says."""
+    def from_config(cls, config, warm_grammars: bool = False) -> EngineCore:
+        """Bind threads, load the model and allocate the KV cache as `config` (an EngineConfig) says.
+        `warm_grammars`: build the structured-output backend while the model loads (a server's core: see
+        cpuinfer.structured.manager)."""
         from cpuinfer.spec_decode.draft import draft_runner
         from cpuinfer.worker.tp_executor import build_runner
 
         spec = config.spec
+        grammars = StructuredOutputManager(
+            config.args.structured_outputs_backend, spec.tokenizer, spec.vocab_size, spec.eos_token_ids
+        )
+        if warm_grammars and config.pooler is None:
+            grammars.warm_up()
         runner, layout = build_runner(config)  # binds every rank's threads, loads the weights
         sched = SchedulerConfig(
             config.max_num_batched_tokens,
@@ -97,9 +121,6 @@ class EngineCore:
             config.max_model_len,
             config.args.long_prefill_token_threshold,
             whole_prompts=spec.is_encoder,
-        )
-        grammars = StructuredOutputManager(
-            config.args.structured_outputs_backend, spec.tokenizer, spec.vocab_size, spec.eos_token_ids
         )
         speculative = None
         if config.speculative is not None:
@@ -132,14 +153,23 @@ class EngineCore:
         return self.limits.max_model_len
 
     def add_request(self, msg: AddRequest) -> None:
-        """Queue a request's sequences; raises InvalidRequestError (and queues nothing) if it breaks a limit."""
+        """Queue a request's sequences; raises InvalidRequestError (and queues nothing) if it breaks a limit.
+
+        A structured-output constraint not yet compiled here is compiled on the grammar thread while the other
+        requests step: its sequences join the scheduler when it is done, or fail naming the constraint (as a
+        400) if it does not compile. `LLMEngine` and the server's front end compile before they send, so there
+        a bad constraint is refused before this."""
         ids = msg.sequence_ids
         taken = next((i for i in ids if i in self.requests), None)
         if taken is not None:
             raise InvalidRequestError(f"request id {taken!r} is already running")
-        max_tokens = validate_request(msg.prompt_token_ids, msg.params, self.limits, self.grammars)
+        max_tokens = validate_request(
+            msg.prompt_token_ids, msg.params, self.limits, self.grammars, compile_constraint=False
+        )
         prompt = list(msg.prompt_token_ids)
         constraint = msg.params.structured_outputs
+        ready = constraint is None or self.grammars.is_compiled(constraint)
+        reqs = []
         for index, rid in enumerate(ids):
             params = msg.params if len(ids) == 1 else msg.params.for_sample(index)
             req = Request(rid, prompt, params, self._arrivals, max_tokens, self.eos_token_ids)
@@ -149,11 +179,37 @@ class EngineCore:
                 req.prediction_token_ids = list(msg.prediction_token_ids[: self.max_model_len])
                 if self.spec is None:  # predicted outputs work without --speculative-config: for them only
                     self.spec = SpecDecoder.for_predictions(self.max_model_len)
-            if constraint is not None:
-                req.grammar = self.grammars.new_state(constraint)  # each sample walks the grammar on its own
             self._arrivals += 1
             self.requests[rid] = req
+            reqs.append(req)
+        if ready:
+            self._admit(reqs, constraint)
+        else:
+            self._compiling.append(_Compiling(self.grammars.compile_async(constraint), constraint, reqs))
+
+    def _admit(self, reqs: list[Request], constraint: StructuredOutputsParams | None) -> None:
+        """Into the scheduler, each sample with a grammar state of its own (a cache lookup here)."""
+        for req in reqs:
+            if constraint is not None:
+                req.grammar = self.grammars.new_state(constraint)
             self.scheduler.add(req)
+
+    def _admit_compiled(self) -> list[SeqOutput]:
+        """Admit the requests whose constraint has compiled (in arrival order: one compile thread, first in first
+        out); fail those whose constraint did not. Sequences aborted meanwhile are gone from self.requests."""
+        failures, pending = [], []
+        for job in self._compiling:
+            if not job.future.done():
+                pending.append(job)
+                continue
+            live = [r for r in job.requests if self.requests.get(r.request_id) is r]
+            exc = job.future.exception()
+            if exc is None:
+                self._admit(live, job.constraint)
+            else:
+                failures += [self._fail(req, exc) for req in live]
+        self._compiling = pending
+        return failures
 
     def abort(self, request_ids: list[str]) -> None:
         """Drop sequences (unknown or finished ids are ignored)."""
@@ -165,11 +221,20 @@ class EngineCore:
                     self.spec.drop(rid)
 
     def has_unfinished(self) -> bool:
-        """True while any sequence is queued or running."""
-        return self.scheduler.has_unfinished()
+        """True while any sequence is queued, running or waiting for its constraint to compile."""
+        return self.scheduler.has_unfinished() or bool(self._compiling)
 
     def step(self) -> list[SeqOutput]:
-        """Schedule, run the model once, sample; returns the new tokens of every sequence that got one."""
+        """Schedule, run the model once, sample; returns the new tokens of every sequence that got one (and the
+        failure of each whose constraint did not compile). With only constraints compiling, waits for one up to
+        COMPILE_POLL_SECONDS instead of running."""
+        failures = self._admit_compiled() if self._compiling else []
+        outputs = self._step()
+        if self._compiling and not outputs and not failures and not self.scheduler.has_unfinished():
+            wait([job.future for job in self._compiling], COMPILE_POLL_SECONDS, FIRST_COMPLETED)
+        return failures + outputs
+
+    def _step(self) -> list[SeqOutput]:
         t0 = time.perf_counter()
         if self.spec is not None:
             sch = self.scheduler
@@ -425,7 +490,7 @@ class EngineCore:
             raise exc
         error_id = new_error_id()
         reason = param = None
-        if isinstance(exc, GrammarRejectedError):  # the request's own constraint, not the engine: no traceback
+        if isinstance(exc, (GrammarRejectedError, InvalidRequestError)):  # the request's own fault: no traceback
             reason, param = str(exc), exc.param
             logger.warning("request %s failed (error id %s): %s", req.request_id, error_id, exc)
         else:
@@ -469,7 +534,7 @@ class EngineCore:
         """Current queue sizes, KV usage, prefix-cache hit rate and counters."""
         s = self._stats
         s.num_running = len(self.scheduler.running)
-        s.num_waiting = len(self.scheduler.waiting)
+        s.num_waiting = len(self.scheduler.waiting) + sum(len(job.requests) for job in self._compiling)
         s.kv_cache_usage = self.pool.usage()
         s.num_free_kv_blocks = self.pool.num_free
         s.prefix_cache_hit_rate = self.pool.hit_rate()

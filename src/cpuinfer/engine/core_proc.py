@@ -84,7 +84,8 @@ def run_core(config, inbox, conn) -> None:
     try:
         from cpuinfer.engine.core import EngineCore
 
-        core = EngineCore.from_config(config)
+        core = EngineCore.from_config(config, warm_grammars=True)
+        core.grammars.wait_warm()  # built before the first request, not during another's steps
         outbox.send(Ready(config.num_blocks, core.layout, socket.gethostname()))
         interval = min(1.0, float(config.args.engine_heartbeat_timeout) / 4)
         threading.Thread(target=_beat, args=(outbox, interval, stop), name="cpuinfer-heartbeat", daemon=True).start()

@@ -89,11 +89,13 @@ def validate_request(
     params: SamplingParams,
     limits: RequestLimits,
     grammars: StructuredOutputManager | None = None,
+    compile_constraint: bool = True,
 ) -> int:
     """Check one request (all its n samples) before any work; returns its resolved max_tokens.
 
-    A structured-output constraint is compiled by `grammars` (cached, so the engine core's own compile of the
-    same text is a lookup): a schema, regex or grammar that does not compile is refused here, naming it.
+    A structured-output constraint is compiled by `grammars` (cached, so a later compile of the same text in
+    this process is a lookup): a schema, regex or grammar that does not compile is refused here, naming it.
+    `compile_constraint=False`: the caller compiles it later (the engine core, on its grammar thread).
     """
     if not isinstance(params, SamplingParams):
         raise InvalidRequestError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
@@ -168,7 +170,8 @@ def validate_request(
                 )
         if grammars is None:
             raise InvalidRequestError("structured outputs are not available in this engine", "structured_outputs")
-        grammars.compile(params.structured_outputs)
+        if compile_constraint:
+            grammars.compile(params.structured_outputs)
     return max_tokens
 
 

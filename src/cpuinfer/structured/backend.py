@@ -11,6 +11,7 @@ for a batch of 32 (1.50), in one call on its own threads with the GIL released. 
 from __future__ import annotations
 
 import json
+import threading
 from collections import OrderedDict
 from typing import Any
 
@@ -56,19 +57,31 @@ class GrammarBackend:
 
     def __init__(self) -> None:
         self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        self._cache_lock = threading.Lock()  # compiles run on worker threads (the front end's, the core's)
 
     def compile(self, params: StructuredOutputsParams) -> Any:
         """The compiled grammar of a constraint (cached); raises InvalidRequestError naming the bad field."""
         key = grammar_key(params)
-        compiled = self._cache.get(key)
-        if compiled is not None:
-            self._cache.move_to_end(key)
-            return compiled
-        compiled = self._compile(*key)
-        self._cache[key] = compiled
-        if len(self._cache) > CACHE_SIZE:
-            self._cache.popitem(last=False)
+        with self._cache_lock:
+            compiled = self._cache.get(key)
+            if compiled is not None:
+                self._cache.move_to_end(key)
+                return compiled
+        compiled = self._compile(*key)  # outside the lock: two new constraints compile side by side
+        with self._cache_lock:
+            self._cache[key] = compiled
+            if len(self._cache) > CACHE_SIZE:
+                self._cache.popitem(last=False)
         return compiled
+
+    def is_cached(self, params: StructuredOutputsParams) -> bool:
+        """Whether `compile` of this constraint is a cache lookup (False for one `compile` refuses)."""
+        try:
+            key = grammar_key(params)
+        except InvalidRequestError:
+            return False
+        with self._cache_lock:
+            return key in self._cache
 
     def _compile(self, kind: str, text: str) -> Any:
         raise NotImplementedError

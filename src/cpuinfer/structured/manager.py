@@ -4,10 +4,18 @@ step's batch mask, filled in one backend call and applied to the logits before s
 The fill can start before the model's forward pass (`start_masks`): the grammar states are final once the previous
 step's tokens are accepted, and the backends fill on their own threads with the GIL released, so the mask is
 usually ready when the logits are.
+
+A server's engine core never compiles in its step loop: `compile_async` compiles a new constraint on a thread of
+its own (llguidance releases the GIL while it compiles) and the request waits for it outside the scheduler, so a
+62 KB regex (70-180 ms here) delays only itself. Building the backend does hold the GIL (llguidance's tokenizer
+for SmolLM2's 49k vocabulary: 0.62-0.75 s with the GIL held, measured from another thread; 59 MB), so a server
+builds it while the model loads (`warm_up`), not on its first constrained request with others running.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +26,8 @@ from cpuinfer.errors import InvalidRequestError
 from cpuinfer.sampling_params import StructuredOutputsParams
 from cpuinfer.structured.backend import GrammarBackend, GrammarState, make_backend
 from cpuinfer.structured.bitmask import allocate_bitmask, apply_bitmask_
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -38,7 +48,10 @@ class StructuredOutputManager:
     ):
         self.backend_name = backend_name
         self.overlap = overlap  # fill masks during the forward pass (start_masks); False: only in mask()
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: ThreadPoolExecutor | None = None  # mask fills
+        self._compiler: ThreadPoolExecutor | None = None  # compile_async: never queued behind a mask fill
+        self._warming: threading.Thread | None = None
+        self._lock = threading.Lock()  # one backend build, whichever thread asks first
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos_token_ids = list(eos_token_ids)
@@ -47,25 +60,61 @@ class StructuredOutputManager:
 
     @property
     def backend(self) -> GrammarBackend:
-        """The grammar backend (built on the first structured request)."""
+        """The grammar backend (built by `warm_up`, or on the first structured request)."""
         if self._backend is None:
-            if self.tokenizer is None:
-                raise InvalidRequestError(
-                    "structured outputs need the model's tokenizer, and this model has none", "structured_outputs"
-                )
-            try:
-                self._backend = make_backend(self.backend_name, self.tokenizer, self.vocab_size, self.eos_token_ids)
-            except ImportError as e:  # a broken install: say which package, refuse the request, keep serving
-                raise InvalidRequestError(
-                    f"structured outputs need the {self.backend_name} package, which cannot "
-                    f"be imported here ({e}); pip install {self.backend_name}",
-                    "structured_outputs",
-                ) from e
+            with self._lock:
+                if self._backend is None:
+                    self._backend = self._build()
         return self._backend
+
+    def _build(self) -> GrammarBackend:
+        if self.tokenizer is None:
+            raise InvalidRequestError(
+                "structured outputs need the model's tokenizer, and this model has none", "structured_outputs"
+            )
+        try:
+            return make_backend(self.backend_name, self.tokenizer, self.vocab_size, self.eos_token_ids)
+        except ImportError as e:  # a broken install: say which package, refuse the request, keep serving
+            raise InvalidRequestError(
+                f"structured outputs need the {self.backend_name} package, which cannot "
+                f"be imported here ({e}); pip install {self.backend_name}",
+                "structured_outputs",
+            ) from e
+
+    def warm_up(self) -> None:
+        """Start building the backend on a thread of its own (a server calls this before loading the model);
+        `wait_warm` joins it. A backend that cannot be built is left to the first constrained request, which
+        then gets the error."""
+        if self._backend is not None or self._warming is not None or self.tokenizer is None:
+            return
+
+        def build() -> None:
+            try:
+                self.backend  # noqa: B018 - builds it
+            except InvalidRequestError as e:
+                logger.info("structured outputs are unavailable: %s", e)
+
+        self._warming = threading.Thread(target=build, name="cpuinfer-grammar-warm-up", daemon=True)
+        self._warming.start()
+
+    def wait_warm(self) -> None:
+        """Until `warm_up`'s build has ended (at once if none was started)."""
+        if self._warming is not None:
+            self._warming.join()
 
     def compile(self, params: StructuredOutputsParams) -> Any:
         """The compiled grammar (cached by its text); raises InvalidRequestError if it does not compile."""
         return self.backend.compile(params)
+
+    def is_compiled(self, params: StructuredOutputsParams) -> bool:
+        """Whether the constraint's grammar is in the cache (so `compile` is a lookup)."""
+        return self._backend is not None and self._backend.is_cached(params)
+
+    def compile_async(self, params: StructuredOutputsParams) -> Future:
+        """`compile` on the compile thread; the future's exception is what `compile` would raise."""
+        if self._compiler is None:
+            self._compiler = ThreadPoolExecutor(1, thread_name_prefix="cpuinfer-grammar-compile")
+        return self._compiler.submit(self.compile, params)
 
     def new_state(self, params: StructuredOutputsParams) -> GrammarState:
         """A fresh grammar state for one sequence."""
