@@ -40,7 +40,7 @@ from cpuinfer.entrypoints.openai.engine_adapter import EngineAdapter
 from cpuinfer.entrypoints.openai.errors import APIError, error_body, error_response, install_error_handlers
 from cpuinfer.entrypoints.openai.guard import PROBE_ROUTES, GuardConfig, RequestGuard, route_path
 from cpuinfer.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
-from cpuinfer.entrypoints.openai.prep_pool import PrepPool
+from cpuinfer.entrypoints.openai.prep_pool import PrepPool, start_fork_server
 from cpuinfer.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -305,6 +305,7 @@ async def _load(state: ServerState, start_engine: Callable[[], Awaitable[EngineA
     """Start the engine, then open the API and the stats logger."""
     t0 = time.monotonic()
     try:
+        start_fork_server()  # its imports run while the engine loads (the prep pool's start waits for them)
         engine = await start_engine()
     except Exception as e:  # the server keeps answering /health with the reason
         state.load_error = f"{type(e).__name__}: {e}"
