@@ -281,6 +281,44 @@ def test_health_version_openapi(server):
         assert path in doc["paths"]
 
 
+def test_token_counters_grow_while_a_long_request_runs(server, client, model_name):
+    """vllm:prompt_tokens / generation_tokens count as the engine works (as vLLM's do), not at a request's end:
+    during one non-streamed request of 2 prompts x 150 tokens, /metrics shows its prompts and part of its output
+    before the answer comes; afterwards the totals are its usage."""
+    import threading
+
+    def counters() -> tuple[float, float]:
+        text = httpx.get(server.url + "/metrics", headers=server.headers(), timeout=10).text
+        return metric(text, "vllm:prompt_tokens_total"), metric(text, "vllm:generation_tokens_total")
+
+    p0, g0 = counters()
+    answer: list = []
+    prompts = [PROMPTS[0], PROMPTS[1]]
+    thread = threading.Thread(
+        target=lambda: answer.append(
+            client.completions.create(
+                model=model_name, prompt=prompts, max_tokens=150, temperature=0, extra_body={"ignore_eos": True}
+            )
+        ),
+        daemon=True,
+    )
+    thread.start()
+    seen = None
+    while thread.is_alive():
+        p, g = counters()
+        if g > g0 and thread.is_alive():
+            seen = (p - p0, g - g0)
+            break
+        thread.join(0.05)
+    thread.join(120)
+    out = answer[0]
+    assert seen is not None, "no token was counted before the request ended"
+    assert 0 < seen[1] < 300 and seen[0] > 0, seen
+    assert out.usage.completion_tokens == 300
+    p, g = counters()
+    assert (p - p0, g - g0) == (out.usage.prompt_tokens, 300)
+
+
 def test_metrics_count_what_was_served(server, client, model_name):
     before = httpx.get(server.url + "/metrics", headers=server.headers(), timeout=10).text
     out = client.completions.create(

@@ -65,6 +65,8 @@ class Job:
     states: list[ChoiceState] = field(default_factory=list)
     params: SamplingParams | None = None
     pending: deque[int] = field(default_factory=deque)  # prompts validated but not started yet (the window)
+    metered_prompts: set[int] = field(default_factory=set)  # prompts whose tokens /metrics counts (an output came)
+    metered_tokens: int = 0  # output tokens /metrics counts, all choices
 
     def __post_init__(self) -> None:
         self.states = [ChoiceState() for _ in range(self.n * len(self.prompts))]

@@ -262,7 +262,7 @@ class Responder:
         """Every prompt's deltas as they arrive, with choice indexes over the whole request."""
         if len(job.prompts) == 1:
             async for deltas in job.streams[0][1]:
-                job.timer.tokens(sum(len(d.token_ids) for d in deltas))
+                self._arrived(job, 0, deltas)
                 for d in deltas:
                     yield d
             return
@@ -290,12 +290,26 @@ class Responder:
                     continue
                 if isinstance(item, Exception):
                     raise item
-                job.timer.tokens(sum(len(d.token_ids) for d in item))
+                self._arrived(job, i, item)
                 for d in item:
                     yield dataclasses.replace(d, index=i * job.n + d.index)
         finally:
             for t in tasks:
                 t.cancel()
+
+    def _arrived(self, job: Job, prompt: int, deltas: list[ChoiceDelta]) -> None:
+        """Time and count what prompt `prompt`'s engine request just sent. The token counters grow as the engine
+        works, as vLLM's do (its prompt once its first output came: the prefill is done), so the throughput line
+        and /metrics show a long request while it runs, not all at its end."""
+        count = sum(len(d.token_ids) for d in deltas)
+        job.timer.tokens(count)
+        job.metered_tokens += count
+        if self.metrics:
+            if prompt not in job.metered_prompts:
+                self.metrics.prompt_tokens.inc(len(job.prompts[prompt].token_ids))
+            if count:
+                self.metrics.generation_tokens.inc(count)
+        job.metered_prompts.add(prompt)
 
     def _end(self, job: Job, outcome: str) -> None:
         """Abort whatever still runs (idempotent: frees KV blocks on a disconnect), count and log the request."""
@@ -304,8 +318,11 @@ class Responder:
         completion = job.completion_tokens
         if self.metrics:
             m = self.metrics
-            m.prompt_tokens.inc(job.prompt_tokens)
-            m.generation_tokens.inc(completion)
+            # What `_arrived` has not counted yet: the prompts with no output (an abort before their first).
+            m.prompt_tokens.inc(
+                sum(len(p.token_ids) for i, p in enumerate(job.prompts) if i not in job.metered_prompts)
+            )
+            m.generation_tokens.inc(max(0, completion - job.metered_tokens))
             m.request_prompt_tokens.observe(job.prompt_tokens)
             m.request_generation_tokens.observe(completion)
             if outcome == "ok":
