@@ -243,6 +243,7 @@ def test_requests_run_while_a_constraint_compiles_and_one_aborted_then_never_sta
     first = core.step() + core.step()
     assert [o.request_id for o in first] == ["free", "free"]
     core.abort(["1_re"])
+    assert core.stats().num_waiting == 2
     gate.set()
     grammars.compile = compile_now
     tokens, ends = drain(core)

@@ -534,7 +534,8 @@ class EngineCore:
         """Current queue sizes, KV usage, prefix-cache hit rate and counters."""
         s = self._stats
         s.num_running = len(self.scheduler.running)
-        s.num_waiting = len(self.scheduler.waiting) + sum(len(job.requests) for job in self._compiling)
+        compiling = sum(self.requests.get(r.request_id) is r for job in self._compiling for r in job.requests)
+        s.num_waiting = len(self.scheduler.waiting) + compiling  # not an aborted one whose compile goes on
         s.kv_cache_usage = self.pool.usage()
         s.num_free_kv_blocks = self.pool.num_free
         s.prefix_cache_hit_rate = self.pool.hit_rate()
