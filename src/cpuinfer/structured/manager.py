@@ -91,8 +91,10 @@ class StructuredOutputManager:
         def build() -> None:
             try:
                 self.backend  # noqa: B018 - builds it
-            except InvalidRequestError as e:
+            except InvalidRequestError as e:  # no tokenizer, or the backend package missing
                 logger.info("structured outputs are unavailable: %s", e)
+            except Exception:  # the first constrained request retries the build and gets the error
+                logger.warning("could not build the %s grammar backend", self.backend_name, exc_info=True)
 
         self._warming = threading.Thread(target=build, name="cpuinfer-grammar-warm-up", daemon=True)
         self._warming.start()
