@@ -269,6 +269,24 @@ def test_structured_outputs_params_need_exactly_one_constraint():
         StructuredOutputsParams(choice=[])
 
 
+def test_aborting_every_sample_of_a_compiling_request_leaves_the_core_idle(smol_runner, smol_spec):
+    """Its compile (held here, as a slow one would be) no longer keeps the core busy: nothing is unfinished."""
+    grammars = StructuredOutputManager("llguidance", smol_spec.tokenizer, smol_spec.vocab_size, smol_spec.eos_token_ids)
+    core = make_core(smol_runner, smol_spec, grammars)
+    gate = threading.Event()
+    compile_now = grammars.compile
+    grammars.compile = lambda constraint: gate.wait(60) and compile_now(constraint)
+    digits = SamplingParams(n=2, max_tokens=4, structured_outputs=StructuredOutputsParams(regex="[0-9]+"))
+    core.add_request(AddRequest("re", [4, 5, 6], digits, ["0_re", "1_re"]))
+    assert core.has_unfinished()
+    core.abort(["0_re"])
+    assert core.has_unfinished() and core.stats().num_waiting == 1
+    core.abort(["1_re"])
+    assert not core.has_unfinished() and core.stats().num_waiting == 0 and not core.requests
+    gate.set()
+    assert core.step() == []
+
+
 def test_an_empty_language_and_min_tokens_or_ignore_eos_with_a_constraint_are_refused(smol_runner, smol_spec, grammars):
     core = make_core(smol_runner, smol_spec, grammars)
     for sp, param in (

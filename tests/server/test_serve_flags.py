@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -139,3 +141,40 @@ def test_a_kv_cache_larger_than_memory_is_one_line_naming_the_variable():
     assert out.returncode == 2
     assert "VLLM_CPU_KVCACHE_SPACE=100000 GiB" in out.stderr and "of memory available" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def _cpus_allowed(pid: int) -> str:
+    with open(f"/proc/{pid}/status") as f:
+        return next(line.split(":", 1)[1].strip() for line in f if line.startswith("Cpus_allowed_list"))
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/children") as f:
+            out += [int(c) for c in f.read().split()]
+    return out
+
+
+def test_request_preparation_workers_run_on_the_front_end_cores():
+    """With a CPU reserved for the front end, the request-preparation workers run there too, not on the inference
+    core: they come from a fork server started before the front end was pinned, and pin themselves."""
+    from tests.cpus import machine_cpus
+
+    if len(machine_cpus()) < 2:
+        pytest.skip("needs two CPUs: one for the engine, one reserved for the front end")
+    with running_server(env=server_env(VLLM_CPU_NUM_OF_RESERVED_CPU="1")) as s:
+        front = _cpus_allowed(s.proc.pid)
+        servers = [c for c in _children(s.proc.pid) if b"forkserver" in Path(f"/proc/{c}/cmdline").read_bytes()]
+        assert len(servers) == 1, servers
+        workers = _children(servers[0])
+        assert len(workers) == 2, workers  # --request-prep-workers' default
+        assert [_cpus_allowed(w) for w in workers] == [front, front]
+        assert front != ",".join(str(c) for c in machine_cpus()), "the front end was not pinned off the engine's core"
+        r = httpx.post(
+            s.v1 + "/chat/completions",
+            json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+            headers=s.headers(),
+            timeout=60,
+        )
+        assert r.status_code == 200, r.text

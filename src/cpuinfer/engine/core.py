@@ -25,7 +25,6 @@ from cpuinfer.models.classifier import activate
 from cpuinfer.models.pooler import finish_pooled
 from cpuinfer.sampling.prompt_logprobs import prompt_token_logprobs
 from cpuinfer.sampling.sampler import Sampler, SampleResult
-from cpuinfer.sampling_params import StructuredOutputsParams
 from cpuinfer.spec_decode.decoder import SpecDecoder
 from cpuinfer.structured.manager import MaskJob, StructuredOutputManager
 
@@ -37,7 +36,7 @@ logger = logging.getLogger("cpuinfer.engine")
 MAX_CONSECUTIVE_FAILURES = 8
 # With nothing else to run, a step waits this long (at most) for a constraint being compiled, then returns so
 # that the caller can read its messages.
-COMPILE_POLL_SECONDS = 0.05
+COMPILE_POLL_SECONDS = 0.02
 
 
 @dataclass
@@ -45,8 +44,7 @@ class _Compiling:
     """The sequences of a request whose constraint compiles on the grammar thread; outside the scheduler until
     it is done, so the other requests' steps go on meanwhile."""
 
-    future: Future
-    constraint: StructuredOutputsParams
+    future: Future  # its result: the compiled grammar
     requests: list[Request]
 
 
@@ -183,42 +181,50 @@ class EngineCore:
             self.requests[rid] = req
             reqs.append(req)
         if ready:
-            self._admit(reqs, constraint)
+            self._admit(reqs, None if constraint is None else self.grammars.compile(constraint))  # a lookup
         else:
-            self._compiling.append(_Compiling(self.grammars.compile_async(constraint), constraint, reqs))
+            self._compiling.append(_Compiling(self.grammars.compile_async(constraint), reqs))
 
-    def _admit(self, reqs: list[Request], constraint: StructuredOutputsParams | None) -> None:
-        """Into the scheduler, each sample with a grammar state of its own (a cache lookup here)."""
+    def _admit(self, reqs: list[Request], compiled) -> None:
+        """Into the scheduler, each sample with a state of its own in the compiled grammar (None: unconstrained)."""
         for req in reqs:
-            if constraint is not None:
-                req.grammar = self.grammars.new_state(constraint)
+            if compiled is not None:
+                req.grammar = self.grammars.backend.new_state(compiled)
             self.scheduler.add(req)
 
     def _admit_compiled(self) -> list[SeqOutput]:
-        """Admit the requests whose constraint has compiled (in arrival order: one compile thread, first in first
-        out); fail those whose constraint did not. Sequences aborted meanwhile are gone from self.requests."""
-        failures, pending = [], []
-        for job in self._compiling:
-            if not job.future.done():
-                pending.append(job)
-                continue
+        """Admit the requests whose constraint has compiled, in the order they came (among themselves: one whose
+        constraint was cached is admitted at once, ahead of them); fail those whose constraint did not compile.
+        Sequences aborted meanwhile are gone from self.requests."""
+        done = [job for job in self._compiling if job.future.done()]
+        self._compiling = [job for job in self._compiling if not job.future.done()]
+        failures = []
+        for job in done:
             live = [r for r in job.requests if self.requests.get(r.request_id) is r]
             exc = job.future.exception()
             if exc is None:
-                self._admit(live, job.constraint)
-            else:
-                failures += [self._fail(req, exc) for req in live]
-        self._compiling = pending
+                self._admit(live, job.future.result())
+            else:  # a constraint that does not compile is the request's fault (a 400), any other error is ours
+                failures += [self._fail(req, exc, isinstance(exc, InvalidRequestError)) for req in live]
         return failures
 
     def abort(self, request_ids: list[str]) -> None:
-        """Drop sequences (unknown or finished ids are ignored)."""
+        """Drop sequences (unknown or finished ids are ignored). A compile no live sequence waits for any more is
+        cancelled if it has not started, and no longer keeps the core busy if it has."""
         for rid in request_ids:
             req = self.requests.pop(rid, None)
             if req is not None:
                 self.scheduler.abort(req)
                 if self.spec is not None:
                     self.spec.drop(rid)
+        if self._compiling:
+            wanted = []
+            for job in self._compiling:
+                if any(self.requests.get(r.request_id) is r for r in job.requests):
+                    wanted.append(job)
+                else:
+                    job.future.cancel()
+            self._compiling = wanted
 
     def has_unfinished(self) -> bool:
         """True while any sequence is queued, running or waiting for its constraint to compile."""
@@ -484,13 +490,14 @@ class EngineCore:
             ) from exc
         return failed
 
-    def _fail(self, req: Request, exc: BaseException) -> SeqOutput:
-        """End one request with an error: log the details, free its blocks, tell the front end."""
+    def _fail(self, req: Request, exc: BaseException, client_fault: bool = False) -> SeqOutput:
+        """End one request with an error: log the details, free its blocks, tell the front end. `client_fault`:
+        the request's own (a constraint that does not compile), like a GrammarRejectedError."""
         if isinstance(exc, MemoryError):
             raise exc
         error_id = new_error_id()
         reason = param = None
-        if isinstance(exc, (GrammarRejectedError, InvalidRequestError)):  # the request's own fault: no traceback
+        if client_fault or isinstance(exc, GrammarRejectedError):  # the request's own fault: no traceback
             reason, param = str(exc), exc.param
             logger.warning("request %s failed (error id %s): %s", req.request_id, error_id, exc)
         else:

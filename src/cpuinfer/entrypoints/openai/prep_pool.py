@@ -50,8 +50,12 @@ def release_heap() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def _worker_main(conn, spec_bytes: bytes) -> None:
-    """A worker: answer (method, args) with ("ok", result, recycle) or (kind, message, param, recycle)."""
+def _worker_main(conn, spec_bytes: bytes, cpus: set[int]) -> None:
+    """A worker: answer (method, args) with ("ok", result, recycle) or (kind, message, param, recycle). It runs on
+    `cpus`, the HTTP process's own when the worker started (off the inference cores once the front end is pinned):
+    the fork server it comes from started before that pinning."""
+    with contextlib.suppress(OSError):
+        os.sched_setaffinity(0, cpus)
     from cpuinfer.entrypoints.openai.tokenization import Tokenization
     from cpuinfer.errors import InvalidRequestError
     from cpuinfer.model_loader.chat_template import TemplateOutputTooLarge
@@ -86,7 +90,8 @@ class _Worker:
 
     def __init__(self, ctx, spec_bytes: bytes):
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child, spec_bytes), daemon=True, name="cpuinfer-prep")
+        cpus = os.sched_getaffinity(0)
+        self.proc = ctx.Process(target=_worker_main, args=(child, spec_bytes, cpus), daemon=True, name="cpuinfer-prep")
         self.proc.start()
         child.close()
         if not self.conn.poll(START_TIMEOUT):
