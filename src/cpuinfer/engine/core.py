@@ -166,7 +166,7 @@ class EngineCore:
         )
         prompt = list(msg.prompt_token_ids)
         constraint = msg.params.structured_outputs
-        ready = constraint is None or self.grammars.is_compiled(constraint)
+        compiled = None if constraint is None else self.grammars.cached(constraint)
         reqs = []
         for index, rid in enumerate(ids):
             params = msg.params if len(ids) == 1 else msg.params.for_sample(index)
@@ -180,8 +180,8 @@ class EngineCore:
             self._arrivals += 1
             self.requests[rid] = req
             reqs.append(req)
-        if ready:
-            self._admit(reqs, None if constraint is None else self.grammars.compile(constraint))  # a lookup
+        if constraint is None or compiled is not None:
+            self._admit(reqs, compiled)
         else:
             self._compiling.append(_Compiling(self.grammars.compile_async(constraint), reqs))
 

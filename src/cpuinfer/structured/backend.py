@@ -74,14 +74,14 @@ class GrammarBackend:
                 self._cache.popitem(last=False)
         return compiled
 
-    def is_cached(self, params: StructuredOutputsParams) -> bool:
-        """Whether `compile` of this constraint is a cache lookup (False for one `compile` refuses)."""
+    def cached(self, params: StructuredOutputsParams) -> Any | None:
+        """The constraint's compiled grammar if it is in the cache, else None (also for one `compile` refuses)."""
         try:
             key = grammar_key(params)
         except InvalidRequestError:
-            return False
+            return None
         with self._cache_lock:
-            return key in self._cache
+            return self._cache.get(key)
 
     def _compile(self, kind: str, text: str) -> Any:
         raise NotImplementedError

@@ -108,9 +108,9 @@ class StructuredOutputManager:
         """The compiled grammar (cached by its text); raises InvalidRequestError if it does not compile."""
         return self.backend.compile(params)
 
-    def is_compiled(self, params: StructuredOutputsParams) -> bool:
-        """Whether the constraint's grammar is in the cache (so `compile` is a lookup)."""
-        return self._backend is not None and self._backend.is_cached(params)
+    def cached(self, params: StructuredOutputsParams) -> Any | None:
+        """The constraint's compiled grammar if this process has it already, else None (then `compile_async`)."""
+        return None if self._backend is None else self._backend.cached(params)
 
     def compile_async(self, params: StructuredOutputsParams) -> Future:
         """`compile` on the compile thread; the future's exception is what `compile` would raise."""
