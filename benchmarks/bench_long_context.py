@@ -129,14 +129,18 @@ Its peak (bench_linear's): 153.5 GFLOP/s a core, ~300 with two.
   a block at once (section 4 not rerun; the kernel alone, 2 threads, min of calls): 32q/8kv D=128 4096 after
   4096 3219-3316 -> 3063-3127 ms (~43-44% of the peak), 9q/3kv D=64 4096 after 12288 1279-1322 -> 1249-1269.
   The softmax's scale-and-max pass fused into the QK^T tree's output (same bits) was no faster (+1% samples).
-  2026-11-29, the same kind of machine (avx2 avx512f only), quiet, `--skip-ttft --skip-kernel --skip-prefill
-  --skip-tier --contexts 4096,16384 --llama-contexts 16384`: section 1, bf16 KV 46.1 tok/s at 4096 (80% of the
-  roofline), 20.5 at 16384 (67%); fp8 43.6 (75%), 26.7 (60%). Section 5 at 16384 tokens: decode Q4_1 25.8 against
-  llama.cpp's 2.5 tok/s (10.4x), BF16 20.2 against 3.2 (6.35x); TTFT Q4_1 128.4 s against 320.2 (0.40x), BF16
-  139.5 against 269.2 (0.52x). Targets >= 1.3x and <= 0.6x llama.cpp: met on this CPU too. The decode kernel's
-  software prefetches cost ~15-18% of its arithmetic here (one layer, 16384 keys, hot: 0.80 -> 0.66 ms without
-  them, 0.68 with a tighter next()), but streamed it was no faster either way (1.02 -> 1.06, 0.91 -> 0.92 ms): the
-  stream floor of this access pattern (~14 GB/s of ~20), not the arithmetic, is what binds it at 16k.
+  2026-11-29, the same kind of machine (no avx512_bf16, VNNI or AMX), quiet, `--skip-ttft --skip-kernel
+  --skip-prefill --skip-tier --contexts 4096,16384 --llama-contexts 16384`: section 1, bf16 KV 46.1 tok/s at
+  4096 (80% of the roofline), 20.5 at 16384 (67%); fp8 43.6 (75%), 26.7 (60%). Section 5 at 16384 tokens (the
+  ratios from unrounded rates): decode Q4_1 25.8 against llama.cpp's 2.5 tok/s (10.4x), BF16 20.2 against 3.2
+  (6.35x); TTFT Q4_1 128.4 s against 320.2 (0.40x), BF16 139.5 against 269.2 (0.52x). Targets >= 1.3x and
+  <= 0.6x llama.cpp: met on this CPU too. Section 3 the same morning (`--kernel-contexts 4096,16384`), bf16 batch
+  1 at 16384 keys: 1.037 ms streamed (12.1 GB/s), 0.895 warm, 0.840 hot, stream 20.4 GB/s. The decode kernel's
+  software prefetches are a share of its arithmetic here (the prof build against itself, alternating, hot
+  median 0.80 -> 0.66 ms without them, 0.87 -> 0.74 with next() given a local cursor and called once per
+  unrolled step), but streamed it was no faster either way (1.02 -> 1.06 ms without; 0.91 -> 0.92 with the
+  tighter loop): at 16k the streamed call sits at ~14 GB/s (12.6 MB in 0.88-0.92 ms) of the ~20 the stream
+  reaches, whatever the arithmetic's 15-18% cut.
 """
 
 from __future__ import annotations

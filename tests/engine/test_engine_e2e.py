@@ -22,17 +22,19 @@ PROMPTS = [
 NEW = 6
 
 
-def engine_on(runner, model, num_blocks=NUM_BLOCKS, batched=4096, seqs=256, caching=True, threshold=0, **core):
-    """An engine over `runner` for `model` (a ModelSpec; max_model_len 1024); `core`: EngineCore's optional parts
-    (spec= a SpecDecoder, host_tier=)."""
+def engine_on(
+    runner, model, num_blocks=NUM_BLOCKS, batched=4096, seqs=256, caching=True, threshold=0, max_model_len=1024, **core
+):
+    """An engine over `runner` for `model` (a ModelSpec); `core`: EngineCore's optional parts (spec= a SpecDecoder,
+    host_tier=)."""
     engine_core = EngineCore(
         runner,
-        SchedulerConfig(batched, seqs, 1024, threshold),
+        SchedulerConfig(batched, seqs, max_model_len, threshold),
         num_blocks,
         BLOCK,
         caching,
         model.eos_token_ids,
-        RequestLimits(max_model_len=1024, vocab_size=model.vocab_size),
+        RequestLimits(max_model_len=max_model_len, vocab_size=model.vocab_size),
         **core,
     )
     return LLMEngine(None, engine_core, model.tokenizer)
