@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 
 import torch
@@ -103,6 +104,9 @@ def hf_greedy_batch(model, prompts: list[list[int]], new_tokens: int) -> tuple[l
     padded = not bool(mask.all())
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     extra = dict(attention_mask=mask, position_ids=pos) if padded else {}
+    # transformers 5.24 named the KV cache `cache` (argument and output) instead of `past_key_values`, which
+    # warns there and is to go in 5.40; earlier releases know only the old name.
+    cache_name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     out = model(input_ids=ids, use_cache=True, **extra)
     first = out.logits[:, -1].float().clone()
     toks = [first.argmax(-1)]
@@ -111,7 +115,8 @@ def hf_greedy_batch(model, prompts: list[list[int]], new_tokens: int) -> tuple[l
             mask = torch.cat([mask, torch.ones(len(prompts), 1, dtype=torch.long)], 1)
             pos = pos[:, -1:] + 1
             extra = dict(attention_mask=mask, position_ids=pos)
-        out = model(input_ids=toks[-1][:, None], past_key_values=out.past_key_values, use_cache=True, **extra)
+        extra[cache_name] = out[cache_name]
+        out = model(input_ids=toks[-1][:, None], use_cache=True, **extra)
         toks.append(out.logits[:, -1].argmax(-1))
     return torch.stack(toks, 1).tolist(), first
 
