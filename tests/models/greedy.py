@@ -104,8 +104,8 @@ def hf_greedy_batch(model, prompts: list[list[int]], new_tokens: int) -> tuple[l
     padded = not bool(mask.all())
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     extra = dict(attention_mask=mask, position_ids=pos) if padded else {}
-    # transformers 5.24 named the KV cache `cache` (argument and output) instead of `past_key_values`, which
-    # warns there and is to go in 5.40; earlier releases know only the old name.
+    # Newer transformers (5.24 here) name the KV cache `cache`, argument and output; `past_key_values` warns
+    # there and is to go in 5.40. Older releases know only `past_key_values`.
     cache_name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     out = model(input_ids=ids, use_cache=True, **extra)
     first = out.logits[:, -1].float().clone()
