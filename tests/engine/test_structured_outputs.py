@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+from concurrent.futures import Future
 
 import jsonschema
 import lark
@@ -287,6 +288,33 @@ def test_aborting_every_sample_of_a_compiling_request_leaves_the_core_idle(smol_
     assert core.step() == []
 
 
+def test_a_compile_that_finishes_while_the_core_looks_is_admitted(smol_runner, smol_spec):
+    """The step reads each compile's done() once: a compile that finishes between the core's look at which are
+    done and which are pending (here a future that says "not done" once, then "done") is admitted on a later
+    step, not lost from both (its request would never finish)."""
+    grammars = StructuredOutputManager("llguidance", smol_spec.tokenizer, smol_spec.vocab_size, smol_spec.eos_token_ids)
+    core = make_core(smol_runner, smol_spec, grammars)
+    digits = StructuredOutputsParams(regex="[0-9]+")
+
+    class FinishesWhileLookedAt(Future):
+        looks = 0
+
+        def done(self):
+            self.looks += 1
+            return self.looks > 1
+
+    future = FinishesWhileLookedAt()
+    future.set_result(grammars.compile(digits))
+    grammars.cached = lambda _: None  # as for a constraint new to the core
+    grammars.compile_async = lambda _: future
+    core.add_request(
+        AddRequest("re", [4, 5, 6], SamplingParams(temperature=0.0, max_tokens=4, structured_outputs=digits))
+    )
+    tokens, _ = drain(core)
+    assert re.fullmatch("[0-9]+", smol_spec.tokenizer.decode(tokens["re"], skip_special_tokens=True)), tokens
+    assert not core.requests
+
+
 def test_an_empty_language_and_min_tokens_or_ignore_eos_with_a_constraint_are_refused(smol_runner, smol_spec, grammars):
     core = make_core(smol_runner, smol_spec, grammars)
     for sp, param in (
@@ -322,7 +350,7 @@ def test_each_backend_allows_a_valid_output_token_by_token_and_then_only_the_end
     import torch
 
     m = StructuredOutputManager(backend, smol_spec.tokenizer, smol_spec.vocab_size, smol_spec.eos_token_ids)
-    state = m.new_state(StructuredOutputsParams(json=PERSON))
+    state = m.backend.new_state(m.compile(StructuredOutputsParams(json=PERSON)))
     text = json.dumps({"name": "Zoë", "age": 30, "pets": ["cat", "fish"]}, ensure_ascii=False)
     for tok in smol_spec.tokenizer.encode(text, add_special_tokens=False).ids:
         logits = torch.zeros(1, smol_spec.vocab_size)

@@ -196,11 +196,14 @@ class EngineCore:
         """Admit the requests whose constraint has compiled, in the order they came (among themselves: one whose
         constraint was cached is admitted at once, ahead of them); fail those whose constraint did not compile.
         Sequences aborted meanwhile are gone from self.requests."""
-        done = [job for job in self._compiling if job.future.done()]
-        self._compiling = [job for job in self._compiling if not job.future.done()]
+        # One done() per job: a compile that finished between two passes over the list would be in neither.
+        done, pending = [], []
+        for job in self._compiling:
+            (done if job.future.done() else pending).append(job)
+        self._compiling = pending
         failures = []
         for job in done:
-            live = [r for r in job.requests if self.requests.get(r.request_id) is r]
+            live = self._live(job)
             exc = job.future.exception()
             if exc is None:
                 self._admit(live, job.future.result())
@@ -217,14 +220,17 @@ class EngineCore:
                 self.scheduler.abort(req)
                 if self.spec is not None:
                     self.spec.drop(rid)
-        if self._compiling:
-            wanted = []
-            for job in self._compiling:
-                if any(self.requests.get(r.request_id) is r for r in job.requests):
-                    wanted.append(job)
-                else:
-                    job.future.cancel()
-            self._compiling = wanted
+        wanted = []
+        for job in self._compiling:
+            if self._live(job):
+                wanted.append(job)
+            else:
+                job.future.cancel()
+        self._compiling = wanted
+
+    def _live(self, job: _Compiling) -> list[Request]:
+        """The sequences of a compiling request that are not aborted."""
+        return [r for r in job.requests if self.requests.get(r.request_id) is r]
 
     def has_unfinished(self) -> bool:
         """True while any sequence is queued, running or waiting for its constraint to compile."""
@@ -541,7 +547,7 @@ class EngineCore:
         """Current queue sizes, KV usage, prefix-cache hit rate and counters."""
         s = self._stats
         s.num_running = len(self.scheduler.running)
-        compiling = sum(self.requests.get(r.request_id) is r for job in self._compiling for r in job.requests)
+        compiling = sum(len(self._live(job)) for job in self._compiling)
         s.num_waiting = len(self.scheduler.waiting) + compiling  # not an aborted one whose compile goes on
         s.kv_cache_usage = self.pool.usage()
         s.num_free_kv_blocks = self.pool.num_free

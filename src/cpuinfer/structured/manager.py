@@ -118,10 +118,6 @@ class StructuredOutputManager:
             self._compiler = ThreadPoolExecutor(1, thread_name_prefix="cpuinfer-grammar-compile")
         return self._compiler.submit(self.compile, params)
 
-    def new_state(self, params: StructuredOutputsParams) -> GrammarState:
-        """A fresh grammar state for one sequence."""
-        return self.backend.new_state(self.compile(params))
-
     def start_masks(self, states: list[GrammarState | None]) -> MaskJob | None:
         """Start filling the bitmask of these rows in the background (None when no row is constrained)."""
         rows = [i for i, s in enumerate(states) if s is not None]
