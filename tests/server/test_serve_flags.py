@@ -143,20 +143,6 @@ def test_a_kv_cache_larger_than_memory_is_one_line_naming_the_variable():
     assert "Traceback" not in out.stderr
 
 
-def _cpus_allowed(pid: int) -> str:
-    with open(f"/proc/{pid}/status") as f:
-        return next(line.split(":", 1)[1].strip() for line in f if line.startswith("Cpus_allowed_list"))
-
-
-def _cpu_set(cpu_list: str) -> set[int]:
-    """The CPUs of a list such as "0-2,5"."""
-    out: set[int] = set()
-    for part in cpu_list.split(","):
-        lo, _, hi = part.partition("-")
-        out.update(range(int(lo), int(hi or lo) + 1))
-    return out
-
-
 def _children(pid: int) -> list[int]:
     out = []
     for task in os.listdir(f"/proc/{pid}/task"):
@@ -173,13 +159,13 @@ def test_request_preparation_workers_run_on_the_front_end_cores():
     if len(machine_cpus()) < 2:
         pytest.skip("needs two CPUs: one for the engine, one reserved for the front end")
     with running_server(env=server_env(VLLM_CPU_NUM_OF_RESERVED_CPU="1")) as s:
-        front = _cpus_allowed(s.proc.pid)
+        front = os.sched_getaffinity(s.proc.pid)
         servers = [c for c in _children(s.proc.pid) if b"forkserver" in Path(f"/proc/{c}/cmdline").read_bytes()]
         assert len(servers) == 1, servers
         workers = _children(servers[0])
         assert len(workers) == 2, workers  # --request-prep-workers' default
-        assert [_cpus_allowed(w) for w in workers] == [front, front]
-        assert _cpu_set(front) < set(machine_cpus()), f"the front end ({front}) was not pinned off the engine's core"
+        assert [os.sched_getaffinity(w) for w in workers] == [front, front]
+        assert front < set(machine_cpus()), f"the front end ({front}) was not pinned off the engine's core"
         r = httpx.post(
             s.v1 + "/chat/completions",
             json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
